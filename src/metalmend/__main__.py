@@ -1,0 +1,3 @@
+from metalmend.cli import main
+
+main()

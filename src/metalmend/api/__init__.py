@@ -1,0 +1,1 @@
+"""The Kubernetes API surface metalmend reads and writes: kinds, names and parsers."""

@@ -1,0 +1,30 @@
+"""lightkube resource classes for the custom kinds in deploy/crds/.
+
+One class per kind, named as the kind, so ``client.get(BareMetalHost, name, namespace=ns)``
+reads like the kubectl command it replaces.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lightkube.generic_resource import create_namespaced_resource
+
+CRD_DIR = Path(__file__).resolve().parents[3] / "deploy" / "crds"
+
+BareMetalHost = create_namespaced_resource(
+    "metal3.io", "v1alpha1", "BareMetalHost", "baremetalhosts"
+)
+Machine = create_namespaced_resource("cluster.x-k8s.io", "v1beta1", "Machine", "machines")
+MachineHealthCheck = create_namespaced_resource(
+    "cluster.x-k8s.io", "v1beta1", "MachineHealthCheck", "machinehealthchecks"
+)
+Metal3Remediation = create_namespaced_resource(
+    "remediation.metal3.io", "v1alpha1", "Metal3Remediation", "metal3remediations"
+)
+Metal3RemediationTemplate = create_namespaced_resource(
+    "remediation.metal3.io",
+    "v1alpha1",
+    "Metal3RemediationTemplate",
+    "metal3remediationtemplates",
+)

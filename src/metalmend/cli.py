@@ -1,0 +1,113 @@
+"""The ``metalmend`` command line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from metalmend import __version__
+from metalmend.lab import lab as lab_
+from metalmend.lab.assets import AssetsError
+from metalmend.lab.controlplane import ControlPlaneError
+
+# Locals are never shown in tracebacks: they can hold BMC passwords.
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_show_locals=False
+)
+lab_app = typer.Typer(no_args_is_help=True, help="A real local cluster for demos and tests.")
+app.add_typer(lab_app, name="lab")
+out = Console()
+err = Console(stderr=True)
+
+LabDir = Annotated[
+    Path, typer.Option("--dir", help="Lab state directory.", envvar="METALMEND_LAB_DIR")
+]
+NodeGrace = Annotated[
+    float,
+    typer.Option("--node-grace", help="Seconds without heartbeats before a Node is Unknown."),
+]
+
+
+def fail(message: str, code: int = 1) -> None:
+    err.print(f"[red]metalmend:[/red] {message}", highlight=False, markup=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def version() -> None:
+    """Print metalmend's version."""
+    out.print(__version__)
+
+
+@lab_app.command("up")
+def lab_up(
+    lab_dir: LabDir = Path(".lab"),
+    detach: Annotated[bool, typer.Option(help="Return once ready; stop with 'lab down'.")] = False,
+    node_grace: NodeGrace = 20.0,
+) -> None:
+    """Start the lab: etcd, kube-apiserver, kube-controller-manager, CRDs."""
+    options = lab_.LabOptions(lab_dir=lab_dir, node_monitor_grace_period=node_grace)
+    if detach:
+        state = lab_.up_detached(options)
+        _print_ready(state, foreground=False)
+        return
+    lab_.up(options, lambda state: _print_ready(state, foreground=True))
+    out.print("lab stopped")
+
+
+def _print_ready(state: lab_.LabState, foreground: bool) -> None:
+    out.print(f"[green]lab ready[/green] in {state.started_in_seconds:.1f}s: {state.server}")
+    out.print(f"  kubectl --kubeconfig {state.kubeconfig} get baremetalhosts")
+    out.print("  Ctrl-C stops it" if foreground else "  'metalmend lab down' stops it")
+    sys.stdout.flush()
+
+
+@lab_app.command("down")
+def lab_down(lab_dir: LabDir = Path(".lab")) -> None:
+    """Stop the lab and every process it started."""
+    if lab_.down(lab_dir):
+        out.print("lab stopped")
+    else:
+        out.print(f"no lab is running in {lab_dir}")
+
+
+@lab_app.command("status")
+def lab_status(lab_dir: LabDir = Path(".lab")) -> None:
+    """Show what the lab runs."""
+    report = lab_.status(lab_dir)
+    if not report.running:
+        out.print(f"no lab is running in {lab_dir}")
+        raise typer.Exit(1)
+    readiness = "[green]ok[/green]" if report.apiserver_ready else "[red]not ready[/red]"
+    out.print(f"server {report.server}  readyz {readiness}")
+    out.print(f"kubeconfig {report.kubeconfig}")
+    table = Table("component", "pid", "running")
+    for c in report.components:
+        table.add_row(c.name, str(c.pid), "yes" if c.running else "[red]no[/red]")
+    out.print(table)
+
+
+@app.command()
+def demo(
+    lab_dir: LabDir = Path(".lab-demo"),
+    keep: Annotated[bool, typer.Option(help="Keep the lab running until Ctrl-C.")] = False,
+) -> None:
+    """Start the lab and show metalmend working in it."""
+    from metalmend.demo import run_demo
+
+    run_demo(lab_dir, out, keep=keep)
+
+
+def main() -> None:
+    try:
+        app()
+    except (AssetsError, ControlPlaneError, lab_.LabError) as error:
+        err.print(f"metalmend: {error}", highlight=False, markup=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

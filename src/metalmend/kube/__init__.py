@@ -1,0 +1,1 @@
+"""metalmend's small controller runtime on lightkube: clients, CRD installation, and more."""

@@ -1,0 +1,109 @@
+"""Where the lab's upstream binaries come from.
+
+Order of precedence, as envtest does it:
+1. ``TEST_ASSET_ETCD``, ``TEST_ASSET_KUBE_APISERVER``, ``TEST_ASSET_KUBE_CONTROLLER_MANAGER``
+   (and ``TEST_ASSET_KUBECTL``) name one binary each;
+2. ``KUBEBUILDER_ASSETS`` names a directory holding them;
+3. the version-keyed cache that ``tools/k8s/build.sh`` fills (built on first use).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+BUILD_SCRIPT = REPO_ROOT / "tools" / "k8s" / "build.sh"
+VERSIONS_FILE = REPO_ROOT / "tools" / "k8s" / "versions.env"
+
+_ENV_NAMES = {
+    "etcd": "TEST_ASSET_ETCD",
+    "kube-apiserver": "TEST_ASSET_KUBE_APISERVER",
+    "kube-controller-manager": "TEST_ASSET_KUBE_CONTROLLER_MANAGER",
+    "kubectl": "TEST_ASSET_KUBECTL",
+}
+REQUIRED = ("etcd", "kube-apiserver", "kube-controller-manager")
+
+
+class AssetsError(RuntimeError):
+    """The binaries cannot be found or built; the message says what to install or set."""
+
+
+@dataclass(frozen=True)
+class Binaries:
+    etcd: Path
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kubectl: Path | None
+
+
+def pinned_versions() -> dict[str, str]:
+    """KUBE_VERSION and ETCD_VERSION from tools/k8s/versions.env."""
+    versions: dict[str, str] = {}
+    for line in VERSIONS_FILE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            name, _, value = line.partition("=")
+            versions[name.strip()] = value.strip()
+    return versions
+
+
+def cache_root() -> Path:
+    if root := os.environ.get("METALMEND_CACHE"):
+        return Path(root) / "k8s"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "metalmend" / "k8s"
+
+
+def _cached(name: str) -> Path:
+    versions = pinned_versions()
+    if name == "etcd":
+        return cache_root() / f"etcd-{versions['ETCD_VERSION']}" / name
+    return cache_root() / f"kube-{versions['KUBE_VERSION']}" / name
+
+
+def _from_environment(name: str) -> Path | None:
+    if named := os.environ.get(_ENV_NAMES[name]):
+        path = Path(named)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise AssetsError(f"{_ENV_NAMES[name]}={named} is not an executable file")
+        return path
+    if assets := os.environ.get("KUBEBUILDER_ASSETS"):
+        candidate = Path(assets) / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def build() -> None:
+    """Run tools/k8s/build.sh (a no-op when the cache is filled); its stderr shows progress."""
+    if shutil.which("bash") is None:
+        raise AssetsError("bash is needed to run tools/k8s/build.sh")
+    result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.DEVNULL, check=False)
+    if result.returncode != 0:
+        raise AssetsError(
+            "building the control plane failed (see the message above); or set KUBEBUILDER_ASSETS"
+            " to a directory holding etcd, kube-apiserver and kube-controller-manager"
+        )
+
+
+def find_binaries(*, build_missing: bool = True) -> Binaries:
+    """Locate every binary, building the cached ones on first use."""
+    found: dict[str, Path | None] = {name: _from_environment(name) for name in _ENV_NAMES}
+    missing = [n for n in REQUIRED if found[n] is None and not _cached(n).exists()]
+    if missing and build_missing:
+        build()
+    for name in _ENV_NAMES:
+        if found[name] is None and _cached(name).exists():
+            found[name] = _cached(name)
+    still_missing = [n for n in REQUIRED if found[n] is None]
+    if still_missing:
+        raise AssetsError(
+            f"missing {', '.join(still_missing)}: run 'make k8s' (needs Go), or set"
+            " KUBEBUILDER_ASSETS or TEST_ASSET_* to existing binaries"
+        )
+    etcd, apiserver, kcm = (found[n] or Path() for n in REQUIRED)
+    return Binaries(etcd, apiserver, kcm, found["kubectl"])

@@ -1,0 +1,410 @@
+"""A real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager.
+
+The same binaries and flags a real cluster runs, with free ports, a generated CA, serving
+certificates, service-account signing keys and ``--authorization-mode=Node,RBAC``. The
+controller-manager runs its default controllers (garbage collector, disruption, node
+lifecycle, service accounts, ...), so tests see the cluster behaviour our controllers rely on.
+
+Every child process is put in its own session (so a Ctrl-C at the terminal reaches only us,
+and we stop them in order) and is told by the kernel to die with us (PR_SET_PDEATHSIG), so a
+killed test run or lab never leaves a control plane behind.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+import yaml
+
+from metalmend.lab.assets import Binaries, find_binaries
+from metalmend.lab.pki import CertificateAuthority, KeyPair, write_signing_key
+
+LOOPBACK = "127.0.0.1"
+ADMIN_USER = "metalmend-admin"
+_PR_SET_PDEATHSIG = 1
+
+
+class ControlPlaneError(RuntimeError):
+    """A component did not start; the message names it and points at its log."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec.
+    os.setsid()
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+# The kernel sends the death signal when the *thread* that forked the child exits, not the
+# process. Children are therefore always started from this one thread, which lives as long
+# as the process, whichever thread (an asyncio worker, a test) asks for a start.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metalmend-spawner")
+
+
+@dataclass
+class Component:
+    """One running upstream binary, its command line and its log."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = None
+
+    def start(self) -> None:
+        self._log = self.log_path.open("ab")
+        self.process = _SPAWNER.submit(
+            subprocess.Popen,
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        ).result()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class ControlPlaneConfig:
+    """What a test or the lab may tune. Durations are in seconds."""
+
+    workdir: Path
+    # kube-controller-manager marks a Node Unknown after this long without heartbeats.
+    # Upstream's default is 50 s; the lab uses less so demos and tests do not wait.
+    node_monitor_grace_period: float = 20.0
+    node_monitor_period: float = 2.0
+    etcd_args: Sequence[str] = ()
+    apiserver_args: Sequence[str] = ()
+    controller_manager_args: Sequence[str] = ()
+    start_timeout: float = 60.0
+    binaries: Binaries | None = None
+
+
+@dataclass
+class Ports:
+    etcd_client: int = field(default_factory=free_port)
+    etcd_peer: int = field(default_factory=free_port)
+    apiserver: int = field(default_factory=free_port)
+    controller_manager: int = field(default_factory=free_port)
+
+
+class ControlPlane:
+    """Start, stop and restart the control plane; mint credentials for any identity."""
+
+    def __init__(self, config: ControlPlaneConfig) -> None:
+        self.config = config
+        self.workdir = config.workdir
+        self.pki_dir = self.workdir / "pki"
+        self.ports = Ports()
+        self.binaries = config.binaries or find_binaries()
+        self.ca = CertificateAuthority(self.pki_dir)
+        self.signing_key = write_signing_key(self.pki_dir)
+        self.admin = self.ca.issue("admin", ADMIN_USER, organizations=("system:masters",))
+        self.kubeconfig = self.workdir / "kubeconfig"
+        self.components: dict[str, Component] = {}
+        self.started_in: float | None = None
+
+    # ---- addresses -------------------------------------------------------------------------
+
+    @property
+    def server(self) -> str:
+        return f"https://{LOOPBACK}:{self.ports.apiserver}"
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.ports.etcd_client}"
+
+    def pids(self) -> dict[str, int]:
+        return {name: c.pid for name, c in self.components.items() if c.pid and c.running()}
+
+    # ---- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start everything and return once /readyz is ok and default controllers work."""
+        began = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._write_kubeconfig(self.kubeconfig, self.admin)
+        try:
+            self._start("etcd", self._etcd_argv(), self._etcd_ready)
+            self._start("kube-apiserver", self._apiserver_argv(), self._apiserver_ready)
+            self._start(
+                "kube-controller-manager", self._controller_manager_argv(), self._controllers_ready
+            )
+        except BaseException:
+            self.stop()
+            raise
+        self.started_in = time.monotonic() - began
+
+    def stop(self) -> None:
+        """Stop in reverse order of start; safe to call twice."""
+        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+            if name in self.components:
+                self.components[name].stop()
+
+    def restart_apiserver(self) -> None:
+        """Stop kube-apiserver and start it again on the same port, with the same data."""
+        self.components["kube-apiserver"].stop()
+        self._start("kube-apiserver", self._apiserver_argv(), self._apiserver_ready)
+
+    def __enter__(self) -> ControlPlane:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _start(self, name: str, argv: list[str], ready: Callable[[], bool]) -> None:
+        component = Component(name, argv, self.workdir / f"{name}.log")
+        self.components[name] = component
+        component.start()
+        deadline = time.monotonic() + self.config.start_timeout
+        while time.monotonic() < deadline:
+            if not component.running():
+                raise ControlPlaneError(
+                    f"{name} exited during start-up (log: {component.log_path}):\n"
+                    f"{component.log_tail()}"
+                )
+            if ready():
+                return
+            time.sleep(0.1)
+        raise ControlPlaneError(
+            f"{name} not ready after {self.config.start_timeout:.0f}s (log: {component.log_path})"
+        )
+
+    # ---- command lines ---------------------------------------------------------------------
+
+    def _etcd_argv(self) -> list[str]:
+        client = self.etcd_url
+        peer = f"http://{LOOPBACK}:{self.ports.etcd_peer}"
+        return [
+            str(self.binaries.etcd),
+            "--name=lab",
+            f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=lab={peer}",
+            "--unsafe-no-fsync",  # a lab cluster trades durability for speed
+            "--log-level=warn",
+            *self.config.etcd_args,
+        ]
+
+    def _apiserver_argv(self) -> list[str]:
+        serving = self.ca.issue(
+            "apiserver",
+            "kube-apiserver",
+            dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
+            ip_addresses=(LOOPBACK,),
+            server=True,
+        )
+        return [
+            str(self.binaries.kube_apiserver),
+            f"--etcd-servers={self.etcd_url}",
+            f"--bind-address={LOOPBACK}",
+            f"--advertise-address={LOOPBACK}",
+            f"--secure-port={self.ports.apiserver}",
+            f"--tls-cert-file={serving.cert}",
+            f"--tls-private-key-file={serving.key}",
+            f"--client-ca-file={self.ca.pair.cert}",
+            f"--service-account-issuer={self.server}",
+            f"--service-account-key-file={self.signing_key.cert}",
+            f"--service-account-signing-key-file={self.signing_key.key}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            "--allow-privileged=true",
+            "--endpoint-reconciler-type=none",
+            f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            *self.config.apiserver_args,
+        ]
+
+    def _controller_manager_argv(self) -> list[str]:
+        identity = self.ca.issue("controller-manager", "system:kube-controller-manager")
+        kubeconfig = self.workdir / "controller-manager.kubeconfig"
+        self._write_kubeconfig(kubeconfig, identity)
+        serving = self.ca.issue(
+            "controller-manager-serving",
+            "kube-controller-manager",
+            dns_names=("localhost",),
+            ip_addresses=(LOOPBACK,),
+            server=True,
+        )
+        return [
+            str(self.binaries.kube_controller_manager),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            f"--bind-address={LOOPBACK}",
+            f"--secure-port={self.ports.controller_manager}",
+            f"--tls-cert-file={serving.cert}",
+            f"--tls-private-key-file={serving.key}",
+            "--leader-elect=false",
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={self.signing_key.key}",
+            f"--root-ca-file={self.ca.pair.cert}",
+            f"--cluster-signing-cert-file={self.ca.pair.cert}",
+            f"--cluster-signing-key-file={self.ca.pair.key}",
+            "--cluster-name=metalmend-lab",
+            f"--node-monitor-grace-period={self.config.node_monitor_grace_period:g}s",
+            f"--node-monitor-period={self.config.node_monitor_period:g}s",
+            *self.config.controller_manager_args,
+        ]
+
+    # ---- readiness -------------------------------------------------------------------------
+
+    def admin_http(self, timeout: float = 5.0) -> httpx.Client:
+        """An HTTP client that speaks to the apiserver as the admin (for probes and tests)."""
+        context = tls_context(self.ca.pair.cert, self.admin)
+        return httpx.Client(base_url=self.server, verify=context, timeout=timeout)
+
+    def _etcd_ready(self) -> bool:
+        return _answers(f"{self.etcd_url}/health", lambda r: '"health":"true"' in r.text)
+
+    def _apiserver_ready(self) -> bool:
+        with contextlib.suppress(httpx.HTTPError), self.admin_http(2.0) as http:
+            return http.get("/readyz").text == "ok"
+        return False
+
+    def _controllers_ready(self) -> bool:
+        # The service-account controller creating "default" proves the controllers run.
+        with contextlib.suppress(httpx.HTTPError), self.admin_http(2.0) as http:
+            return http.get("/api/v1/namespaces/default/serviceaccounts/default").is_success
+        return False
+
+    # ---- credentials -----------------------------------------------------------------------
+
+    def _write_kubeconfig(self, path: Path, identity: KeyPair | None, token: str = "") -> Path:
+        user: dict[str, str] = {}
+        if identity is not None:
+            user["client-certificate-data"] = _b64(identity.cert.read_bytes())
+            user["client-key-data"] = _b64(identity.key.read_bytes())
+        if token:
+            user["token"] = token
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "metalmend-lab",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority-data": _b64(self.ca.pair.cert.read_bytes()),
+                    },
+                }
+            ],
+            "users": [{"name": "user", "user": user}],
+            "contexts": [
+                {"name": "metalmend-lab", "context": {"cluster": "metalmend-lab", "user": "user"}}
+            ],
+            "current-context": "metalmend-lab",
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def user_kubeconfig(self, user: str, groups: Sequence[str] = ()) -> Path:
+        """A kubeconfig that authenticates as ``user`` in ``groups`` (client certificate)."""
+        stem = "user-" + "".join(c if c.isalnum() else "-" for c in user)
+        identity = self.ca.issue(stem, user, organizations=tuple(groups))
+        return self._write_kubeconfig(self.workdir / "users" / f"{stem}.kubeconfig", identity)
+
+    def service_account_kubeconfig(
+        self, namespace: str, name: str, expiration_seconds: int = 3600
+    ) -> Path:
+        """A kubeconfig holding a real token of ServiceAccount ``namespace/name`` (created
+        when missing), issued by the TokenRequest API."""
+        with self.admin_http() as http:
+            accounts = f"/api/v1/namespaces/{namespace}/serviceaccounts"
+            created = http.post(accounts, json={"metadata": {"name": name}})
+            if created.status_code not in (201, 409):
+                created.raise_for_status()
+            response = http.post(
+                f"{accounts}/{name}/token",
+                json={"spec": {"expirationSeconds": expiration_seconds}},
+            )
+            response.raise_for_status()
+            token: str = response.json()["status"]["token"]
+        path = self.workdir / "users" / f"sa-{namespace}-{name}.kubeconfig"
+        return self._write_kubeconfig(path, None, token=token)
+
+    def wipe(self) -> None:
+        """Remove the work directory (after stop)."""
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def tls_context(ca: Path, identity: KeyPair) -> ssl.SSLContext:
+    """TLS that trusts only the lab CA and presents ``identity``'s client certificate."""
+    context = ssl.create_default_context(cafile=str(ca))
+    context.load_cert_chain(str(identity.cert), str(identity.key))
+    return context
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _answers(url: str, accept: Callable[[httpx.Response], bool]) -> bool:
+    try:
+        return accept(httpx.get(url, timeout=2.0))
+    except httpx.HTTPError:
+        return False
+
+
+@contextlib.contextmanager
+def running(config: ControlPlaneConfig) -> Iterator[ControlPlane]:
+    """A started control plane for the duration of a ``with`` block."""
+    plane = ControlPlane(config)
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()

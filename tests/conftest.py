@@ -1,0 +1,62 @@
+"""Shared fixtures: one real control plane per test session, a fresh namespace per test.
+
+Tests are marked by directory: tests/unit -> unit, tests/integration -> integration,
+tests/e2e -> e2e. Only tests that ask for a control-plane fixture start one.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from lightkube import Client, KubeConfig
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace
+
+from metalmend.kube.crds import install_crds
+from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig
+
+# Short enough that node-lifecycle tests take seconds, long enough for a loaded 2-core CI.
+NODE_MONITOR_GRACE_PERIOD = 6.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for kind in ("unit", "integration", "e2e"):
+            if f"tests/{kind}/" in Path(item.path).as_posix():
+                item.add_marker(getattr(pytest.mark, kind))
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    config = ControlPlaneConfig(
+        workdir=tmp_path_factory.mktemp("controlplane"),
+        node_monitor_grace_period=NODE_MONITOR_GRACE_PERIOD,
+        node_monitor_period=1.0,
+    )
+    plane = ControlPlane(config)
+    plane.start()
+    try:
+        install_crds(Client(KubeConfig.from_file(plane.kubeconfig)))
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture
+def kube(control_plane: ControlPlane) -> Client:
+    """A synchronous admin client (a new one per test: connections kept alive across an
+    apiserver restart would fail their next request)."""
+    return Client(KubeConfig.from_file(control_plane.kubeconfig), field_manager="metalmend-tests")
+
+
+@pytest.fixture
+def namespace(kube: Client, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace, deleted (without waiting) after the test."""
+    stem = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40].strip("-")
+    name = f"{stem}-{secrets.token_hex(3)}"
+    kube.create(Namespace(metadata=ObjectMeta(name=name)))
+    yield name
+    kube.delete(Namespace, name)

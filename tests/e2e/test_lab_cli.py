@@ -1,0 +1,125 @@
+"""``metalmend lab up/status/down`` as a user runs them: in a shell, against real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from metalmend.lab.assets import find_binaries
+from metalmend.lab.lab import LabState, alive
+
+
+def metalmend(*args: str, lab_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "metalmend", *args, "--dir", str(lab_dir)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def descendants_gone(pids: list[int], timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_detached_lab_serves_kubectl_and_down_leaves_nothing(tmp_path: Path) -> None:
+    lab_dir = tmp_path / "lab"
+    started = metalmend("lab", "up", "--detach", lab_dir=lab_dir)
+    assert started.returncode == 0, started.stderr
+    assert "lab ready" in started.stdout
+    state = LabState.read(lab_dir)
+    assert state is not None
+    pids = [state.supervisor_pid, *state.components.values()]
+    assert len(pids) == 4
+    try:
+        report = metalmend("lab", "status", lab_dir=lab_dir)
+        assert report.returncode == 0
+        assert "readyz ok" in report.stdout
+        again = metalmend("lab", "up", "--detach", lab_dir=lab_dir)
+        assert again.returncode == 1
+        assert "already running" in again.stderr
+        assert "Traceback" not in again.stderr
+
+        kubectl = find_binaries(build_missing=False).kubectl
+        if kubectl is not None:
+            listed = subprocess.run(
+                [
+                    str(kubectl),
+                    "--kubeconfig",
+                    str(lab_dir / "kubeconfig"),
+                    "get",
+                    "baremetalhosts",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert listed.returncode == 0, listed.stderr
+            assert "No resources found" in listed.stderr
+    finally:
+        stopped = metalmend("lab", "down", lab_dir=lab_dir)
+    assert stopped.returncode == 0
+    assert descendants_gone(pids)
+    assert metalmend("lab", "status", lab_dir=lab_dir).returncode == 1
+
+
+def test_ctrl_c_on_a_foreground_lab_stops_cleanly(tmp_path: Path) -> None:
+    lab_dir = tmp_path / "lab"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "metalmend", "lab", "up", "--dir", str(lab_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    state = None
+    while time.monotonic() < deadline and not (state and state.ready):
+        state = LabState.read(lab_dir)
+        time.sleep(0.2)
+    assert state is not None and state.ready
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    assert "lab stopped" in stdout
+    assert "Traceback" not in stderr
+    assert descendants_gone(list(state.components.values()))
+    assert not (lab_dir / "lab.json").exists()
+
+
+def test_killed_supervisor_takes_its_control_plane_with_it(tmp_path: Path) -> None:
+    lab_dir = tmp_path / "lab"
+    assert metalmend("lab", "up", "--detach", lab_dir=lab_dir).returncode == 0
+    state = LabState.read(lab_dir)
+    assert state is not None
+    os.kill(state.supervisor_pid, signal.SIGKILL)
+    assert descendants_gone([state.supervisor_pid, *state.components.values()], timeout=20)
+    assert metalmend("lab", "down", lab_dir=lab_dir).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("variable", "says"),
+    [("TEST_ASSET_ETCD", "TEST_ASSET_ETCD=/nonexistent/etcd is not an executable file")],
+)
+def test_bad_asset_variable_gives_one_clear_line(tmp_path: Path, variable: str, says: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "metalmend", "lab", "up", "--dir", str(tmp_path / "lab")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, variable: "/nonexistent/etcd"},
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"metalmend: {says}"

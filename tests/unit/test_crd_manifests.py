@@ -1,0 +1,36 @@
+"""What every CRD manifest must declare, checked without a cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from metalmend.kube.crds import load_crds
+
+CRDS = {crd.metadata.name: crd for crd in load_crds()}
+
+
+def test_the_five_kinds_are_defined() -> None:
+    assert set(CRDS) == {
+        "baremetalhosts.metal3.io",
+        "machines.cluster.x-k8s.io",
+        "machinehealthchecks.cluster.x-k8s.io",
+        "metal3remediations.remediation.metal3.io",
+        "metal3remediationtemplates.remediation.metal3.io",
+    }
+
+
+@pytest.mark.parametrize("name", sorted(CRDS))
+def test_each_version_has_status_subresource_schema_and_columns(name: str) -> None:
+    for version in CRDS[name].spec.versions:
+        assert version.subresources is not None
+        assert version.subresources.status is not None
+        assert version.schema.openAPIV3Schema.type == "object"
+        assert version.additionalPrinterColumns
+
+
+def test_baremetalhost_keeps_upstream_fields_it_does_not_model() -> None:
+    schema = CRDS["baremetalhosts.metal3.io"].spec.versions[0].schema.openAPIV3Schema
+    spec, status = schema.properties["spec"], schema.properties["status"]
+    assert spec["x-kubernetes-preserve-unknown-fields"] is True
+    provisioning = status["properties"]["provisioning"]["properties"]
+    assert {"state", "lastPoweredOn", "pendingRebootSince"} <= set(provisioning)
