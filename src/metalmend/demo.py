@@ -20,6 +20,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Node
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from metalmend.api.resources import CRD_DIR, MachineHealthCheck
@@ -105,7 +106,7 @@ def show_validation(client: Client, out: Console) -> None:
             client.create(check, namespace=NAMESPACE)
             out.print(f"{label}: [red]accepted[/red]")
         except ApiError as error:
-            reason = str(error.status.message).split(": ", 1)[-1]
+            reason = escape(str(error.status.message).split(": ", 1)[-1])
             out.print(f"{label}: [yellow]{error.status.code}[/yellow] {reason}", highlight=False)
 
 
@@ -115,7 +116,8 @@ def show_rbac(running: lab.RunningLab, out: Console) -> None:
     try:
         alice.get(ConfigMap, "anything", namespace=NAMESPACE)
     except ApiError as error:
-        out.print(f"alice: [yellow]{error.status.code}[/yellow] {error.status.message}")
+        message = escape(str(error.status.message))
+        out.print(f"alice: [yellow]{error.status.code}[/yellow] {message}", highlight=False)
 
 
 def show_node_lifecycle(client: Client, out: Console) -> None:

@@ -88,7 +88,8 @@ def test_ctrl_c_on_a_foreground_lab_stops_cleanly(tmp_path: Path) -> None:
     while time.monotonic() < deadline and not (state and state.ready):
         state = LabState.read(lab_dir)
         time.sleep(0.2)
-    assert state is not None and state.ready
+    assert state is not None
+    assert state.ready
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr
