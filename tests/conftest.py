@@ -7,11 +7,11 @@ tests/e2e -> e2e. Only tests that ask for a control-plane fixture start one.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from lightkube import Client, KubeConfig
+from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 
@@ -35,6 +35,9 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         workdir=tmp_path_factory.mktemp("controlplane"),
         node_monitor_grace_period=NODE_MONITOR_GRACE_PERIOD,
         node_monitor_period=1.0,
+        # PodTemplates bypass the watch cache, so that compacting etcd makes a resumed
+        # watch answer 410 Gone for real (tests of the informer's re-list use them).
+        apiserver_args=("--watch-cache-sizes=podtemplates#0",),
     )
     plane = ControlPlane(config)
     plane.start()
@@ -50,6 +53,16 @@ def kube(control_plane: ControlPlane) -> Client:
     """A synchronous admin client (a new one per test: connections kept alive across an
     apiserver restart would fail their next request)."""
     return Client(KubeConfig.from_file(control_plane.kubeconfig), field_manager="metalmend-tests")
+
+
+@pytest.fixture
+async def aclient(control_plane: ControlPlane) -> AsyncIterator[AsyncClient]:
+    """An asynchronous admin client, closed after the test."""
+    client = AsyncClient(
+        KubeConfig.from_file(control_plane.kubeconfig), field_manager="metalmend-tests"
+    )
+    yield client
+    await client.close()
 
 
 @pytest.fixture

@@ -8,9 +8,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from metalmend import __version__
+from metalmend.kube.leader import LeadershipLost
 from metalmend.lab import lab as lab_
 from metalmend.lab.assets import AssetsError
 from metalmend.lab.controlplane import ControlPlaneError
@@ -34,7 +36,7 @@ NodeGrace = Annotated[
 
 
 def fail(message: str, code: int = 1) -> None:
-    err.print(f"[red]metalmend:[/red] {message}", highlight=False, markup=True)
+    err.print(f"[red]metalmend:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -103,11 +105,67 @@ def demo(
     run_demo(lab_dir, out, keep=keep)
 
 
+@app.command("run")
+def run_command(
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(help="Kubeconfig; default: in-cluster, $KUBECONFIG, ~/.kube/config."),
+    ] = None,
+    controllers: Annotated[
+        str, typer.Option(help="Comma-separated controllers to run; 'all' for every one.")
+    ] = "all",
+    leader_elect: Annotated[
+        bool, typer.Option(help="Run controllers only while holding the leader Lease.")
+    ] = False,
+    leader_election_namespace: Annotated[
+        str | None, typer.Option(help="Namespace of the Lease (default: our own, or 'default').")
+    ] = None,
+    health_bind: Annotated[
+        str, typer.Option(help="host:port for /healthz, /readyz and /metrics.")
+    ] = "127.0.0.1:8081",
+    namespace: Annotated[
+        str | None, typer.Option(help="Watch only this namespace (default: all).")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Run metalmend's controllers against a cluster."""
+    import asyncio
+
+    from metalmend import log, runner
+    from metalmend.controllers import REGISTRY
+
+    chosen = list(REGISTRY) if controllers == "all" else [c for c in controllers.split(",") if c]
+    if unknown := runner.unknown_controllers(chosen):
+        known = ", ".join(REGISTRY) or "none yet"
+        fail(f"unknown controller(s): {', '.join(unknown)} (known: {known})", code=2)
+    host, _, port = health_bind.rpartition(":")
+    if not host or not port.isdigit():
+        fail(f"--health-bind must be host:port, not {health_bind!r}", code=2)
+    log.setup(log_level)
+    config = runner.RunConfig(
+        kubeconfig=kubeconfig,
+        controllers=chosen,
+        leader_elect=leader_elect,
+        leader_election_namespace=leader_election_namespace,
+        health_host=host,
+        health_port=int(port),
+        namespace=namespace,
+    )
+    try:
+        asyncio.run(runner.run(config))
+    except runner.ClusterUnavailable as error:
+        fail(str(error), code=2)
+    except OSError as error:
+        fail(str(error), code=2)
+    except LeadershipLost as error:
+        fail(f"{error}; exiting so that a fresh replica can stand again", code=1)
+
+
 def main() -> None:
     try:
         app()
     except (AssetsError, ControlPlaneError, lab_.LabError) as error:
-        err.print(f"metalmend: {error}", highlight=False, markup=False)
+        err.print(f"metalmend: {error}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

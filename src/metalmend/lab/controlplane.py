@@ -385,6 +385,25 @@ class ControlPlane:
         path = self.workdir / "users" / f"sa-{namespace}-{name}.kubeconfig"
         return self._write_kubeconfig(path, None, token=token)
 
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (what kube-apiserver does every
+        five minutes); watches resuming from before it get 410 Gone. Returns the revision."""
+        header = httpx.post(f"{self.etcd_url}/v3/kv/range", json={"key": "AA==", "limit": 1})
+        revision = int(header.raise_for_status().json()["header"]["revision"])
+        compacted = httpx.post(
+            f"{self.etcd_url}/v3/kv/compaction", json={"revision": revision, "physical": True}
+        )
+        compacted.raise_for_status()
+        return revision
+
+    def kubeconfig_via(self, server: str, path: Path) -> Path:
+        """An admin kubeconfig that reaches the apiserver at ``server`` (a proxy, say)."""
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        config["clusters"][0]["cluster"]["server"] = server
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
     def wipe(self) -> None:
         """Remove the work directory (after stop)."""
         shutil.rmtree(self.workdir, ignore_errors=True)

@@ -1,0 +1,25 @@
+"""The controllers ``metalmend run`` can start, by name.
+
+Each entry wires one controller into a Manager: it asks the manager for the informers it
+needs and adds its Controller. Controllers arrive with their issues; until then ``run``
+syncs nothing and serves health.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from metalmend.kube.manager import Manager
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Options every controller may read (filled from the command line)."""
+
+    namespace: str | None = None  # None: all namespaces
+
+
+Setup = Callable[[Manager, RunOptions], None]
+
+REGISTRY: dict[str, Setup] = {}

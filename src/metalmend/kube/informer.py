@@ -1,0 +1,183 @@
+"""An informer: list one kind, then watch it from the list's resourceVersion, keeping a
+Store true and telling handlers what changed.
+
+- Watches ask for bookmarks, so a reconnect resumes from a recent resourceVersion even
+  when nothing of ours changed.
+- 410 Gone (history compacted, or a restarted apiserver's fresh watch cache) means "list
+  again": the store is replaced and handlers hear the differences, deletions included.
+- Any other failure (connection, 5xx, 403) is retried with exponential backoff; a
+  Forbidden names the resource and verb in the log, and the informer stays unsynced until
+  a list succeeds, so /readyz stays false.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx2
+from lightkube import ApiError, AsyncClient
+from lightkube.core import resource as lkres
+from lightkube.core.selector import build_selector
+from lightkube.types import on_error_raise
+
+from metalmend.kube import metrics
+from metalmend.kube.store import IndexFunc, Store, object_key
+from metalmend.kube.workqueue import Backoff
+from metalmend.log import fields
+
+log = logging.getLogger(__name__)
+
+# (old, new): old is None for an addition, new is None for a deletion.
+Handler = Callable[[Any | None, Any | None], None]
+
+LIST_CHUNK = 500
+
+
+def resource_name(resource: Any) -> str:
+    info = resource._api_info
+    group = info.resource.group
+    return f"{info.plural}.{group}" if group else str(info.plural)
+
+
+class Informer:
+    def __init__(
+        self,
+        client: AsyncClient,
+        resource: Any,
+        *,
+        namespace: str | None = None,
+        labels: dict[str, Any] | None = None,
+        fields: dict[str, Any] | None = None,
+        indexes: Mapping[str, IndexFunc] | None = None,
+        backoff: Backoff | None = None,
+        watch_timeout: int = 290,
+    ) -> None:
+        self.client = client
+        self.resource = resource
+        self.name = resource_name(resource)
+        self.namespace = namespace
+        self.labels = labels
+        self.fields = fields
+        self.store = Store(dict(indexes or {}))
+        self.backoff = backoff or Backoff(base=0.5, cap=30.0)
+        self.watch_timeout = watch_timeout
+        self.synced = asyncio.Event()
+        self.resource_version: str | None = None
+        self.lists = 0
+        self.last_error: str | None = None
+        self._failures = 0
+        self._handlers: list[Handler] = []
+
+    def add_handler(self, handler: Handler) -> None:
+        self._handlers.append(handler)
+
+    @property
+    def _namespaced(self) -> bool:
+        return issubclass(self.resource, lkres.NamespacedResource)
+
+    @property
+    def _scope(self) -> str | None:
+        # lightkube reads namespace=None as "the client's default namespace"; "*" is all.
+        return (self.namespace or "*") if self._namespaced else None
+
+    async def run(self) -> None:
+        """List and watch until cancelled."""
+        verb = "list"
+        while True:
+            try:
+                if self.resource_version is None:
+                    verb = "list"
+                    await self._list()
+                verb = "watch"
+                await self._watch()
+            except ApiError as error:
+                code = error.status.code or 0
+                metrics.INFORMER_ERRORS.labels(self.name, verb, str(code)).inc()
+                if code == 410:
+                    log.info("watch history gone, listing again", extra=fields(resource=self.name))
+                    self.resource_version = None
+                    continue
+                await self._retry_later(verb, f"{code} {error.status.message}")
+            except (httpx2.HTTPError, OSError) as error:
+                metrics.INFORMER_ERRORS.labels(self.name, verb, "transport").inc()
+                await self._retry_later(verb, f"{type(error).__name__}: {error}")
+
+    async def _retry_later(self, verb: str, problem: str) -> None:
+        # Failures count up until a list succeeds or a watch event arrives.
+        self._failures += 1
+        failures = self._failures
+        self.last_error = f"{verb} {self.name}: {problem}"
+        level = logging.WARNING if failures <= 3 or failures % 10 == 0 else logging.DEBUG
+        log.log(
+            level,
+            "cannot %s %s, retrying",
+            verb,
+            self.name,
+            extra=fields(resource=self.name, verb=verb, error=problem, attempt=failures),
+        )
+        await asyncio.sleep(self.backoff.delay(failures))
+
+    async def _list(self) -> None:
+        listing: Any = self.client.list(
+            self.resource,
+            namespace=self._scope,
+            labels=self.labels,
+            fields=self.fields,
+            chunk_size=LIST_CHUNK,
+        )
+        objects = [obj async for obj in listing]
+        previous = {object_key(o): o for o in self.store.values()}
+        self.store.replace(objects)
+        self.resource_version = str(listing.resourceVersion)
+        self.lists += 1
+        self.last_error = None
+        self._failures = 0
+        metrics.INFORMER_RELISTS.labels(self.name).inc()
+        for obj in objects:
+            old = previous.pop(object_key(obj), None)
+            if old is None or old.metadata.resourceVersion != obj.metadata.resourceVersion:
+                self._notify(old, obj)
+        for gone in previous.values():
+            self._notify(gone, None)
+        self.synced.set()
+        log.debug("listed", extra=fields(resource=self.name, objects=len(objects)))
+
+    async def _watch(self) -> None:
+        # lightkube's public watch() cannot ask for bookmarks; its request builder can.
+        generic = self.client._client
+        request = generic.prepare_request(
+            "list",
+            res=self.resource,
+            namespace=self._scope,
+            watch=True,
+            params={
+                "resourceVersion": self.resource_version,
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": self.watch_timeout,
+                "labelSelector": build_selector(self.labels) if self.labels else None,
+                "fieldSelector": build_selector(self.fields, for_fields=True)
+                if self.fields
+                else None,
+            },
+        )
+        async for event, obj in generic.watch(request, on_error=on_error_raise):
+            metrics.INFORMER_EVENTS.labels(self.name, event).inc()
+            self.resource_version = obj.metadata.resourceVersion
+            self._failures = 0
+            if event == "BOOKMARK":
+                continue
+            if event == "DELETED":
+                old = self.store.delete(object_key(obj))
+                self._notify(old if old is not None else obj, None)
+            else:
+                self._notify(self.store.upsert(obj), obj)
+
+    def _notify(self, old: Any | None, new: Any | None) -> None:
+        for handler in self._handlers:
+            try:
+                handler(old, new)
+            except Exception:
+                log.exception("event handler failed", extra=fields(resource=self.name))

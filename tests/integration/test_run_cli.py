@@ -1,0 +1,144 @@
+"""``metalmend run`` as an operator starts it, and the health endpoints it serves."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from lightkube import AsyncClient, Client, KubeConfig
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import ConfigMap
+
+from metalmend.kube.health import serving
+from metalmend.kube.manager import Manager
+from metalmend.kube.workqueue import Backoff
+from metalmend.lab.controlplane import ControlPlane, free_port
+
+
+def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "metalmend", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_unreadable_kubeconfig_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = run("--kubeconfig", str(tmp_path / "missing"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"metalmend: cannot read kubeconfig: {tmp_path / 'missing'} does not exist"
+    ]
+    garbage = tmp_path / "garbage"
+    garbage.write_text("{{{ not yaml")
+    result = run("--kubeconfig", str(garbage))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"metalmend: cannot read {garbage}: not YAML at line 1, column 13:"
+        " expected ',' or '}', but got '<stream end>'"
+    ]
+    garbage.write_text("foo: bar\n")
+    result = run("--kubeconfig", str(garbage))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"metalmend: cannot read {garbage}: not a kubeconfig (no clusters or contexts list)"
+    ]
+
+
+def test_unreachable_server_is_one_line_and_exit_2(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    dead = control_plane.kubeconfig_via(f"https://127.0.0.1:{free_port()}", tmp_path / "dead")
+    result = run("--kubeconfig", str(dead))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("metalmend: cannot reach the API server")
+
+
+def test_unknown_controller_is_refused(control_plane: ControlPlane) -> None:
+    result = run("--kubeconfig", str(control_plane.kubeconfig), "--controllers", "nonsense")
+    assert result.returncode == 2
+    assert "unknown controller(s): nonsense" in result.stderr
+
+
+def test_run_serves_health_holds_the_lease_and_stops_on_sigterm(
+    control_plane: ControlPlane, kube: Client
+) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "metalmend", "run",
+            "--kubeconfig", str(control_plane.kubeconfig),
+            "--leader-elect", "--health-bind", f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        ready = None
+        while time.monotonic() < deadline:
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1)
+                if ready.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        assert ready is not None
+        assert ready.text == "ok"
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").text == "ok"
+        assert "metalmend_leader" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        deadline = time.monotonic() + 10
+        holder = None
+        while holder is None and time.monotonic() < deadline:
+            try:
+                lease = kube.get(Lease, "metalmend", namespace="default")
+                holder = lease.spec.holderIdentity if lease.spec else None
+            except Exception:
+                time.sleep(0.1)
+        assert holder
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=15)
+    assert process.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    released = kube.get(Lease, "metalmend", namespace="default")
+    assert released.spec is not None
+    assert not released.spec.holderIdentity, "a graceful stop hands the lease back"
+
+
+async def test_readyz_is_false_while_a_watch_is_forbidden(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    nobody = AsyncClient(KubeConfig.from_file(control_plane.user_kubeconfig("nobody")))
+    manager = Manager(nobody)
+    informer = manager.informer(ConfigMap, namespace=namespace)
+    informer.backoff = Backoff(0.05, 0.5)
+    run_task = asyncio.create_task(manager.run())
+    try:
+        async with (
+            serving(manager, "127.0.0.1", 0) as port,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http,
+        ):
+            for _ in range(100):
+                answer = await http.get("/readyz")
+                if "403" in answer.text:
+                    break
+                await asyncio.sleep(0.05)
+            assert answer.status_code == 503
+            assert "list configmaps: 403" in answer.text
+            assert (await http.get("/healthz")).status_code == 200
+    finally:
+        run_task.cancel()
+        await asyncio.gather(run_task, return_exceptions=True)
+        await nobody.close()
