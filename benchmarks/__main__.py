@@ -1,5 +1,6 @@
 """Run every benchmark in this directory, one after another."""
 
-from benchmarks import controlplane_start
+from benchmarks import controlplane_start, runtime
 
 controlplane_start.main()
+runtime.main()
