@@ -171,3 +171,22 @@ async def test_forbidden_watch_keeps_the_informer_unsynced_until_granted(
     await asyncio.wait_for(informer.synced.wait(), 20)
     assert informer.last_error is None
     await watcher.close()
+
+
+async def test_label_selector_limits_what_the_store_holds(
+    aclient: AsyncClient, namespace: str, running: Callable[[Informer], Informer]
+) -> None:
+    informer = running(
+        Informer(aclient, ConfigMap, namespace=namespace, labels={"metalmend.dev/lab": "yes"})
+    )
+    await asyncio.wait_for(informer.synced.wait(), 10)
+    for name, labels in (("in", {"metalmend.dev/lab": "yes"}), ("out", {})):
+        await aclient.create(
+            ConfigMap(metadata=ObjectMeta(name=name, labels=labels)), namespace=namespace
+        )
+    await until(lambda: len(informer.store) == 1)
+    await aclient.patch(
+        ConfigMap, "in", {"metadata": {"labels": {"metalmend.dev/lab": "no"}}}, namespace=namespace
+    )
+    await until(lambda: len(informer.store) == 0)  # leaving the selection is a deletion
+    assert informer.store.get(f"{namespace}/out") is None

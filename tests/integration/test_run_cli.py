@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
-from lightkube import AsyncClient, Client, KubeConfig
+from lightkube import ApiError, AsyncClient, Client, KubeConfig, codecs
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap
 
@@ -69,50 +69,68 @@ def test_unknown_controller_is_refused(control_plane: ControlPlane) -> None:
     assert "unknown controller(s): nonsense" in result.stderr
 
 
-def test_run_serves_health_holds_the_lease_and_stops_on_sigterm(
+RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "metalmend.yaml"
+
+
+def wait_ready(port: int, within: float = 30) -> httpx.Response | None:
+    deadline = time.monotonic() + within
+    answer = None
+    while time.monotonic() < deadline:
+        try:
+            answer = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1)
+            if answer.status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    return answer
+
+
+def lease_holder(kube: Client, namespace: str, within: float = 10) -> str | None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            lease = kube.get(Lease, "metalmend", namespace=namespace)
+        except ApiError:
+            lease = None
+        if lease is not None and lease.spec is not None and lease.spec.holderIdentity:
+            return str(lease.spec.holderIdentity)
+        time.sleep(0.1)
+    return None
+
+
+def test_run_with_the_shipped_rbac_serves_health_leads_and_stops_on_sigterm(
     control_plane: ControlPlane, kube: Client
 ) -> None:
+    """As in a real cluster: the ServiceAccount of deploy/rbac/, nothing more."""
+    for obj in codecs.load_all_yaml(RBAC.read_text()):
+        kube.apply(obj, force=True)
+    account = control_plane.service_account_kubeconfig("metalmend-system", "metalmend")
     port = free_port()
     process = subprocess.Popen(
         [
-            sys.executable, "-m", "metalmend", "run",
-            "--kubeconfig", str(control_plane.kubeconfig),
-            "--leader-elect", "--health-bind", f"127.0.0.1:{port}",
+            sys.executable, "-m", "metalmend", "run", "--kubeconfig", str(account),
+            "--leader-elect", "--leader-election-namespace", "metalmend-system",
+            "--health-bind", f"127.0.0.1:{port}",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        ready = None
-        while time.monotonic() < deadline:
-            try:
-                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1)
-                if ready.status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        ready = wait_ready(port)
         assert ready is not None
         assert ready.text == "ok"
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").text == "ok"
         assert "metalmend_leader" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
-        deadline = time.monotonic() + 10
-        holder = None
-        while holder is None and time.monotonic() < deadline:
-            try:
-                lease = kube.get(Lease, "metalmend", namespace="default")
-                holder = lease.spec.holderIdentity if lease.spec else None
-            except Exception:
-                time.sleep(0.1)
-        assert holder
+        assert lease_holder(kube, "metalmend-system")
     finally:
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=15)
     assert process.returncode == 0, stderr
     assert "Traceback" not in stderr
-    released = kube.get(Lease, "metalmend", namespace="default")
+    assert "system:serviceaccount:metalmend-system:metalmend" in stderr  # who we run as
+    released = kube.get(Lease, "metalmend", namespace="metalmend-system")
     assert released.spec is not None
     assert not released.spec.holderIdentity, "a graceful stop hands the lease back"
 

@@ -73,6 +73,7 @@ class Controller:
         self.clock = clock
         self.queue = WorkQueue(backoff)
         self.informers: list[Informer] = []
+        metrics.QUEUE_DEPTH.labels(name).set_function(lambda: len(self.queue))
 
     def watch(self, informer: Informer, keys: KeyMapper = own_key) -> None:
         """Reconcile ``keys(old, new)`` whenever ``informer`` sees a change."""
@@ -105,7 +106,6 @@ class Controller:
                 await self._process(key)
             finally:
                 self.queue.done(key)
-                metrics.QUEUE_DEPTH.labels(self.name).set(len(self.queue))
 
     async def _process(self, key: str) -> None:
         started = time.perf_counter()
