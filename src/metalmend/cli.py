@@ -51,9 +51,26 @@ def lab_up(
     lab_dir: LabDir = Path(".lab"),
     detach: Annotated[bool, typer.Option(help="Return once ready; stop with 'lab down'.")] = False,
     node_grace: NodeGrace = 20.0,
+    hosts: Annotated[int, typer.Option(help="Bare-metal hosts to simulate.", min=0, max=50)] = 0,
+    bmc: Annotated[str, typer.Option(help="Their BMCs: redfish, ipmi or mixed.")] = "mixed",
+    boot_delay: Annotated[
+        float, typer.Option(help="Seconds from power-on until a host's kubelet registers.")
+    ] = 3.0,
+    controllers: Annotated[
+        str, typer.Option(help="Controllers 'metalmend run' runs against the lab ('' for none).")
+    ] = "node-link",
 ) -> None:
-    """Start the lab: etcd, kube-apiserver, kube-controller-manager, CRDs."""
-    options = lab_.LabOptions(lab_dir=lab_dir, node_monitor_grace_period=node_grace)
+    """Start the lab: control plane, CRDs, and (with --hosts) BMCs, hosts and kubelets."""
+    if bmc not in ("redfish", "ipmi", "mixed"):
+        fail(f"--bmc must be redfish, ipmi or mixed, not {bmc!r}", code=2)
+    options = lab_.LabOptions(
+        lab_dir=lab_dir,
+        node_monitor_grace_period=node_grace,
+        hosts=hosts,
+        bmc=bmc,
+        boot_delay=boot_delay,
+        controllers=controllers,
+    )
     if detach:
         state = lab_.up_detached(options)
         _print_ready(state, foreground=False)
@@ -92,6 +109,33 @@ def lab_status(lab_dir: LabDir = Path(".lab")) -> None:
     for c in report.components:
         table.add_row(c.name, str(c.pid), "yes" if c.running else "[red]no[/red]")
     out.print(table)
+    if report.hosts:
+        hosts_table = Table("host", "BMC", "power", "kubelet", "Node", "Ready", "BMC reachable")
+        for h in report.hosts:
+            hosts_table.add_row(
+                h.name, h.bmc, h.power, h.kubelet, "yes" if h.node else "no", h.ready,
+                "yes" if h.bmc_reachable else f"[red]no[/red] ({h.bmc_line})",
+            )  # fmt: skip
+        out.print(hosts_table)
+
+
+@lab_app.command("fault")
+def lab_fault(
+    host: Annotated[str, typer.Argument(help="Host name, e.g. worker-0.")],
+    kind: Annotated[
+        str,
+        typer.Argument(
+            help="hang | recover | bmc-down | bmc-up | bmc-slow | ignore-soft | honour-soft"
+        ),
+    ],
+    lab_dir: LabDir = Path(".lab"),
+) -> None:
+    """Inject a fault into a lab host (a hung kernel, an unreachable or slow BMC...)."""
+    try:
+        lab_.inject_fault(lab_dir, host, kind)
+    except ValueError as error:
+        fail(str(error), code=2)
+    out.print(f"{host}: {kind}")
 
 
 @app.command()
@@ -133,6 +177,7 @@ def run_command(
 
     from metalmend import log, runner
     from metalmend.controllers import REGISTRY
+    from metalmend.controllers import all as _all  # noqa: F401  (registers every controller)
 
     chosen = list(REGISTRY) if controllers == "all" else [c for c in controllers.split(",") if c]
     if unknown := runner.unknown_controllers(chosen):

@@ -20,7 +20,7 @@ from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from metalmend.kube.informer import Informer
 from metalmend.kube.workqueue import Backoff
 from metalmend.lab.controlplane import ControlPlane
-from metalmend.lab.tcpproxy import TcpProxy
+from metalmend.lab.proxies import TcpProxy
 from tests.support import until
 
 

@@ -115,6 +115,30 @@ class Component:
             return ""
 
 
+def start_component(
+    name: str,
+    argv: list[str],
+    workdir: Path,
+    ready: Callable[[], bool],
+    timeout: float = 60.0,
+) -> Component:
+    """Start ``argv`` (log in ``workdir/name.log``) and return once ``ready()`` is true."""
+    component = Component(name, argv, workdir / f"{name}.log")
+    component.start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not component.running():
+            raise ControlPlaneError(
+                f"{name} exited during start-up (log: {component.log_path}):\n"
+                f"{component.log_tail()}"
+            )
+        if ready():
+            return component
+        time.sleep(0.1)
+    component.stop()
+    raise ControlPlaneError(f"{name} not ready after {timeout:.0f}s (log: {component.log_path})")
+
+
 @dataclass
 class ControlPlaneConfig:
     """What a test or the lab may tune. Durations are in seconds."""
@@ -210,21 +234,8 @@ class ControlPlane:
         self.stop()
 
     def _start(self, name: str, argv: list[str], ready: Callable[[], bool]) -> None:
-        component = Component(name, argv, self.workdir / f"{name}.log")
-        self.components[name] = component
-        component.start()
-        deadline = time.monotonic() + self.config.start_timeout
-        while time.monotonic() < deadline:
-            if not component.running():
-                raise ControlPlaneError(
-                    f"{name} exited during start-up (log: {component.log_path}):\n"
-                    f"{component.log_tail()}"
-                )
-            if ready():
-                return
-            time.sleep(0.1)
-        raise ControlPlaneError(
-            f"{name} not ready after {self.config.start_timeout:.0f}s (log: {component.log_path})"
+        self.components[name] = start_component(
+            name, argv, self.workdir, ready, self.config.start_timeout
         )
 
     # ---- command lines ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,9 +25,19 @@ from typing import Any
 
 import httpx
 from lightkube import Client, KubeConfig
+from lightkube.resources.core_v1 import Node
 
 from metalmend.kube.crds import install_crds
-from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig, tls_context
+from metalmend.lab import hosts
+from metalmend.lab.controlplane import (
+    Component,
+    ControlPlane,
+    ControlPlaneConfig,
+    free_port,
+    start_component,
+    tls_context,
+)
+from metalmend.lab.hardware import HardwareConfig, status_path
 from metalmend.lab.pki import KeyPair
 
 
@@ -90,6 +101,11 @@ def running_state(lab_dir: Path) -> LabState | None:
 class LabOptions:
     lab_dir: Path
     node_monitor_grace_period: float = 20.0
+    hosts: int = 0
+    bmc: str = "mixed"  # redfish, ipmi or mixed
+    boot_delay: float = 3.0  # seconds from power-on until the kubelet registers
+    power_delay: float = 0.0  # seconds before an IPMI power change lands
+    controllers: str = "node-link"  # what `metalmend run` runs against the lab ("" none)
 
 
 @dataclass
@@ -99,13 +115,16 @@ class RunningLab:
     state: LabState
     plane: ControlPlane
     kubeconfig: Path
+    hardware: HardwareConfig | None = None
+    extras: dict[str, Component] = field(default_factory=dict)
 
     def client(self) -> Client:
         return Client(KubeConfig.from_file(self.kubeconfig))
 
     def check(self) -> None:
         """Raise LabError when a component has died."""
-        if dead := [n for n, c in self.plane.components.items() if not c.running()]:
+        components = {**self.plane.components, **self.extras}
+        if dead := [n for n, c in components.items() if not c.running()]:
             raise LabError(f"{', '.join(dead)} stopped unexpectedly; see {self.plane.workdir}")
 
 
@@ -125,8 +144,10 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
         node_monitor_grace_period=options.node_monitor_grace_period,
     )
     plane: ControlPlane | None = None
+    running: RunningLab | None = None
     try:
         ControlPlane(config).wipe()  # every lab starts from an empty cluster
+        shutil.rmtree(lab_dir / "hardware", ignore_errors=True)
         plane = ControlPlane(config)
         plane.start()
         state.components = plane.pids()
@@ -136,15 +157,84 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
         kubeconfig.chmod(0o600)
         running = RunningLab(state, plane, kubeconfig)
         install_crds(running.client())
+        if options.hosts:
+            start_hosts(running, options)
+        if options.controllers:
+            start_controllers(running, options.controllers)
         state.ready, state.server = True, plane.server
         state.kubeconfig = str(kubeconfig.resolve())
         state.started_in_seconds = round(plane.started_in or 0.0, 2)
         state.write(lab_dir)
         yield running
     finally:
+        if running is not None:
+            for component in reversed(list(running.extras.values())):
+                component.stop()
         if plane is not None:
             plane.stop()
         (lab_dir / "lab.json").unlink(missing_ok=True)
+
+
+def _record(running: RunningLab, component: Component) -> None:
+    running.extras[component.name] = component
+    running.state.components[component.name] = component.pid or 0
+    running.state.write(running.plane.workdir.parent)
+
+
+def start_hosts(running: RunningLab, options: LabOptions) -> None:
+    """The emulator (if any host speaks Redfish), the hardware process, the objects."""
+    workdir = options.lab_dir / "hardware"
+    workdir.mkdir(parents=True, exist_ok=True)
+    emulator_port = free_port()
+    config = hosts.plan(
+        options.hosts, options.bmc, options.lab_dir, running.plane,
+        emulator_port=emulator_port, boot_delay=options.boot_delay,
+        power_delay=options.power_delay,
+    )  # fmt: skip
+    running.hardware = config
+    context = tls_context(running.plane.ca.pair.cert, running.plane.admin)
+    if any(h.bmc == "redfish" for h in config.hosts):
+        conf = hosts.emulator_files(config, workdir / "redfish", running.plane, emulator_port)
+
+        def emulator_ready() -> bool:
+            try:
+                return httpx.get(
+                    f"https://127.0.0.1:{emulator_port}/redfish/v1/", verify=context, timeout=1
+                ).status_code in (200, 401)
+            except httpx.HTTPError:
+                return False
+
+        _record(
+            running,
+            start_component("redfish-emulator", hosts.emulator_argv(conf), workdir, emulator_ready),
+        )
+    config_file = workdir / "config.json"
+    config.write(config_file)
+    _record(
+        running,
+        start_component(
+            "hardware", hosts.hardware_argv(config_file), workdir,
+            lambda: status_path(options.lab_dir).exists(),
+        ),
+    )  # fmt: skip
+    hosts.register(running.client(), config)
+
+
+def start_controllers(running: RunningLab, controllers: str) -> None:
+    """metalmend itself, as an operator would run it against this cluster."""
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "metalmend", "run", "--kubeconfig", str(running.kubeconfig),
+        "--controllers", controllers, "--health-bind", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    _record(running, start_component("metalmend", argv, running.plane.workdir.parent, ready))
 
 
 @contextlib.contextmanager
@@ -180,6 +270,8 @@ def up_detached(options: LabOptions, timeout: float = 600.0) -> LabState:
     log_path = lab_dir / "lab.log"
     argv = [sys.executable, "-m", "metalmend", "lab", "up", "--dir", str(lab_dir)]
     argv += ["--node-grace", f"{options.node_monitor_grace_period:g}"]
+    argv += ["--hosts", str(options.hosts), "--bmc", options.bmc]
+    argv += ["--boot-delay", f"{options.boot_delay:g}", "--controllers", options.controllers]
     with log_path.open("wb") as log:
         child = subprocess.Popen(
             argv,
@@ -228,6 +320,18 @@ class ComponentStatus:
 
 
 @dataclass
+class HostStatus:
+    name: str
+    bmc: str
+    power: str
+    kubelet: str
+    bmc_line: str
+    bmc_reachable: bool
+    node: bool = False
+    ready: str = "-"
+
+
+@dataclass
 class LabStatus:
     running: bool
     ready: bool = False
@@ -235,6 +339,7 @@ class LabStatus:
     kubeconfig: str = ""
     apiserver_ready: bool = False
     components: list[ComponentStatus] = field(default_factory=list)
+    hosts: list[HostStatus] = field(default_factory=list)
 
 
 def status(lab_dir: Path) -> LabStatus:
@@ -250,7 +355,91 @@ def status(lab_dir: Path) -> LabStatus:
     )
     if state.ready:
         report.apiserver_ready = _apiserver_ready(lab_dir)
+        report.hosts = _host_status(lab_dir, report.apiserver_ready)
     return report
+
+
+def _host_status(lab_dir: Path, cluster_up: bool) -> list[HostStatus]:
+    try:
+        hardware: dict[str, dict[str, str]] = json.loads(status_path(lab_dir).read_text())
+    except (OSError, ValueError):
+        return []
+    nodes: dict[str, Any] = {}
+    if cluster_up:
+        with contextlib.suppress(Exception):
+            client = Client(KubeConfig.from_file(lab_dir / "kubeconfig"))
+            nodes = {str(n.metadata.name if n.metadata else ""): n for n in client.list(Node)}
+    report = []
+    for name, hw in hardware.items():
+        node = nodes.get(name)
+        conditions = (node.status.conditions if node and node.status else None) or []
+        ready = next((c.status for c in conditions if c.type == "Ready"), "-")
+        report.append(
+            HostStatus(
+                name, hw["bmc"], hw["power"], hw["kubelet"], hw["bmc_line"],
+                bmc_reachable=_bmc_reachable(hw["address"]) if hw["bmc_line"] != "down" else False,
+                node=node is not None, ready=ready,
+            )
+        )  # fmt: skip
+    return report
+
+
+def _bmc_reachable(address: str) -> bool:
+    """A BMC answers: Redfish serves its root, an IPMI BMC its presence ping."""
+    from metalmend.bmc import parse
+
+    bmc = parse(address)
+    if bmc.protocol == "redfish":
+        try:
+            httpx.get(f"{bmc.endpoint}/redfish/v1/", verify=False, timeout=2)
+        except httpx.HTTPError:
+            return False
+        return True
+    return _ipmi_answers(bmc.host, bmc.port or 623)
+
+
+def _ipmi_answers(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            # IPMI 2.0 "Get Channel Authentication Capabilities", sessionless: every BMC
+            # answers it before any login.
+            probe.sendto(
+                bytes.fromhex("0600ff07000000000000000000092018c88100388e04b5"), (host, port)
+            )
+            probe.recv(512)
+        except OSError:
+            return False
+    return True
+
+
+FAULTS = ("hang", "recover", "bmc-down", "bmc-up", "bmc-slow", "ignore-soft", "honour-soft")
+
+
+def inject_fault(lab_dir: Path, host: str, kind: str) -> None:
+    """Record a fault for the hardware process to apply (within 0.2 s)."""
+    from metalmend.lab.hardware import Faults, faults_path, write_faults
+
+    if kind not in FAULTS:
+        raise ValueError(f"unknown fault {kind!r}; one of: {', '.join(FAULTS)}")
+    if running_state(lab_dir) is None:
+        raise ValueError(f"no lab is running in {lab_dir}")
+    try:
+        known = json.loads(status_path(lab_dir).read_text())
+    except (OSError, ValueError):
+        known = {}
+    if host not in known:
+        raise ValueError(f"no host {host!r} in this lab; hosts: {', '.join(known) or 'none'}")
+    faults = Faults.read(faults_path(lab_dir, host))
+    if kind in ("hang", "recover"):
+        faults.hang = kind == "hang"
+    elif kind in ("ignore-soft", "honour-soft"):
+        faults.ignore_soft = kind == "ignore-soft"
+    else:
+        faults.bmc = kind.removeprefix("bmc-")
+    write_faults(lab_dir, host, faults)
 
 
 def _apiserver_ready(lab_dir: Path) -> bool:

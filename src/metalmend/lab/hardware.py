@@ -1,0 +1,375 @@
+"""The lab's servers: power, BMCs and kubelets, in one process (``python -m
+metalmend.lab.hardware CONFIG``), started by ``metalmend lab up``.
+
+Per host:
+- power: for IPMI hosts it lives here (``HostPower``) behind a pyghmi BMC on its own UDP
+  port; for Redfish hosts it lives in sushy-tools' emulator and is read through Redfish;
+- a fault line in front of the BMC (UDP relay or TCP proxy) for bmc-down and bmc-slow;
+- a kubelet simulator bound to that power: after power-on and a boot delay it registers
+  its Node (labels, providerID), renews its Lease and reports Ready; while the host is off,
+  or its kernel hung, it is silent; a power cycle clears a hang.
+
+Faults arrive as files (``faults/<host>.json``) written by ``metalmend lab fault``; what
+the hardware looks like is written to ``status.json`` for ``metalmend lab status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import ssl
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.models.coordination_v1 import LeaseSpec
+from lightkube.models.core_v1 import NodeSpec
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Node
+
+log = logging.getLogger("metalmend.lab.hardware")
+
+HEARTBEAT = 1.0  # seconds between Lease renewals (a real kubelet: 10 s, for a 40 s grace)
+STATUS_EVERY = 5.0  # seconds between Node status posts while healthy
+SLOW_DELAY = 3.0  # seconds a bmc-slow line adds each way
+
+
+@dataclass
+class HostSpec:
+    name: str
+    namespace: str
+    bmc: str  # "redfish" or "ipmi"
+    bmc_port: int  # what the BareMetalHost's address names (the fault line)
+    internal_port: int  # the BMC itself (IPMI) or the emulator (Redfish)
+    username: str
+    password: str
+    provider_id: str
+    kubeconfig: str  # the node's own identity (system:node:<name>)
+    system_id: str = ""  # Redfish system id
+    boot_delay: float = 3.0
+    power_delay: float = 0.0  # IPMI: seconds before a power change lands
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        if self.bmc == "ipmi":
+            return f"ipmi://127.0.0.1:{self.bmc_port}"
+        return f"redfish+https://127.0.0.1:{self.bmc_port}/redfish/v1/Systems/{self.system_id}"
+
+
+@dataclass
+class HardwareConfig:
+    lab_dir: str
+    hosts: list[HostSpec]
+    ca_file: str = ""  # trusts the emulator's certificate
+
+    @classmethod
+    def read(cls, path: Path) -> HardwareConfig:
+        data = json.loads(path.read_text())
+        return cls(data["lab_dir"], [HostSpec(**h) for h in data["hosts"]], data["ca_file"])
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+        path.chmod(0o600)
+
+
+@dataclass
+class Faults:
+    hang: bool = False
+    bmc: str = "up"  # up, down, slow
+    ignore_soft: bool = False  # the BMC accepts soft power-off and does nothing
+
+    @classmethod
+    def read(cls, path: Path) -> Faults:
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return cls()
+
+
+def write_faults(lab_dir: Path, host: str, faults: Faults) -> None:
+    path = faults_path(lab_dir, host)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(faults)))
+    tmp.replace(path)
+
+
+def faults_path(lab_dir: Path, host: str) -> Path:
+    return lab_dir / "hardware" / "faults" / f"{host}.json"
+
+
+def status_path(lab_dir: Path) -> Path:
+    return lab_dir / "hardware" / "status.json"
+
+
+# ---- IPMI hosts: power here, behind a pyghmi BMC ----------------------------------------
+
+
+class HostPower:
+    """The power of one IPMI host. Changes land ``delay`` seconds after the command, as on
+    real hardware; the BMC thread and the kubelet read it concurrently."""
+
+    def __init__(self, on: bool, delay: float) -> None:
+        self._lock = threading.Lock()
+        self._on = on
+        self._pending: tuple[bool, float] | None = None
+        self.delay = delay
+        self.ignore_soft = False
+
+    def is_on(self) -> bool:
+        with self._lock:
+            if self._pending is not None and time.monotonic() >= self._pending[1]:
+                self._on, self._pending = self._pending[0], None
+            return self._on
+
+    def request(self, on: bool, soft: bool = False) -> None:
+        if soft and self.ignore_soft:
+            return
+        with self._lock:
+            self._pending = (on, time.monotonic() + self.delay)
+        self.is_on()
+
+
+def start_ipmi_bmcs(hosts: list[tuple[HostSpec, HostPower]]) -> threading.Thread | None:
+    """All lab IPMI BMCs share pyghmi's session loop, in one daemon thread."""
+    if not hosts:
+        return None
+    from pyghmi.ipmi import bmc as pyghmi_bmc
+
+    class LabBmc(pyghmi_bmc.Bmc):  # type: ignore[misc]
+        def __init__(self, spec: HostSpec, power: HostPower) -> None:
+            super().__init__(
+                {spec.username: spec.password}, port=spec.internal_port, address="127.0.0.1"
+            )
+            self.power = power
+
+        def get_power_state(self) -> str:
+            return "on" if self.power.is_on() else "off"
+
+        def power_on(self) -> None:
+            self.power.request(True)
+
+        def power_off(self) -> None:
+            self.power.request(False)
+
+        def power_shutdown(self) -> None:
+            self.power.request(False, soft=True)
+
+        def power_reset(self) -> None:
+            self.power.request(False)
+            self.power.request(True)
+
+        power_cycle = power_reset
+
+    for spec, power in hosts:
+        LabBmc(spec, power)
+    thread = threading.Thread(target=pyghmi_bmc.Bmc.listen, name="ipmi-bmcs", daemon=True)
+    thread.start()
+    return thread
+
+
+# ---- the kubelet simulator ----------------------------------------------------------------
+
+
+class KubeletSim:
+    """Registers, heartbeats and reports Ready exactly while its host is on and well."""
+
+    def __init__(self, spec: HostSpec, powered: Callable[[], Awaitable[bool]]) -> None:
+        self.spec = spec
+        self.powered = powered
+        self.hung = False
+        self.state = "off"  # off, booting, running, hung
+        self._booted_at: float | None = None
+        self._registered = False
+        self._last_status = 0.0
+        self._client = AsyncClient(KubeConfig.from_file(spec.kubeconfig))
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.beat()
+            except (ApiError, httpx.HTTPError, OSError) as error:
+                log.warning("kubelet %s: %s", self.spec.name, error)
+            await asyncio.sleep(HEARTBEAT)
+
+    async def beat(self) -> None:
+        if not await self.powered():
+            self.state, self._booted_at, self._registered, self.hung = "off", None, False, False
+            return
+        now = time.monotonic()
+        if self._booted_at is None:
+            self._booted_at = now
+        if now - self._booted_at < self.spec.boot_delay:
+            self.state = "booting"
+            return
+        if self.hung:
+            self.state = "hung"
+            return
+        if self.state == "hung":
+            self._last_status = 0.0  # back from a hang: report Ready at once
+        self.state = "running"
+        if not self._registered:
+            await self._register()
+        await self._renew_lease()
+        if now - self._last_status >= STATUS_EVERY:
+            await self._post_status()
+            self._last_status = now
+
+    async def _register(self) -> None:
+        node = Node(
+            metadata=ObjectMeta(name=self.spec.name, labels=self.spec.labels),
+            spec=NodeSpec(providerID=self.spec.provider_id),
+        )
+        with contextlib.suppress(ApiError):  # already registered before the reboot
+            await self._client.create(node)
+        self._registered = True
+        self._last_status = 0.0
+
+    async def _renew_lease(self) -> None:
+        now = dt.datetime.now(dt.UTC)
+        try:
+            lease = await self._client.get(Lease, self.spec.name, namespace="kube-node-lease")
+        except ApiError as error:
+            if error.status.code != 404:
+                raise
+            node: Any = await self._client.get(Node, self.spec.name)
+            owner = OwnerReference(
+                apiVersion="v1", kind="Node", name=self.spec.name, uid=node.metadata.uid
+            )
+            lease = Lease(
+                metadata=ObjectMeta(
+                    name=self.spec.name, namespace="kube-node-lease", ownerReferences=[owner]
+                ),
+                spec=LeaseSpec(
+                    holderIdentity=self.spec.name, leaseDurationSeconds=40, renewTime=now
+                ),
+            )
+            await self._client.create(lease)
+            return
+        lease.spec = LeaseSpec(
+            holderIdentity=self.spec.name, leaseDurationSeconds=40, renewTime=now
+        )
+        await self._client.replace(lease)
+
+    async def _post_status(self) -> None:
+        now = dt.datetime.now(dt.UTC).isoformat()
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "kubelet is posting ready status (metalmend lab)",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+        await self._client.patch(Node.Status, self.spec.name, {"status": {"conditions": [ready]}})
+
+
+# ---- Redfish hosts: power in sushy-tools, read through Redfish ----------------------------
+
+
+class RedfishPower:
+    def __init__(self, spec: HostSpec, ca_file: str) -> None:
+        context = ssl.create_default_context(cafile=ca_file)
+        self._http = httpx.AsyncClient(
+            base_url=f"https://127.0.0.1:{spec.internal_port}",
+            auth=(spec.username, spec.password),
+            verify=context,
+            timeout=5.0,
+        )
+        self._path = f"/redfish/v1/Systems/{spec.system_id}"
+        self.last = False
+
+    async def is_on(self) -> bool:
+        try:
+            answer = await self._http.get(self._path)
+            self.last = answer.raise_for_status().json().get("PowerState") == "On"
+        except (httpx.HTTPError, ValueError) as error:
+            log.warning("cannot read power of %s: %s", self._path, error)
+        return self.last
+
+
+# ---- the process ---------------------------------------------------------------------------
+
+
+async def serve(config: HardwareConfig) -> None:
+    from metalmend.lab.proxies import TcpProxy, UdpRelay
+
+    lab_dir = Path(config.lab_dir)
+    ipmi_hosts: list[tuple[HostSpec, HostPower]] = []
+    kubelets: dict[str, KubeletSim] = {}
+    lines: dict[str, TcpProxy | UdpRelay] = {}
+    powers: dict[str, Callable[[], Awaitable[bool]]] = {}
+    ipmi_power: dict[str, HostPower] = {}
+    for spec in config.hosts:
+        if spec.bmc == "ipmi":
+            power = HostPower(on=True, delay=spec.power_delay)
+            ipmi_hosts.append((spec, power))
+            ipmi_power[spec.name] = power
+
+            async def read_ipmi(power: HostPower = power) -> bool:
+                return power.is_on()
+
+            powers[spec.name] = read_ipmi
+            lines[spec.name] = UdpRelay("127.0.0.1", spec.internal_port, spec.bmc_port)
+        else:
+            powers[spec.name] = RedfishPower(spec, config.ca_file).is_on
+            lines[spec.name] = TcpProxy("127.0.0.1", spec.internal_port, listen_port=spec.bmc_port)
+        kubelets[spec.name] = KubeletSim(spec, powers[spec.name])
+    start_ipmi_bmcs(ipmi_hosts)
+    for line in lines.values():
+        await line.start()
+    tasks = [asyncio.create_task(k.run()) for k in kubelets.values()]
+    log.info("hardware up: %d hosts", len(config.hosts))
+    (lab_dir / "hardware" / "faults").mkdir(parents=True, exist_ok=True)
+    while True:
+        report: dict[str, Any] = {}
+        for spec in config.hosts:
+            faults = Faults.read(faults_path(lab_dir, spec.name))
+            kubelet, line = kubelets[spec.name], lines[spec.name]
+            kubelet.hung = faults.hang if kubelet.state != "off" else False
+            if kubelet.state == "off" and faults.hang:  # a power cycle cured the hang
+                faults.hang = False
+                write_faults(lab_dir, spec.name, faults)
+            line.apply(down=faults.bmc == "down", delay=SLOW_DELAY if faults.bmc == "slow" else 0.0)
+            if spec.name in ipmi_power:
+                ipmi_power[spec.name].ignore_soft = faults.ignore_soft
+            report[spec.name] = {
+                "bmc": spec.bmc,
+                "address": spec.address,
+                "power": "on" if kubelet.state != "off" else "off",
+                "kubelet": kubelet.state,
+                "bmc_line": faults.bmc,
+            }
+        tmp = status_path(lab_dir).with_suffix(".tmp")
+        tmp.write_text(json.dumps(report, indent=2))
+        tmp.replace(status_path(lab_dir))
+        for task in tasks:
+            if task.done():
+                task.result()
+        await asyncio.sleep(0.2)
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    config = HardwareConfig.read(Path(sys.argv[1]))
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Bare-metal hosts in the lab: what ``lab up --hosts N --bmc KIND`` plans, starts and
+registers in the cluster.
+
+For each host: BMC credentials (a Secret), a BareMetalHost (online, provisioned) whose
+``spec.bmc.address`` is the host's BMC on 127.0.0.1, and a Machine linked to it (annotation
+``metal3.io/BareMetalHost`` one way, ``spec.consumerRef`` the other). Redfish hosts share
+one sushy-tools emulator (fake driver, TLS, basic auth); IPMI hosts each get a pyghmi BMC.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+from lightkube import ApiError, Client
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Secret
+from lightkube.types import PatchType
+
+from metalmend.api.resources import BareMetalHost, Machine
+from metalmend.lab.controlplane import LOOPBACK, ControlPlane, free_port
+from metalmend.lab.hardware import HardwareConfig, HostSpec
+
+NAMESPACE = "metalmend-lab"
+BMC_KINDS = ("redfish", "ipmi", "mixed")
+
+
+def free_udp_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def plan(
+    count: int,
+    bmc: str,
+    lab_dir: Path,
+    plane: ControlPlane,
+    *,
+    emulator_port: int,
+    boot_delay: float = 3.0,
+    power_delay: float = 0.0,
+) -> HardwareConfig:
+    """Names, ports, credentials and node identities for ``count`` hosts."""
+    hosts = []
+    for index in range(count):
+        kind = bmc if bmc != "mixed" else ("redfish", "ipmi")[index % 2]
+        name = f"worker-{index}"
+        node_kubeconfig = plane.user_kubeconfig(f"system:node:{name}", ["system:nodes"])
+        hosts.append(
+            HostSpec(
+                name=name,
+                namespace=NAMESPACE,
+                bmc=kind,
+                bmc_port=free_udp_port() if kind == "ipmi" else free_port(),
+                internal_port=free_udp_port() if kind == "ipmi" else emulator_port,
+                username=f"admin-{name}",
+                password=secrets.token_urlsafe(12),
+                provider_id=f"metal3://{NAMESPACE}/{name}",
+                kubeconfig=str(node_kubeconfig),
+                system_id=str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{name}.metalmend.lab")),
+                boot_delay=boot_delay,
+                power_delay=power_delay,
+                labels={"metalmend.dev/lab-host": name, "kubernetes.io/hostname": name},
+            )
+        )
+    return HardwareConfig(str(lab_dir), hosts, str(plane.ca.pair.cert))
+
+
+def emulator_files(config: HardwareConfig, workdir: Path, plane: ControlPlane, port: int) -> Path:
+    """sushy-tools' configuration (a Python file), its htpasswd and TLS; returns the config."""
+    redfish = [h for h in config.hosts if h.bmc == "redfish"]
+    workdir.mkdir(parents=True, exist_ok=True)
+    auth = workdir / "htpasswd"
+    auth.write_text(
+        "".join(
+            f"{h.username}:{bcrypt.hashpw(h.password.encode(), bcrypt.gensalt(4)).decode()}\n"
+            for h in redfish
+        )
+    )
+    serving = plane.ca.issue(
+        "redfish-emulator", "redfish-emulator", dns_names=("localhost",),
+        ip_addresses=(LOOPBACK,), server=True,
+    )  # fmt: skip
+    systems = [
+        {"uuid": h.system_id, "name": h.name, "power_state": "On", "nics": []} for h in redfish
+    ]
+    settings = {
+        "SUSHY_EMULATOR_LISTEN_IP": LOOPBACK,
+        "SUSHY_EMULATOR_LISTEN_PORT": port,
+        "SUSHY_EMULATOR_SSL_CERT": str(serving.cert),
+        "SUSHY_EMULATOR_SSL_KEY": str(serving.key),
+        "SUSHY_EMULATOR_AUTH_FILE": str(auth),
+        "SUSHY_EMULATOR_FAKE_DRIVER": True,
+        "SUSHY_EMULATOR_FAKE_SYSTEMS": systems,
+        "SUSHY_EMULATOR_STATE_DIR": str(workdir / "state"),
+    }
+    path = workdir / "emulator.conf"
+    path.write_text("".join(f"{key} = {value!r}\n" for key, value in settings.items()))
+    return path
+
+
+def emulator_argv(config_file: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "sushy_tools.emulator.main",
+        "--config",
+        str(config_file),
+        "--fake",
+    ]
+
+
+def hardware_argv(config_file: Path) -> list[str]:
+    return [sys.executable, "-m", "metalmend.lab.hardware", str(config_file)]
+
+
+def register(client: Client, config: HardwareConfig) -> None:
+    """Create the namespace, and per host its Secret, BareMetalHost and Machine."""
+    try:
+        client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
+    except ApiError as error:
+        if error.status.code != 409:
+            raise
+    for host in config.hosts:
+        register_host(client, host)
+
+
+def register_host(client: Client, host: HostSpec) -> None:
+    ns = host.namespace
+    client.create(
+        Secret(
+            metadata=ObjectMeta(name=f"{host.name}-bmc"),
+            stringData={"username": host.username, "password": host.password},
+        ),
+        namespace=ns,
+    )
+    machine: Any = client.create(
+        Machine(
+            metadata=ObjectMeta(
+                name=host.name,
+                labels={"role": "worker", "metalmend.dev/lab-host": host.name},
+                annotations={"metal3.io/BareMetalHost": f"{ns}/{host.name}"},
+            ),
+            spec={"clusterName": "lab", "providerID": host.provider_id},
+        ),
+        namespace=ns,
+    )
+    spec: dict[str, Any] = {
+        "online": True,
+        "bootMACAddress": _mac(host.name),
+        "bootMode": "UEFI",
+        "externallyProvisioned": False,
+        "bmc": {"address": host.address, "credentialsName": f"{host.name}-bmc"},
+        "consumerRef": {
+            "apiVersion": "cluster.x-k8s.io/v1beta1",
+            "kind": "Machine",
+            "name": host.name,
+            "namespace": ns,
+            "uid": machine.metadata.uid,
+        },
+    }
+    client.create(BareMetalHost(metadata=ObjectMeta(name=host.name), spec=spec), namespace=ns)
+    client.patch(
+        BareMetalHost.Status,
+        host.name,
+        {
+            "status": {
+                "poweredOn": True,
+                "operationalStatus": "OK",
+                "provisioning": {"state": "provisioned"},
+            }
+        },
+        namespace=ns,
+        patch_type=PatchType.MERGE,
+    )
+
+
+def _mac(name: str) -> str:
+    digest = uuid.uuid5(uuid.NAMESPACE_DNS, name).bytes
+    return "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
