@@ -78,9 +78,10 @@ class IpmiDriver:
             if getattr(error, "ipmicode", 0) in (0xC1, 0xCC):
                 raise Unsupported(f"{self.address} refused the command: {text}") from None
             raise BmcError(f"{self.address}: {text}") from None
-        except OSError as error:
+        except Exception as error:  # pyghmi raises more than IpmiException
             self.close()
-            raise BmcError(f"{self.address}: {error.strerror or error}") from None
+            text = scrub(str(error), self._password)
+            raise BmcError(f"{self.address}: {type(error).__name__}: {text}") from None
 
 
 # An RMCP/ASF presence ping. We do not need the answer: on a connected UDP socket, a closed

@@ -76,8 +76,6 @@ class RedfishDriver:
         if self._root is None:
             self._root = sushy.Sushy(
                 self.address.endpoint,
-                username=self._username,
-                password=self._password,
                 verify=self._verify,
                 auth=sushy.auth.SessionOrBasicAuth(self._username, self._password),
                 read_timeout=self._timeout,
@@ -104,9 +102,10 @@ class RedfishDriver:
             if "timed out" in text.lower() or "timeout" in text.lower():
                 raise TimedOut(f"{self.address} did not answer in {self._timeout:g}s") from None
             raise Unreachable(f"cannot reach {self.address}: {_reason(text)}") from None
-        except sushy_errors.SushyError as error:
+        except Exception as error:  # sushy and requests raise more than SushyError
             self.close()
-            raise BmcError(f"{self.address}: {scrub(str(error), self._password)}") from None
+            text = scrub(str(error), self._password)
+            raise BmcError(f"{self.address}: {type(error).__name__}: {text}") from None
 
 
 def _reason(text: str) -> str:

@@ -141,11 +141,36 @@ class HostPower:
         self.is_on()
 
 
+def _refuse_unsupported_ciphers(session_class: Any) -> None:
+    """pyghmi's BMC implements only cipher suite 3 (HMAC-SHA1) but answers a request for
+    suite 17 (SHA-256) as if it had agreed, so a client that asks for 17 first (pyghmi's
+    own) fails in RAKP. A real BMC refuses an algorithm it lacks (RMCP+ status 0x04,
+    invalid authentication algorithm) and the client falls back to suite 3; make the lab
+    BMC do that."""
+    original = session_class.create_open_session_response
+    if getattr(original, "refuses_unsupported", False):
+        return
+
+    def create_open_session_response(self: Any, request: bytearray) -> bytearray:
+        requested_auth = request[12] if len(request) > 12 else 1
+        if requested_auth != 1:  # 1 = RAKP-HMAC-SHA1
+            self.clientsessionid = request[4:8]
+            return bytearray([request[0], 0x04, 0, 0]) + request[4:8] + bytearray(4)
+        response: bytearray = original(self, request)
+        return response
+
+    create_open_session_response.refuses_unsupported = True  # type: ignore[attr-defined]
+    session_class.create_open_session_response = create_open_session_response
+
+
 def start_ipmi_bmcs(hosts: list[tuple[HostSpec, HostPower]]) -> threading.Thread | None:
     """All lab IPMI BMCs share pyghmi's session loop, in one daemon thread."""
     if not hosts:
         return None
     from pyghmi.ipmi import bmc as pyghmi_bmc
+    from pyghmi.ipmi.private import serversession
+
+    _refuse_unsupported_ciphers(serversession.ServerSession)
 
     class LabBmc(pyghmi_bmc.Bmc):  # type: ignore[misc]
         def __init__(self, spec: HostSpec, power: HostPower) -> None:
