@@ -109,7 +109,7 @@ class BmcPool:
         if driver is None:
             creds = target.credentials
             if target.address.protocol == "ipmi":
-                driver = IpmiDriver(target.address, creds.username, creds.password)
+                driver = IpmiDriver(target.address, creds.username, creds.password, self.timeout)
             else:
                 verify: bool | str = target.verify_certificates and (self.ca_bundle or True)
                 driver = RedfishDriver(

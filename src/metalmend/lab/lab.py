@@ -387,6 +387,7 @@ def _host_status(lab_dir: Path, cluster_up: bool) -> list[HostStatus]:
 def _bmc_reachable(address: str) -> bool:
     """A BMC answers: Redfish serves its root, an IPMI BMC its presence ping."""
     from metalmend.bmc import parse
+    from metalmend.bmc.ipmi import probe
 
     bmc = parse(address)
     if bmc.protocol == "redfish":
@@ -395,24 +396,7 @@ def _bmc_reachable(address: str) -> bool:
         except httpx.HTTPError:
             return False
         return True
-    return _ipmi_answers(bmc.host, bmc.port or 623)
-
-
-def _ipmi_answers(host: str, port: int) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            # IPMI 2.0 "Get Channel Authentication Capabilities", sessionless: every BMC
-            # answers it before any login.
-            probe.sendto(
-                bytes.fromhex("0600ff07000000000000000000092018c88100388e04b5"), (host, port)
-            )
-            probe.recv(512)
-        except OSError:
-            return False
-    return True
+    return probe(bmc.host, bmc.port or 623, wait=1.0) == "answers"
 
 
 FAULTS = ("hang", "recover", "bmc-down", "bmc-up", "bmc-slow", "ignore-soft", "honour-soft")

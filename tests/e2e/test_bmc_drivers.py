@@ -1,0 +1,138 @@
+"""Each driver against a real protocol server: sushy-tools for Redfish, the lab's pyghmi BMC
+for IPMI; and Debian's ipmitool as an independent client of the lab BMC."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import socket
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from metalmend.bmc import (
+    AuthenticationFailed,
+    BmcPool,
+    BmcTarget,
+    Credentials,
+    PowerState,
+    TimedOut,
+    Unreachable,
+    parse,
+)
+from metalmend.lab import lab
+from metalmend.lab.controlplane import free_port
+from tests.e2e.conftest import host, target
+from tests.support import until
+
+# sushy-tools' fake driver lands a power change 1-11 s after the command.
+POWER_CHANGE = 20.0
+
+
+@pytest.fixture
+async def pool(hosts_lab: lab.RunningLab) -> AsyncIterator[BmcPool]:
+    bmcs = BmcPool(timeout=5, ca_bundle=str(hosts_lab.plane.ca.pair.cert))
+    yield bmcs
+    bmcs.close()
+
+
+async def power_becomes(pool: BmcPool, bmc: BmcTarget, state: PowerState) -> None:
+    async def reached() -> bool:
+        return await pool.power_state(bmc) == state
+
+    await until(reached, within=POWER_CHANGE)
+
+
+@pytest.mark.parametrize("kind", ["redfish", "ipmi"])
+async def test_on_soft_off_hard_off_and_state(
+    hosts_lab: lab.RunningLab, pool: BmcPool, kind: str
+) -> None:
+    bmc = target(host(hosts_lab, kind))
+    assert await pool.power_state(bmc) == PowerState.ON
+    await pool.power_off(bmc, hard=False)
+    await power_becomes(pool, bmc, PowerState.OFF)
+    await pool.power_on(bmc)
+    await power_becomes(pool, bmc, PowerState.ON)
+    await pool.power_off(bmc, hard=True)
+    await power_becomes(pool, bmc, PowerState.OFF)
+    await pool.power_on(bmc)
+    await power_becomes(pool, bmc, PowerState.ON)
+
+
+@pytest.mark.parametrize("kind", ["redfish", "ipmi"])
+async def test_wrong_password_is_an_authentication_error_without_the_password(
+    hosts_lab: lab.RunningLab, pool: BmcPool, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    wrong = "Wr0ng-" + host(hosts_lab, kind).password
+    with pytest.raises(AuthenticationFailed) as caught:
+        await pool.power_state(target(host(hosts_lab, kind), password=wrong))
+    assert caught.value.error_type == "registration error"
+    assert wrong not in str(caught.value)
+    assert wrong not in repr(caught.value.__cause__)
+    assert wrong not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("address", "unreachable"),
+    [
+        pytest.param("redfish+https://127.0.0.1:{port}/redfish/v1/Systems/1", True, id="redfish"),
+        pytest.param("ipmi://127.0.0.1:{port}", True, id="ipmi"),
+    ],
+)
+async def test_a_closed_port_is_unreachable(pool: BmcPool, address: str, unreachable: bool) -> None:
+    bmc = BmcTarget(parse(address.format(port=free_port())), Credentials("operator", "not-the-password"))
+    with pytest.raises(Unreachable):
+        await pool.power_state(bmc)
+
+
+@contextlib.contextmanager
+def silent_server(kind: int) -> Iterator[int]:
+    """A socket that takes what is sent and never answers."""
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        if kind == socket.SOCK_STREAM:
+            sock.listen(8)  # connections complete in the backlog; nobody reads them
+        yield sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("address", "kind"),
+    [
+        pytest.param("redfish+https://127.0.0.1:{port}/redfish/v1/Systems/1", socket.SOCK_STREAM, id="redfish"),
+        pytest.param("ipmi://127.0.0.1:{port}", socket.SOCK_DGRAM, id="ipmi"),
+    ],
+)  # fmt: skip
+async def test_a_bmc_that_never_answers_times_out(address: str, kind: int) -> None:
+    bmcs = BmcPool(timeout=2)
+    with silent_server(kind) as port:
+        bmc = BmcTarget(parse(address.format(port=port)), Credentials("operator", "not-the-password"))
+        with pytest.raises(TimedOut):
+            await bmcs.power_state(bmc)
+    bmcs.close()
+
+
+@pytest.mark.skipif(shutil.which("ipmitool") is None, reason="make test installs ipmitool")
+async def test_ipmitool_reads_and_changes_the_power_of_a_lab_bmc(
+    hosts_lab: lab.RunningLab, pool: BmcPool
+) -> None:
+    spec = host(hosts_lab, "ipmi")
+    base = ["ipmitool", "-I", "lanplus", "-H", "127.0.0.1", "-p", str(spec.bmc_port)]
+    base += ["-U", spec.username, "-E"]  # -E: the password from $IPMI_PASSWORD, not argv
+
+    def ipmitool(*args: str) -> str:
+        return subprocess.run(
+            [*base, *args], capture_output=True, text=True, check=True, timeout=30,
+            env={"IPMI_PASSWORD": spec.password, "PATH": "/usr/bin:/bin"},
+        ).stdout.strip()  # fmt: skip
+
+    bmc = target(spec)
+    await power_becomes(pool, bmc, PowerState.ON)
+    assert await asyncio.to_thread(ipmitool, "power", "status") == "Chassis Power is on"
+    await asyncio.to_thread(ipmitool, "power", "off")
+    await power_becomes(pool, bmc, PowerState.OFF)
+    assert await asyncio.to_thread(ipmitool, "power", "status") == "Chassis Power is off"
+    await asyncio.to_thread(ipmitool, "power", "on")
+    await power_becomes(pool, bmc, PowerState.ON)
