@@ -73,33 +73,38 @@ async def informer_sync(client: AsyncClient) -> None:
     print(f"\n1. sync {count} BareMetalHosts (under tracemalloc, which slows both alike)")
     print(f"   bare paginated list   {listed:6.2f} s   {list_mib:6.1f} MiB held")
     print(f"   informer sync         {synced:6.2f} s   {sync_mib:6.1f} MiB held")
-    print(f"   ratio informer/list   {synced / listed:6.2f}x time, {sync_mib / list_mib:4.2f}x memory")
+    ratio = f"{synced / listed:6.2f}x time, {sync_mib / list_mib:4.2f}x memory"
+    print(f"   ratio informer/list   {ratio}")
 
 
 async def reconcile_throughput() -> None:
     calls = 0
+    finished = asyncio.Event()
 
     async def noop(key: str) -> Result:
         nonlocal calls
         calls += 1
+        if calls == OBJECTS:
+            finished.set()
         return DONE
 
     keys = [f"ns/host-{i:05d}" for i in range(OBJECTS)]
     started = time.perf_counter()
     for key in keys:
         await noop(key)
+    calls = 0
     loop_seconds = time.perf_counter() - started
     print(f"\n2. no-op reconcile of {OBJECTS} keys")
     print(f"   plain loop              {OBJECTS / loop_seconds:10.0f} keys/s")
     for workers in (1, 2, 4):
         calls = 0
-        controller = Controller("bench", noop, workers=workers)
+        finished.clear()
+        controller = Controller(f"bench-{workers}", noop, workers=workers)
         for key in keys:
             controller.queue.add(key)
         started = time.perf_counter()
         task = asyncio.create_task(controller.run())
-        while calls < OBJECTS:
-            await asyncio.sleep(0.001)
+        await finished.wait()
         seconds = time.perf_counter() - started
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

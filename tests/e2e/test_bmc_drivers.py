@@ -27,6 +27,7 @@ from metalmend.lab.controlplane import free_port
 from tests.e2e.conftest import host, target
 from tests.support import until
 
+REDFISH_ADDRESS = "redfish+https://127.0.0.1:{port}/redfish/v1/Systems/1"
 # sushy-tools' fake driver lands a power change 1-11 s after the command.
 POWER_CHANGE = 20.0
 
@@ -78,12 +79,14 @@ async def test_wrong_password_is_an_authentication_error_without_the_password(
 @pytest.mark.parametrize(
     ("address", "unreachable"),
     [
-        pytest.param("redfish+https://127.0.0.1:{port}/redfish/v1/Systems/1", True, id="redfish"),
+        pytest.param(REDFISH_ADDRESS, True, id="redfish"),
         pytest.param("ipmi://127.0.0.1:{port}", True, id="ipmi"),
     ],
 )
 async def test_a_closed_port_is_unreachable(pool: BmcPool, address: str, unreachable: bool) -> None:
-    bmc = BmcTarget(parse(address.format(port=free_port())), Credentials("operator", "not-the-password"))
+    bmc = BmcTarget(
+        parse(address.format(port=free_port())), Credentials("operator", "not-the-password")
+    )
     with pytest.raises(Unreachable):
         await pool.power_state(bmc)
 
@@ -101,14 +104,16 @@ def silent_server(kind: int) -> Iterator[int]:
 @pytest.mark.parametrize(
     ("address", "kind"),
     [
-        pytest.param("redfish+https://127.0.0.1:{port}/redfish/v1/Systems/1", socket.SOCK_STREAM, id="redfish"),
+        pytest.param(REDFISH_ADDRESS, socket.SOCK_STREAM, id="redfish"),
         pytest.param("ipmi://127.0.0.1:{port}", socket.SOCK_DGRAM, id="ipmi"),
     ],
-)  # fmt: skip
+)
 async def test_a_bmc_that_never_answers_times_out(address: str, kind: int) -> None:
     bmcs = BmcPool(timeout=2)
     with silent_server(kind) as port:
-        bmc = BmcTarget(parse(address.format(port=port)), Credentials("operator", "not-the-password"))
+        bmc = BmcTarget(
+            parse(address.format(port=port)), Credentials("operator", "not-the-password")
+        )
         with pytest.raises(TimedOut):
             await bmcs.power_state(bmc)
     bmcs.close()

@@ -62,7 +62,7 @@ async def test_a_timed_out_command_keeps_its_bmc_busy_until_it_really_ends() -> 
     pool = BmcPool(timeout=0.2)
     stuck = CountingDriver(0.6)
     pool._driver = lambda t: stuck  # type: ignore[method-assign]
-    with pytest.raises(TimedOut, match="did not answer in 0.2s"):
+    with pytest.raises(TimedOut, match=r"did not answer in 0\.2s"):
         await pool.power_state(target(1))
     with pytest.raises(TimedOut, match="busy"):
         await pool.power_off(target(1), hard=True)  # waits for the slot, in vain
