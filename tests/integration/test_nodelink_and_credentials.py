@@ -1,0 +1,82 @@
+"""node-link on the real API server, and BMC credentials read from Secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import pytest
+from lightkube import ApiError, AsyncClient
+from lightkube.models.core_v1 import NodeSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node, Secret
+
+from metalmend.api.resources import Machine
+from metalmend.bmc import CredentialsError
+from metalmend.bmc.credentials import load
+from metalmend.controllers import RunOptions
+from metalmend.controllers.nodelink import setup
+from metalmend.kube.manager import Manager
+from tests.support import until
+
+
+async def node_ref(client: AsyncClient, namespace: str, name: str) -> str | None:
+    machine: Any = await client.get(Machine, name, namespace=namespace)
+    return ((machine.get("status") or {}).get("nodeRef") or {}).get("name")
+
+
+async def test_node_link_sets_and_clears_node_ref(aclient: AsyncClient, namespace: str) -> None:
+    manager = Manager(aclient)
+    setup(manager, RunOptions(namespace=namespace))
+    run = asyncio.create_task(manager.run())
+    provider = f"metal3://{namespace}/h1"
+    node_name = f"{namespace}-n1"
+    try:
+        await aclient.create(
+            Machine(
+                metadata=ObjectMeta(name="m1"), spec={"clusterName": "c", "providerID": provider}
+            ),
+            namespace=namespace,
+        )
+        await aclient.create(
+            Machine(metadata=ObjectMeta(name=f"{namespace}-n2"), spec={"clusterName": "c"}),
+            namespace=namespace,
+        )
+        await aclient.create(
+            Node(metadata=ObjectMeta(name=node_name), spec=NodeSpec(providerID=provider))
+        )
+        await aclient.create(Node(metadata=ObjectMeta(name=f"{namespace}-n2")))
+        await until(lambda: _has(aclient, namespace, "m1", node_name))
+        await until(lambda: _has(aclient, namespace, f"{namespace}-n2", f"{namespace}-n2"))
+        await aclient.delete(Node, node_name)
+        await until(lambda: _has(aclient, namespace, "m1", None))
+    finally:
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        for name in (node_name, f"{namespace}-n2"):
+            with contextlib.suppress(ApiError):
+                await aclient.delete(Node, name)
+
+
+async def _has(client: AsyncClient, namespace: str, machine: str, node: str | None) -> bool:
+    return await node_ref(client, namespace, machine) == node
+
+
+async def test_credentials_come_from_the_hosts_own_namespace(
+    aclient: AsyncClient, namespace: str
+) -> None:
+    await aclient.create(
+        Secret(
+            metadata=ObjectMeta(name="bmc"), stringData={"username": "admin\n", "password": " pw "}
+        ),
+        namespace=namespace,
+    )
+    creds = await load(aclient, namespace, "bmc")
+    assert (creds.username, creds.password) == ("admin", "pw")
+    with pytest.raises(CredentialsError, match="outside the host's namespace"):
+        await load(aclient, namespace, "kube-system/bmc")
+    with pytest.raises(CredentialsError, match=f"Secret {namespace}/missing not found"):
+        await load(aclient, namespace, "missing")
+    with pytest.raises(CredentialsError, match="credentialsName is not set"):
+        await load(aclient, namespace, None)
