@@ -6,12 +6,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test k8s lint bench venv clean
+.PHONY: demo test k8s tools lint bench venv clean
 
 demo: venv k8s
 	$(BIN)/metalmend demo
 
-test: venv k8s lint
+test: venv k8s tools lint
 	$(BIN)/pytest
 
 venv: $(STAMP)
@@ -25,6 +25,16 @@ $(STAMP): pyproject.toml constraints.txt
 
 k8s:
 	@bash tools/k8s/build.sh >/dev/null
+
+# Debian's ipmitool: an independent IPMI client that proves the lab BMCs speak real IPMI.
+tools:
+	@command -v ipmitool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ipmitool) >/dev/null \
+	      || echo "metalmend: could not install ipmitool; its interoperability test will be skipped"; \
+	  else \
+	    echo "metalmend: ipmitool missing (apt-get install ipmitool); its interoperability test will be skipped"; \
+	  fi; }
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks

@@ -1,12 +1,12 @@
 """``make demo``: start the lab from nothing and show, step by step, what it gives us.
 
-Each step prints what it does and what the real cluster answered. The demo grows with the
-project: hosts, faults and remediation join it as they land.
+Each step prints what it does and what the real cluster and the real BMCs answered. The
+demo grows with the project: health checks and remediation join it as they land.
 """
 
 from __future__ import annotations
 
-import datetime as dt
+import asyncio
 import shutil
 import subprocess
 import time
@@ -14,41 +14,48 @@ from pathlib import Path
 from typing import Any
 
 from lightkube import ApiError, Client, KubeConfig
-from lightkube.codecs import load_all_yaml
-from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import ConfigMap, Namespace, Node
+from lightkube.resources.core_v1 import ConfigMap, Node
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from metalmend.api.resources import CRD_DIR, MachineHealthCheck
+from metalmend.api.resources import MachineHealthCheck
+from metalmend.bmc import BmcPool, BmcTarget, Credentials, PowerState, parse
 from metalmend.kube.crds import crd_name, load_crds
 from metalmend.lab import lab
 from metalmend.lab.assets import find_binaries
+from metalmend.lab.hardware import HostSpec
+from metalmend.lab.hosts import NAMESPACE
 
-NAMESPACE = "metalmend-demo"
-EXAMPLES = CRD_DIR.parent / "examples"
 GRACE = 8.0  # seconds of silence before the node-lifecycle controller marks a Node Unknown
 
 
 def run_demo(lab_dir: Path, out: Console, keep: bool = False) -> None:
     out.rule("[bold]metalmend demo")
-    out.print("Starting a real control plane on 127.0.0.1 (etcd, kube-apiserver,")
-    out.print("kube-controller-manager built from upstream; built once on first use)...")
-    options = lab.LabOptions(lab_dir=lab_dir, node_monitor_grace_period=GRACE)
+    out.print("Starting the lab on 127.0.0.1: etcd, kube-apiserver and kube-controller-manager")
+    out.print("built from upstream (once, on first use), a Redfish BMC emulator (sushy-tools),")
+    out.print("an IPMI BMC (pyghmi), two servers with kubelets, and `metalmend run`...")
+    options = lab.LabOptions(
+        lab_dir=lab_dir,
+        node_monitor_grace_period=GRACE,
+        hosts=2,
+        bmc="mixed",
+        boot_delay=2.0,
+        controllers="node-link",
+    )
     with lab.stop_requested() as stop, lab.started(options) as running:
         out.print(
-            f"[green]ready[/green] in {running.state.started_in_seconds:.1f}s at"
-            f" {running.state.server}; kubeconfig {running.kubeconfig}"
+            f"[green]ready[/green]: control plane in {running.state.started_in_seconds:.1f}s"
+            f" at {running.state.server}; kubeconfig {running.kubeconfig}"
         )
         client = running.client()
-        show_crds(client, out)
-        apply_examples(client, running.kubeconfig, out)
+        show_crds(out)
+        show_hosts(running, out)
         show_validation(client, out)
         show_rbac(running, out)
-        show_node_lifecycle(client, out)
+        asyncio.run(show_bmcs(running, out))
+        asyncio.run(show_hang_and_power_cycle(running, client, out))
         out.rule("[bold]done")
         if keep:
             out.print(f"The lab keeps running: kubectl --kubeconfig {running.kubeconfig} ...")
@@ -63,7 +70,7 @@ def step(out: Console, title: str) -> None:
     out.rule(f"[cyan]{title}", align="left")
 
 
-def show_crds(client: Client, out: Console) -> None:
+def show_crds(out: Console) -> None:
     step(out, "1. Our API: CustomResourceDefinitions installed and established")
     table = Table("CRD", "kind", "columns")
     for crd in load_crds():
@@ -73,21 +80,30 @@ def show_crds(client: Client, out: Console) -> None:
     out.print(table)
 
 
-def apply_examples(client: Client, kubeconfig: Path, out: Console) -> None:
-    step(out, "2. A bare-metal pool: Secret, BareMetalHost, Machine, health check, template")
-    client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
-    objects: list[Any] = load_all_yaml((EXAMPLES / "demo-cluster.yaml").read_text())
-    for obj in objects:
-        client.create(obj, namespace=NAMESPACE)
-        out.print(f"created {obj.kind}/{obj.metadata.name}")
+def show_hosts(running: lab.RunningLab, out: Console) -> None:
+    step(out, "2. Two bare-metal hosts: BMC, kubelet, Node, BareMetalHost and Machine each")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        report = lab.status(running.plane.workdir.parent).hosts
+        if report and all(h.ready == "True" for h in report):
+            break
+        time.sleep(0.5)
+    table = Table("host", "BMC", "power", "kubelet", "Node", "Ready", "BMC reachable")
+    for h in report:
+        table.add_row(h.name, h.bmc, h.power, h.kubelet, "yes" if h.node else "no", h.ready,
+                      "yes" if h.bmc_reachable else "no")  # fmt: skip
+    out.print(table)
     kubectl = find_binaries(build_missing=False).kubectl or shutil.which("kubectl")
     if kubectl is None:
         return
-    command = [str(kubectl), "--kubeconfig", str(kubeconfig), "-n", NAMESPACE, "get"]
-    for kinds in ("baremetalhosts", "machines", "machinehealthchecks"):
+    command = [str(kubectl), "--kubeconfig", str(running.kubeconfig), "-n", NAMESPACE, "get"]
+    for kinds in ("baremetalhosts", "machines"):
         out.print(f"[dim]$ kubectl -n {NAMESPACE} get {kinds}[/dim]")
         result = subprocess.run([*command, kinds], capture_output=True, text=True, check=False)
         out.print(result.stdout or result.stderr, end="", highlight=False, markup=False)
+    out.print(
+        "(Machine NODE is set by metalmend's node-link controller, running as `metalmend run`)"
+    )
 
 
 def show_validation(client: Client, out: Console) -> None:
@@ -100,7 +116,7 @@ def show_validation(client: Client, out: Console) -> None:
         },
     }
     for label, spec in bad_specs.items():
-        body = {"clusterName": "demo", "selector": {"matchLabels": {"role": "worker"}}, **spec}
+        body = {"clusterName": "lab", "selector": {"matchLabels": {"role": "worker"}}, **spec}
         try:
             check = MachineHealthCheck(metadata=ObjectMeta(name="bad"), spec=body)
             client.create(check, namespace=NAMESPACE)
@@ -120,38 +136,70 @@ def show_rbac(running: lab.RunningLab, out: Console) -> None:
         out.print(f"alice: [yellow]{error.status.code}[/yellow] {message}", highlight=False)
 
 
-def show_node_lifecycle(client: Client, out: Console) -> None:
-    step(out, "5. A Node that stops its heartbeats is marked Unknown by kube-controller-manager")
-    now = dt.datetime.now(dt.UTC)
-    client.create(Node(metadata=ObjectMeta(name="worker-0", labels={"role": "worker"})))
-    client.create(
-        Lease(
-            metadata=ObjectMeta(name="worker-0"),
-            spec=LeaseSpec(holderIdentity="worker-0", leaseDurationSeconds=40, renewTime=now),
-        ),
-        namespace="kube-node-lease",
-    )
-    heartbeat = now.isoformat()
-    ready = {
-        "type": "Ready",
-        "status": "True",
-        "reason": "KubeletReady",
-        "lastHeartbeatTime": heartbeat,
-        "lastTransitionTime": heartbeat,
-    }
-    client.patch(Node.Status, "worker-0", {"status": {"conditions": [ready]}})
-    out.print(f"worker-0 registered Ready; its heartbeats stop now (grace period {GRACE:g}s)")
+def bmc_of(spec: HostSpec) -> BmcTarget:
+    return BmcTarget(parse(spec.address), Credentials(spec.username, spec.password))
+
+
+async def show_bmcs(running: lab.RunningLab, out: Console) -> None:
+    step(out, "5. metalmend talks to the BMCs directly: Redfish (sushy) and IPMI (pyghmi)")
+    assert running.hardware is not None
+    bmcs = BmcPool(timeout=10, ca_bundle=str(running.plane.ca.pair.cert))
+    for spec in running.hardware.hosts:
+        began = time.monotonic()
+        state = await bmcs.power_state(bmc_of(spec))
+        took = (time.monotonic() - began) * 1000
+        out.print(f"{spec.name}: {spec.address} -> power {state} ({took:.0f} ms)")
+    wrong = BmcTarget(parse(running.hardware.hosts[0].address), Credentials("admin", "wrong"))
+    try:
+        await bmcs.power_state(wrong)
+    except Exception as error:
+        out.print(f"wrong password: {type(error).__name__}: {escape(str(error))}", highlight=False)
+    bmcs.close()
+
+
+async def show_hang_and_power_cycle(running: lab.RunningLab, client: Client, out: Console) -> None:
+    step(out, "6. A hung server: its Node goes Unknown; a power cycle through its BMC heals it")
+    assert running.hardware is not None
+    spec = next(h for h in running.hardware.hosts if h.bmc == "ipmi")
+    lab_dir = running.plane.workdir.parent
+    lab.inject_fault(lab_dir, spec.name, "hang")
+    out.print(f"{spec.name}: kernel hung (lab fault); heartbeats stop, grace period {GRACE:g}s")
     began = time.monotonic()
-    while time.monotonic() - began < GRACE + 30:
-        status = client.get(Node, "worker-0").status
-        conditions = (status.conditions if status else None) or []
-        condition = next(c for c in conditions if c.type == "Ready")
-        if condition.status == "Unknown":
-            out.print(
-                f"after {time.monotonic() - began:.1f}s: Ready=[yellow]Unknown[/yellow]"
-                f" ({condition.reason}: {condition.message})"
-            )
-            out.print("This is the signal a MachineHealthCheck acts on (arrives with issue 6).")
-            return
-        time.sleep(0.5)
-    out.print("[red]the Node was not marked Unknown in time[/red]")
+    await wait_ready(client, spec.name, "Unknown", GRACE + 30)
+    out.print(f"after {time.monotonic() - began:.1f}s: Ready=[yellow]Unknown[/yellow], set by the")
+    out.print("real node-lifecycle controller. This is what health checks act on (next issues);")
+    out.print("here we fence by hand, with the same BMC code the remediation will use:")
+    bmcs = BmcPool(timeout=10)
+    bmc = bmc_of(spec)
+    await bmcs.power_off(bmc, hard=True)
+    for _ in range(100):
+        if await bmcs.power_state(bmc) == PowerState.OFF:
+            break
+        await asyncio.sleep(0.2)
+    out.print(
+        f"{spec.name}: hard power-off through IPMI: [bold]off[/bold] (safe to move its workloads)"
+    )
+    client.delete(Node, spec.name)
+    out.print(f"{spec.name}: Node deleted, so at-most-one workloads may start elsewhere")
+    await bmcs.power_on(bmc)
+    began = time.monotonic()
+    await wait_ready(client, spec.name, "True", 60)
+    out.print(
+        f"{spec.name}: powered on; after {time.monotonic() - began:.1f}s its kubelet registered"
+        " again and the Node is [green]Ready[/green]"
+    )
+    bmcs.close()
+
+
+async def wait_ready(client: Client, name: str, status: str, within: float) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            node: Any = await asyncio.to_thread(client.get, Node, name)
+            conditions = (node.status.conditions if node.status else None) or []
+            if any(c.type == "Ready" and c.status == status for c in conditions):
+                return
+        except ApiError:
+            pass
+        await asyncio.sleep(0.5)
+    raise lab.LabError(f"{name} did not become Ready={status} within {within:.0f}s")

@@ -124,3 +124,47 @@ def test_bad_asset_variable_gives_one_clear_line(tmp_path: Path, variable: str, 
     )
     assert result.returncode == 1
     assert result.stderr.strip() == f"metalmend: {says}"
+
+
+def test_lab_with_hosts_reports_them_takes_faults_and_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    lab_dir = tmp_path / "lab"
+    started = metalmend(
+        "lab", "up", "--detach", "--hosts", "2", "--bmc", "mixed", "--boot-delay", "1",
+        lab_dir=lab_dir,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    state = LabState.read(lab_dir)
+    assert state is not None
+    assert {"redfish-emulator", "hardware", "metalmend"} <= set(state.components)
+    pids = [state.supervisor_pid, *state.components.values()]
+    try:
+        deadline = time.monotonic() + 60
+        report = ""
+        while time.monotonic() < deadline:
+            report = metalmend("lab", "status", lab_dir=lab_dir).stdout
+            if report.count("True") == 2:
+                break
+            time.sleep(0.5)
+        for expected in ("worker-0", "worker-1", "redfish", "ipmi", "running"):
+            assert expected in report
+        assert report.count("True") == 2, report
+        fault = metalmend("lab", "fault", "worker-0", "bmc-down", lab_dir=lab_dir)
+        assert fault.returncode == 0, fault.stderr
+        time.sleep(0.5)
+        assert "no (down)" in metalmend("lab", "status", lab_dir=lab_dir).stdout
+        unknown = metalmend("lab", "fault", "worker-9", "hang", lab_dir=lab_dir)
+        assert unknown.returncode == 2
+        assert "no host 'worker-9'" in unknown.stderr
+        bad = metalmend("lab", "fault", "worker-0", "explode", lab_dir=lab_dir)
+        assert bad.returncode == 2
+        assert "unknown fault 'explode'" in bad.stderr
+    finally:
+        stopped = metalmend("lab", "down", lab_dir=lab_dir)
+    assert stopped.returncode == 0
+    assert descendants_gone(pids)
+    leftover = subprocess.run(
+        ["pgrep", "-f", str(lab_dir)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    assert leftover == [], "no process that names the lab directory is left"

@@ -116,3 +116,24 @@ async def test_bmc_down_is_reported_and_unreachable_to_the_driver(
     finally:
         lab.inject_fault(lab_dir, spec.name, "bmc-up")
         bmcs.close()
+
+
+async def test_even_a_brief_power_cycle_cures_a_hang(
+    hosts_lab: lab.RunningLab, kube: AsyncClient
+) -> None:
+    """The kubelet must see a new boot however short the power was off (a regression:
+    an off shorter than one heartbeat used to leave the host hung)."""
+    spec = host(hosts_lab, "ipmi")
+    lab_dir = hosts_lab.plane.workdir.parent
+    bmcs = BmcPool(timeout=10)
+    bmc = target(spec)
+    try:
+        await until(lambda: _is(kube, spec.name, "True"), within=COMEBACK)
+        lab.inject_fault(lab_dir, spec.name, "hang")
+        await until(lambda: _is(kube, spec.name, "Unknown"), within=SILENCE)
+        await bmcs.power_off(bmc, hard=True)
+        await bmcs.power_on(bmc)  # at once: off for milliseconds
+        await until(lambda: _is(kube, spec.name, "True"), within=COMEBACK)
+    finally:
+        lab.inject_fault(lab_dir, spec.name, "recover")
+        bmcs.close()

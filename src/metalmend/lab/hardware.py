@@ -123,6 +123,7 @@ class HostPower:
     def __init__(self, on: bool, delay: float) -> None:
         self._lock = threading.Lock()
         self._on = on
+        self.boots = 1 if on else 0  # power-ons so far: a new one is a new boot
         self._pending: tuple[bool, float] | None = None
         self.delay = delay
         self.ignore_soft = False
@@ -130,8 +131,15 @@ class HostPower:
     def is_on(self) -> bool:
         with self._lock:
             if self._pending is not None and time.monotonic() >= self._pending[1]:
+                if self._pending[0] and not self._on:
+                    self.boots += 1
                 self._on, self._pending = self._pending[0], None
             return self._on
+
+    def boot(self) -> int | None:
+        """None while off; otherwise which boot this is (changes with every power-on, however
+        short the power was off)."""
+        return self.boots if self.is_on() else None
 
     def request(self, on: bool, soft: bool = False) -> None:
         if soft and self.ignore_soft:
@@ -210,10 +218,11 @@ def start_ipmi_bmcs(hosts: list[tuple[HostSpec, HostPower]]) -> threading.Thread
 class KubeletSim:
     """Registers, heartbeats and reports Ready exactly while its host is on and well."""
 
-    def __init__(self, spec: HostSpec, powered: Callable[[], Awaitable[bool]]) -> None:
+    def __init__(self, spec: HostSpec, powered: Callable[[], Awaitable[int | None]]) -> None:
         self.spec = spec
-        self.powered = powered
+        self.powered = powered  # None while off, else the boot number
         self.hung = False
+        self.boot: int | None = None
         self.state = "off"  # off, booting, running, hung
         self._booted_at: float | None = None
         self._registered = False
@@ -229,12 +238,15 @@ class KubeletSim:
             await asyncio.sleep(HEARTBEAT)
 
     async def beat(self) -> None:
-        if not await self.powered():
-            self.state, self._booted_at, self._registered, self.hung = "off", None, False, False
+        boot = await self.powered()
+        if boot is None:
+            self.state, self.boot = "off", None
             return
         now = time.monotonic()
-        if self._booted_at is None:
-            self._booted_at = now
+        if boot != self.boot:  # a new boot: whatever hung the old kernel is gone
+            self.boot, self._booted_at, self._registered, self.hung = boot, now, False, False
+            self.state = "booting"
+        assert self._booted_at is not None
         if now - self._booted_at < self.spec.boot_delay:
             self.state = "booting"
             return
@@ -314,14 +326,20 @@ class RedfishPower:
         )
         self._path = f"/redfish/v1/Systems/{spec.system_id}"
         self.last = False
+        self.boots = 0
 
-    async def is_on(self) -> bool:
+    async def boot(self) -> int | None:
+        """As HostPower.boot, from Redfish's PowerState (the fake driver's changes take
+        seconds, so every off is observed)."""
         try:
             answer = await self._http.get(self._path)
-            self.last = answer.raise_for_status().json().get("PowerState") == "On"
+            on = answer.raise_for_status().json().get("PowerState") == "On"
+            if on and not self.last:
+                self.boots += 1
+            self.last = on
         except (httpx.HTTPError, ValueError) as error:
             log.warning("cannot read power of %s: %s", self._path, error)
-        return self.last
+        return self.boots if self.last else None
 
 
 # ---- the process ---------------------------------------------------------------------------
@@ -334,7 +352,7 @@ async def serve(config: HardwareConfig) -> None:
     ipmi_hosts: list[tuple[HostSpec, HostPower]] = []
     kubelets: dict[str, KubeletSim] = {}
     lines: dict[str, TcpProxy | UdpRelay] = {}
-    powers: dict[str, Callable[[], Awaitable[bool]]] = {}
+    powers: dict[str, Callable[[], Awaitable[int | None]]] = {}
     ipmi_power: dict[str, HostPower] = {}
     for spec in config.hosts:
         if spec.bmc == "ipmi":
@@ -342,13 +360,13 @@ async def serve(config: HardwareConfig) -> None:
             ipmi_hosts.append((spec, power))
             ipmi_power[spec.name] = power
 
-            async def read_ipmi(power: HostPower = power) -> bool:
-                return power.is_on()
+            async def read_ipmi(power: HostPower = power) -> int | None:
+                return power.boot()
 
             powers[spec.name] = read_ipmi
             lines[spec.name] = UdpRelay("127.0.0.1", spec.internal_port, spec.bmc_port)
         else:
-            powers[spec.name] = RedfishPower(spec, config.ca_file).is_on
+            powers[spec.name] = RedfishPower(spec, config.ca_file).boot
             lines[spec.name] = TcpProxy("127.0.0.1", spec.internal_port, listen_port=spec.bmc_port)
         kubelets[spec.name] = KubeletSim(spec, powers[spec.name])
     start_ipmi_bmcs(ipmi_hosts)
@@ -357,15 +375,20 @@ async def serve(config: HardwareConfig) -> None:
     tasks = [asyncio.create_task(k.run()) for k in kubelets.values()]
     log.info("hardware up: %d hosts", len(config.hosts))
     (lab_dir / "hardware" / "faults").mkdir(parents=True, exist_ok=True)
+    hung_boot: dict[str, int | None] = {}  # which boot each hung host hung in
     while True:
         report: dict[str, Any] = {}
         for spec in config.hosts:
             faults = Faults.read(faults_path(lab_dir, spec.name))
             kubelet, line = kubelets[spec.name], lines[spec.name]
-            kubelet.hung = faults.hang if kubelet.state != "off" else False
-            if kubelet.state == "off" and faults.hang:  # a power cycle cured the hang
-                faults.hang = False
+            if faults.hang and kubelet.boot != hung_boot.get(spec.name, kubelet.boot):
+                faults.hang = False  # the host rebooted since it hung: the hang is gone
                 write_faults(lab_dir, spec.name, faults)
+            if faults.hang:
+                hung_boot.setdefault(spec.name, kubelet.boot)
+            else:
+                hung_boot.pop(spec.name, None)
+            kubelet.hung = faults.hang
             line.apply(down=faults.bmc == "down", delay=SLOW_DELAY if faults.bmc == "slow" else 0.0)
             if spec.name in ipmi_power:
                 ipmi_power[spec.name].ignore_soft = faults.ignore_soft
