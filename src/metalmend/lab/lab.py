@@ -416,6 +416,8 @@ def inject_fault(lab_dir: Path, host: str, kind: str) -> None:
         known = {}
     if host not in known:
         raise ValueError(f"no host {host!r} in this lab; hosts: {', '.join(known) or 'none'}")
+    if kind in ("ignore-soft", "honour-soft") and known[host].get("bmc") != "ipmi":
+        raise ValueError(f"{kind} is available on IPMI lab hosts only; {host} speaks Redfish")
     faults = Faults.read(faults_path(lab_dir, host))
     if kind in ("hang", "recover"):
         faults.hang = kind == "hang"
