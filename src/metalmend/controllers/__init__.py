@@ -18,6 +18,10 @@ class RunOptions:
     """Options every controller may read (filled from the command line)."""
 
     namespace: str | None = None  # None: all namespaces
+    bmc_ca_bundle: str | None = None  # trusted for Redfish BMCs, besides the system's CAs
+    bmc_timeout: float = 30.0
+    soft_power_off_timeout: float = 180.0
+    power_poll_interval: float = 20.0
 
 
 Setup = Callable[[Manager, RunOptions], None]

@@ -1,0 +1,195 @@
+"""The host power decisions under random interleavings: several clients adding and removing
+suffixless and keyed reboot annotations with random modes, ``online`` flips, a BMC whose
+changes land late, get ignored (soft) or fail, controller crashes between the steps of a
+reconcile, and deprovisioning. The controller's act step is modelled exactly as
+controllers/hostpower.py carries a decision out: status, then annotations, then command.
+
+Invariants (DESIGN.md): 2 (online, no annotation -> ends up on), 3 (a keyed annotation
+holds a fenced host off), 4 (lastPoweredOn moves only when power was restored), 6 (only
+the suffixless form, or everything on deprovisioning, is removed by the controller), and:
+every reboot request sees the host off before lastPoweredOn passes it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from metalmend.api.names import REBOOT
+from metalmend.api.reboot import is_reboot_annotation
+from metalmend.bmc.driver import PowerState
+from metalmend.policy.hostpower import Decision, Host, LastCommand, PowerSettings, decide
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+SETTINGS = PowerSettings(soft_timeout=30, poll_interval=20, transition_poll=1, command_retry=10)
+KEYS = [REBOOT, "reboot.metal3.io/remediation", "reboot.metal3.io/maintenance"]
+VALUES = ["", '{"mode":"hard"}', "{'mode':'soft'}", '{"mode":"hard","force":true}', "not json"]
+
+
+class HostPowerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = T0
+        # the hardware
+        self.power_on = True
+        self.landing: tuple[bool, dt.datetime] | None = None  # a power change on its way
+        self.bmc_fails = False
+        self.ignores_soft = False
+        # the BareMetalHost
+        self.online = True
+        self.state = "provisioned"
+        self.annotations: dict[str, str] = {}
+        self.status: dict[str, Any] = {"poweredOn": True}
+        # what the invariants watch
+        self.seen_off_for: dict[dt.datetime, bool] = {}  # pending reboot -> host seen off
+        self.violations: list[str] = []
+
+    # ---- the world ------------------------------------------------------------------------
+
+    def tick(self, seconds: float) -> None:
+        self.now += dt.timedelta(seconds=seconds)
+        if self.landing is not None and self.now >= self.landing[1]:
+            self.power_on, self.landing = self.landing[0], None
+
+    @rule(key=st.sampled_from(KEYS), value=st.sampled_from(VALUES))
+    def client_adds(self, key: str, value: str) -> None:
+        self.annotations[key] = value
+
+    @rule(key=st.sampled_from(KEYS))
+    def client_removes_its_own(self, key: str) -> None:
+        self.annotations.pop(key, None)
+
+    @rule()
+    def flip_online(self) -> None:
+        self.online = not self.online
+
+    @rule(seconds=st.sampled_from([0.5, 2, 5, 12, 40]))
+    def time_passes(self, seconds: float) -> None:
+        self.tick(seconds)
+
+    @rule()
+    def bmc_breaks_or_heals(self) -> None:
+        self.bmc_fails = not self.bmc_fails
+
+    @rule()
+    def bmc_toggles_soft_support(self) -> None:
+        self.ignores_soft = not self.ignores_soft
+
+    @rule(state=st.sampled_from(["provisioned", "deprovisioning", "externally provisioned"]))
+    def provisioning_changes(self, state: str) -> None:
+        self.state = state
+
+    # ---- the controller ---------------------------------------------------------------------
+
+    @rule(
+        crash_after=st.sampled_from([None, "status", "annotations"]),
+        delay=st.sampled_from([0, 1, 3, 11]),
+    )
+    def reconcile(self, crash_after: str | None, delay: float) -> None:
+        self.tick(0.001)
+        if self.bmc_fails:
+            return  # the BMC read fails: an error is recorded, nothing else happens
+        before = dict(self.annotations)
+        decision = decide(self.view(), self.now, SETTINGS)
+        self.check_decision(decision, before)
+        self.apply_status(decision)
+        if crash_after == "status":
+            return
+        for key in decision.remove_annotations:
+            self.annotations.pop(key, None)
+        if crash_after == "annotations" or decision.command is None:
+            return
+        target = decision.command == "on"
+        if decision.command == "soft off" and self.ignores_soft:
+            return
+        self.landing = (target, self.now + dt.timedelta(seconds=delay))
+        self.tick(0)
+
+    def view(self) -> Host:
+        command = self.status.get("lastPowerCommand")
+        return Host(
+            online=self.online,
+            provisioning_state=self.state,
+            externally_provisioned=False,
+            annotations=dict(self.annotations),
+            power=PowerState.ON if self.power_on else PowerState.OFF,
+            recorded_on=self.status.get("poweredOn"),
+            last_powered_on=self.status.get("lastPoweredOn"),
+            pending_reboot_since=self.status.get("pendingRebootSince"),
+            last_command=LastCommand(command["action"], command["at"]) if command else None,
+        )
+
+    def apply_status(self, decision: Decision) -> None:
+        for name, value in decision.status.items():
+            if value is None:
+                self.status.pop(name, None)
+            else:
+                self.status[name] = value
+
+    def check_decision(self, decision: Decision, annotations: dict[str, str]) -> None:
+        pending = self.status.get("pendingRebootSince")
+        last = self.status.get("lastPoweredOn")
+        if pending is not None and (last is None or pending > last) and not self.power_on:
+            self.seen_off_for[pending] = True
+        new_pending = decision.status.get("pendingRebootSince")
+        if new_pending is not None:
+            self.seen_off_for.setdefault(new_pending, not self.power_on)
+        elif "pendingRebootSince" in decision.status:
+            self.seen_off_for.clear()  # deprovisioning withdrew the request
+        # invariant 6: only the suffixless form, or all of them when deprovisioning
+        for key in decision.remove_annotations:
+            if key != REBOOT and self.state != "deprovisioning":
+                self.violations.append(f"removed {key} while {self.state}")
+        # invariant 3: no power-on while a keyed annotation remains
+        keyed = [k for k in annotations if is_reboot_annotation(k) and k != REBOOT]
+        honoured = self.state in ("provisioned", "externally provisioned")
+        if decision.command == "on" and keyed and honoured:
+            self.violations.append(f"powered on while {keyed} held the host")
+        # invariant 4 and reboot completion: lastPoweredOn moves only on restored power,
+        # and never past a reboot request that has not seen the host off
+        moved = decision.status.get("lastPoweredOn")
+        if moved is not None:
+            restored = self.power_on and self.status.get("poweredOn") is not True
+            first_sight = self.power_on and last is None
+            if not (restored or first_sight):
+                self.violations.append("lastPoweredOn moved without power being restored")
+            for request, seen_off in self.seen_off_for.items():
+                if (last is None or request > last) and request < moved and not seen_off:
+                    self.violations.append(f"reboot requested at {request} completed unseen")
+
+    # ---- invariants ---------------------------------------------------------------------------
+
+    @invariant()
+    def no_violation(self) -> None:
+        assert not self.violations, self.violations
+
+    @rule()
+    def settle(self) -> None:
+        """Liveness, with a healthy BMC and time passing: invariant 2 (an online host that
+        no keyed annotation holds ends up on), and every reboot request completes (the
+        suffixless form is gone and lastPoweredOn has passed pendingRebootSince)."""
+        keyed = [k for k in self.annotations if is_reboot_annotation(k) and k != REBOOT]
+        if not self.online or keyed:
+            return
+        self.bmc_fails = False
+        for _ in range(20):
+            self.tick(SETTINGS.command_retry + 1)
+            self.reconcile(crash_after=None, delay=1)
+            self.tick(2)
+        self.reconcile(crash_after=None, delay=1)
+        assert self.power_on, "an online host without reboot annotations stayed off"
+        assert not self.violations, self.violations
+        assert REBOOT not in self.annotations, "the suffixless annotation outlived its reboot"
+        pending = self.status.get("pendingRebootSince")
+        last = self.status.get("lastPoweredOn")
+        assert pending is None or (last is not None and pending < last), "reboot never completed"
+
+
+HostPowerMachine.TestCase.settings = settings(
+    max_examples=1000, stateful_step_count=50, deadline=None
+)
+test_host_power_state_machine = HostPowerMachine.TestCase
