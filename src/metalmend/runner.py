@@ -66,11 +66,12 @@ async def run(config: RunConfig) -> None:
     manager = Manager(client, leader_election=election)
     for name in config.controllers:
         REGISTRY[name](manager, RunOptions(namespace=config.namespace))
-    main = asyncio.current_task()
-    assert main is not None
+    # A signal sets an Event; only the manager's task is cancelled, never this one, so
+    # that shutting down (health server, client) runs as ordinary code.
+    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, main.cancel)
+        loop.add_signal_handler(sig, stop.set)
     async with serving(manager, config.health_host, config.health_port) as port:
         log.info(
             "serving /healthz /readyz /metrics",
@@ -79,10 +80,16 @@ async def run(config: RunConfig) -> None:
                 controllers=",".join(config.controllers) or "none",
             ),
         )
-        try:
-            await manager.run()
-        except asyncio.CancelledError:
+        running = asyncio.create_task(manager.run(), name="manager")
+        stopping = asyncio.create_task(stop.wait(), name="signals")
+        done, _ = await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if running in done:
+            stopping.cancel()
+            running.result()  # LeadershipLost, or a bug, ends the process
+        else:
             log.info("stopping")
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
     await client.close()
 
 
