@@ -58,7 +58,7 @@ def lab_up(
     ] = 3.0,
     controllers: Annotated[
         str, typer.Option(help="Controllers 'metalmend run' runs against the lab ('' for none).")
-    ] = "node-link",
+    ] = "node-link,host-power",
 ) -> None:
     """Start the lab: control plane, CRDs, and (with --hosts) BMCs, hosts and kubelets."""
     if bmc not in ("redfish", "ipmi", "mixed"):
@@ -171,12 +171,22 @@ def run_command(
         str | None, typer.Option(help="Watch only this namespace (default: all).")
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    bmc_ca_bundle: Annotated[
+        Path | None, typer.Option(help="CA bundle trusted for Redfish BMCs (besides the system's).")
+    ] = None,
+    bmc_timeout: Annotated[float, typer.Option(help="Seconds allowed for one BMC call.")] = 30.0,
+    soft_power_off_timeout: Annotated[
+        float, typer.Option(help="Seconds a soft power-off may take before it is made hard.")
+    ] = 180.0,
+    power_poll_interval: Annotated[
+        float, typer.Option(help="Seconds between BMC power reads of a settled host.")
+    ] = 20.0,
 ) -> None:
     """Run metalmend's controllers against a cluster."""
     import asyncio
 
     from metalmend import log, runner
-    from metalmend.controllers import REGISTRY
+    from metalmend.controllers import REGISTRY, RunOptions
     from metalmend.controllers import all as _all  # noqa: F401  (registers every controller)
 
     chosen = list(REGISTRY) if controllers == "all" else [c for c in controllers.split(",") if c]
@@ -194,7 +204,13 @@ def run_command(
         leader_election_namespace=leader_election_namespace,
         health_host=host,
         health_port=int(port),
-        namespace=namespace,
+        options=RunOptions(
+            namespace=namespace,
+            bmc_ca_bundle=str(bmc_ca_bundle) if bmc_ca_bundle else None,
+            bmc_timeout=bmc_timeout,
+            soft_power_off_timeout=soft_power_off_timeout,
+            power_poll_interval=power_poll_interval,
+        ),
     )
     try:
         asyncio.run(runner.run(config))

@@ -33,7 +33,7 @@ class RunConfig:
     lease_timing: LeaseTiming = field(default_factory=LeaseTiming)
     health_host: str = "127.0.0.1"
     health_port: int = 8081
-    namespace: str | None = None
+    options: RunOptions = field(default_factory=RunOptions)
 
 
 def unknown_controllers(names: list[str]) -> list[str]:
@@ -65,7 +65,7 @@ async def run(config: RunConfig) -> None:
         )
     manager = Manager(client, leader_election=election)
     for name in config.controllers:
-        REGISTRY[name](manager, RunOptions(namespace=config.namespace))
+        REGISTRY[name](manager, config.options)
     # A signal sets an Event; only the manager's task is cancelled, never this one, so
     # that shutting down (health server, client) runs as ordinary code.
     stop = asyncio.Event()

@@ -11,9 +11,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -24,6 +26,7 @@ from metalmend.bmc.ipmi import IpmiDriver
 from metalmend.bmc.redfish import RedfishDriver
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,6 @@ class BmcPool:
         self._global = asyncio.Semaphore(max_in_flight)
         self._locks: dict[str, asyncio.Lock] = {}
         self._drivers: dict[tuple[str, str], PowerDriver] = {}
-        self._threads = ThreadPoolExecutor(max_in_flight, thread_name_prefix="bmc")
 
     async def power_state(self, target: BmcTarget) -> PowerState:
         return await self._run(target, lambda d: d.power_state())
@@ -70,7 +72,6 @@ class BmcPool:
         for driver in self._drivers.values():
             driver.close()
         self._drivers.clear()
-        self._threads.shutdown(wait=False, cancel_futures=True)
 
     async def _run(self, target: BmcTarget, work: Callable[[PowerDriver], T]) -> T:
         lock = self._locks.setdefault(target.address.key, asyncio.Lock())
@@ -81,7 +82,7 @@ class BmcPool:
             lock.release()
             raise
         driver = self._driver(target)
-        future = asyncio.get_running_loop().run_in_executor(self._threads, work, driver)
+        future = _in_daemon_thread(work, driver)
 
         def release(_: object) -> None:
             self._global.release()
@@ -121,7 +122,38 @@ class BmcPool:
     def _forget(self, target: BmcTarget) -> None:
         driver = self._drivers.pop((target.address.key, _fingerprint(target)), None)
         if driver is not None:
-            self._threads.submit(driver.close)
+            _in_daemon_thread(lambda d: d.close(), driver)
+
+
+def _in_daemon_thread(work: Callable[[U], T], argument: U) -> asyncio.Future[T]:
+    """Run blocking ``work`` in a daemon thread of its own. Not an executor: a BMC that
+    never answers would hold an executor's thread, and the process could not exit until
+    it did; a daemon thread dies with the process."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed while we worked
+            loop.call_soon_threadsafe(outcome)
+
+    def finish(result: T | None, failure: BaseException | None) -> None:
+        if future.done():  # the caller gave up waiting (timed out, cancelled)
+            return
+        if failure is not None:
+            future.set_exception(failure)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result = work(argument)
+        except BaseException as failure:
+            settle(functools.partial(finish, None, failure))
+        else:
+            settle(functools.partial(finish, result, None))
+
+    threading.Thread(target=run, name="bmc", daemon=True).start()
+    return future
 
 
 def _fingerprint(target: BmcTarget) -> str:

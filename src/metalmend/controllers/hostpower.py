@@ -37,7 +37,7 @@ from metalmend.policy.hostpower import (
 
 log = logging.getLogger(__name__)
 
-ERROR_BACKOFF_CAP = 300.0
+ERROR_BACKOFF_CAP = 60.0  # a BMC back from an outage is noticed within a minute
 
 
 class HostPowerController:

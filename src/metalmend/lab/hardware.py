@@ -398,6 +398,7 @@ async def serve(config: HardwareConfig) -> None:
                 "power": "on" if kubelet.state != "off" else "off",
                 "kubelet": kubelet.state,
                 "bmc_line": faults.bmc,
+                "faults": asdict(faults),  # as applied: `lab fault` waits to see its own
             }
         tmp = status_path(lab_dir).with_suffix(".tmp")
         tmp.write_text(json.dumps(report, indent=2))

@@ -105,7 +105,8 @@ class LabOptions:
     bmc: str = "mixed"  # redfish, ipmi or mixed
     boot_delay: float = 3.0  # seconds from power-on until the kubelet registers
     power_delay: float = 0.0  # seconds before an IPMI power change lands
-    controllers: str = "node-link"  # what `metalmend run` runs against the lab ("" none)
+    controllers: str = "node-link,host-power"  # `metalmend run` against the lab ("" none)
+    soft_power_off_timeout: float = 30.0
 
 
 @dataclass
@@ -160,7 +161,7 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
         if options.hosts:
             start_hosts(running, options)
         if options.controllers:
-            start_controllers(running, options.controllers)
+            start_controllers(running, options.controllers, options.soft_power_off_timeout)
         state.ready, state.server = True, plane.server
         state.kubeconfig = str(kubeconfig.resolve())
         state.started_in_seconds = round(plane.started_in or 0.0, 2)
@@ -220,13 +221,23 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
     hosts.register(running.client(), config)
 
 
-def start_controllers(running: RunningLab, controllers: str) -> None:
+def controller_argv(
+    kubeconfig: Path, ca: Path, controllers: str, port: int, soft: float
+) -> list[str]:
+    """`metalmend run` against the lab: its BMCs' certificates come from the lab CA."""
+    return [
+        sys.executable, "-m", "metalmend", "run", "--kubeconfig", str(kubeconfig),
+        "--controllers", controllers, "--health-bind", f"127.0.0.1:{port}",
+        "--bmc-ca-bundle", str(ca), "--soft-power-off-timeout", f"{soft:g}",
+        "--power-poll-interval", "5", "--bmc-timeout", "5",
+    ]  # fmt: skip
+
+
+def start_controllers(running: RunningLab, controllers: str, soft_timeout: float) -> None:
     """metalmend itself, as an operator would run it against this cluster."""
     port = free_port()
-    argv = [
-        sys.executable, "-m", "metalmend", "run", "--kubeconfig", str(running.kubeconfig),
-        "--controllers", controllers, "--health-bind", f"127.0.0.1:{port}",
-    ]  # fmt: skip
+    ca = running.plane.ca.pair.cert
+    argv = controller_argv(running.kubeconfig, ca, controllers, port, soft_timeout)
 
     def ready() -> bool:
         try:
@@ -426,6 +437,19 @@ def inject_fault(lab_dir: Path, host: str, kind: str) -> None:
     else:
         faults.bmc = kind.removeprefix("bmc-")
     write_faults(lab_dir, host, faults)
+    _wait_applied(lab_dir, host, asdict(faults))
+
+
+def _wait_applied(lab_dir: Path, host: str, faults: dict[str, Any], within: float = 5.0) -> None:
+    """Return once the hardware process reports the fault in force (it polls every 0.2 s),
+    so that what a caller does next meets the faulty hardware."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            if json.loads(status_path(lab_dir).read_text())[host]["faults"] == faults:
+                return
+        time.sleep(0.05)
+    raise LabError(f"the lab hardware did not apply the fault to {host} within {within:.0f}s")
 
 
 def _apiserver_ready(lab_dir: Path) -> bool:

@@ -1,0 +1,294 @@
+"""The declarative reboot API on lab hosts, with `metalmend run --controllers host-power`
+as a real process (so that it can be killed at any moment)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from lightkube import AsyncClient, KubeConfig
+from lightkube.resources.core_v1 import Event
+from lightkube.types import PatchType
+
+from metalmend.api.names import REBOOT
+from metalmend.api.resources import BareMetalHost
+from metalmend.bmc import BmcPool, PowerState
+from metalmend.lab import lab
+from metalmend.lab.controlplane import free_port
+from metalmend.lab.hardware import HostSpec
+from metalmend.lab.hosts import NAMESPACE
+from metalmend.policy.hostpower import parse_stamp
+from tests.e2e.conftest import host, target
+from tests.support import until
+
+SOFT_TIMEOUT = 3.0  # the test controller's soft power-off timeout
+REDFISH_CHANGE = 15.0  # sushy-tools' fake driver lands changes in 1-11 s
+
+
+class HostPower:
+    """A `metalmend run --controllers host-power` process that can be killed -9."""
+
+    def __init__(self, running: lab.RunningLab) -> None:
+        self.running = running
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log = running.plane.workdir.parent / "host-power-test.log"
+
+    def start(self) -> None:
+        port = free_port()
+        argv = lab.controller_argv(
+            self.running.kubeconfig, self.running.plane.ca.pair.cert, "host-power", port,
+            SOFT_TIMEOUT,
+        )  # fmt: skip
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise AssertionError("host-power did not become ready")
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+            self.process = None
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=15)
+            self.process = None
+
+
+@pytest.fixture
+def controller(hosts_lab: lab.RunningLab) -> Iterator[HostPower]:
+    power = HostPower(hosts_lab)
+    power.start()
+    yield power
+    power.stop()
+
+
+@pytest.fixture
+async def kube(hosts_lab: lab.RunningLab) -> AsyncIterator[AsyncClient]:
+    client = AsyncClient(KubeConfig.from_file(hosts_lab.kubeconfig))
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def bmcs(hosts_lab: lab.RunningLab) -> AsyncIterator[BmcPool]:
+    pool = BmcPool(timeout=10, ca_bundle=str(hosts_lab.plane.ca.pair.cert))
+    yield pool
+    pool.close()
+
+
+async def bmh(kube: AsyncClient, name: str) -> Any:
+    return await kube.get(BareMetalHost, name, namespace=NAMESPACE)
+
+
+async def annotate(kube: AsyncClient, name: str, changes: dict[str, str | None]) -> None:
+    await kube.patch(
+        BareMetalHost, name, {"metadata": {"annotations": changes}},
+        namespace=NAMESPACE, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+
+
+def times(host_obj: Any) -> tuple[dt.datetime | None, dt.datetime | None]:
+    provisioning = (host_obj.get("status") or {}).get("provisioning") or {}
+    return (
+        parse_stamp(provisioning.get("pendingRebootSince")),
+        parse_stamp(provisioning.get("lastPoweredOn")),
+    )
+
+
+async def rebooted_after(kube: AsyncClient, name: str, asked: dt.datetime) -> bool:
+    """What a user checks with kubectl: lastPoweredOn later than their request."""
+    pending, last = times(await bmh(kube, name))
+    return pending is not None and last is not None and asked <= pending < last
+
+
+async def settled(kube: AsyncClient, spec: HostSpec, bmcs: BmcPool) -> dt.datetime:
+    """Wait for a quiet, powered-on host; return the time of the request to follow."""
+
+    async def quiet() -> bool:
+        h = await bmh(kube, spec.name)
+        pending, last = times(h)
+        calm = pending is None or (last is not None and pending < last)
+        return bool(h["status"].get("poweredOn")) and calm and last is not None
+
+    await until(quiet, within=REDFISH_CHANGE * 3)
+    assert await bmcs.power_state(target(spec)) == PowerState.ON
+    return dt.datetime.now(dt.UTC)
+
+
+async def reasons(kube: AsyncClient, name: str) -> list[str]:
+    return [
+        e.reason
+        async for e in kube.list(Event, namespace=NAMESPACE)
+        if e.involvedObject.name == name
+    ]
+
+
+@pytest.mark.parametrize("kind", ["ipmi", "redfish"])
+async def test_basic_reboot(
+    hosts_lab: lab.RunningLab, controller: HostPower, kube: AsyncClient, bmcs: BmcPool, kind: str
+) -> None:
+    spec = host(hosts_lab, kind)
+    asked = await settled(kube, spec, bmcs)
+    await annotate(kube, spec.name, {REBOOT: ""})
+    await until(lambda: rebooted_after(kube, spec.name, asked), within=REDFISH_CHANGE * 3)
+    assert REBOOT not in ((await bmh(kube, spec.name)).metadata.annotations or {})
+    assert await bmcs.power_state(target(spec)) == PowerState.ON
+    assert {"RebootRequested", "PowerOff", "PowerOn", "RebootCompleted"} <= set(
+        await reasons(kube, spec.name)
+    )
+
+
+async def test_two_clients_hold_the_host_off_until_both_are_done(
+    hosts_lab: lab.RunningLab, controller: HostPower, kube: AsyncClient, bmcs: BmcPool
+) -> None:
+    spec = host(hosts_lab, "ipmi")
+    asked = await settled(kube, spec, bmcs)
+    first, second = "reboot.metal3.io/first-client", "reboot.metal3.io/second-client"
+    await annotate(kube, spec.name, {first: "", second: '{"mode":"hard"}'})
+
+    async def off() -> bool:
+        return await bmcs.power_state(target(spec)) == PowerState.OFF
+
+    await until(off, within=10)
+    await annotate(kube, spec.name, {first: None})
+    await asyncio.sleep(3)  # several reconciles: the second key still holds it
+    assert await off()
+    annotations = (await bmh(kube, spec.name)).metadata.annotations or {}
+    assert second in annotations, "the controller never removes a keyed annotation"
+    await annotate(kube, spec.name, {second: None})
+    await until(lambda: rebooted_after(kube, spec.name, asked), within=15)
+
+
+async def test_hard_beats_soft_even_when_the_bmc_ignores_soft(
+    hosts_lab: lab.RunningLab, controller: HostPower, kube: AsyncClient, bmcs: BmcPool
+) -> None:
+    spec = host(hosts_lab, "ipmi")
+    lab_dir = hosts_lab.plane.workdir.parent
+    asked = await settled(kube, spec, bmcs)
+    lab.inject_fault(lab_dir, spec.name, "ignore-soft")
+    try:
+        began = time.monotonic()
+        await annotate(kube, spec.name, {"reboot.metal3.io/gentle": "{'mode':'soft'}",
+                                         "reboot.metal3.io/urgent": '{"mode":"hard"}'})  # fmt: skip
+        await until(lambda: _power_is(bmcs, spec, PowerState.OFF), within=10)
+        assert time.monotonic() - began < SOFT_TIMEOUT, "hard at once, no soft timeout waited"
+        await annotate(
+            kube, spec.name, {"reboot.metal3.io/gentle": None, "reboot.metal3.io/urgent": None}
+        )
+        await until(lambda: rebooted_after(kube, spec.name, asked), within=15)
+    finally:
+        lab.inject_fault(lab_dir, spec.name, "honour-soft")
+
+
+async def test_soft_falls_back_to_hard_when_the_bmc_ignores_graceful_shutdown(
+    hosts_lab: lab.RunningLab, controller: HostPower, kube: AsyncClient, bmcs: BmcPool
+) -> None:
+    spec = host(hosts_lab, "ipmi")
+    lab_dir = hosts_lab.plane.workdir.parent
+    asked = await settled(kube, spec, bmcs)
+    lab.inject_fault(lab_dir, spec.name, "ignore-soft")
+    try:
+        await annotate(kube, spec.name, {REBOOT: ""})
+        # An instant lab BMC is off for milliseconds: judge by the record, not by polling.
+        await until(lambda: rebooted_after(kube, spec.name, asked), within=SOFT_TIMEOUT + 15)
+        pending, last = times(await bmh(kube, spec.name))
+        assert pending is not None
+        assert last is not None
+        assert (last - pending).total_seconds() >= SOFT_TIMEOUT - 0.5, "soft was given its time"
+        assert "SoftPowerOffTimedOut" in await reasons(kube, spec.name)
+    finally:
+        lab.inject_fault(lab_dir, spec.name, "honour-soft")
+
+
+async def _power_is(bmcs: BmcPool, spec: HostSpec, state: PowerState) -> bool:
+    return await bmcs.power_state(target(spec)) == state
+
+
+@pytest.mark.parametrize("phase", ["requested", "held off", "released"])
+async def test_killed_in_any_phase_the_reboot_still_completes(
+    hosts_lab: lab.RunningLab, controller: HostPower, kube: AsyncClient, bmcs: BmcPool, phase: str
+) -> None:
+    spec = host(hosts_lab, "ipmi")
+    asked = await settled(kube, spec, bmcs)
+    hold = "reboot.metal3.io/maintenance"
+    await annotate(kube, spec.name, {hold: ""})
+    if phase == "requested":  # killed as soon as the request is on record
+        await until(lambda: _pending(kube, spec.name, asked), within=10)
+        controller.kill()
+        controller.start()
+    await until(lambda: _power_is(bmcs, spec, PowerState.OFF), within=10)
+    if phase == "held off":
+        controller.kill()
+        controller.start()
+        await asyncio.sleep(2)
+        assert await _power_is(bmcs, spec, PowerState.OFF), "a restart does not un-fence"
+    await annotate(kube, spec.name, {hold: None})
+    if phase == "released":
+        controller.kill()
+        await asyncio.sleep(1)
+        controller.start()
+    await until(lambda: rebooted_after(kube, spec.name, asked), within=20)
+    assert await _power_is(bmcs, spec, PowerState.ON), "never left off"
+
+
+async def _pending(kube: AsyncClient, name: str, asked: dt.datetime) -> bool:
+    pending, _ = times(await bmh(kube, name))
+    return pending is not None and pending >= asked
+
+
+async def test_malformed_values_warn_and_still_reboot(
+    hosts_lab: lab.RunningLab, controller: HostPower, kube: AsyncClient, bmcs: BmcPool
+) -> None:
+    spec = host(hosts_lab, "ipmi")
+    asked = await settled(kube, spec, bmcs)
+    await annotate(kube, spec.name, {REBOOT: "{mode: hard"})
+    await until(lambda: rebooted_after(kube, spec.name, asked), within=15)
+    assert "InvalidRebootAnnotation" in await reasons(kube, spec.name)
+
+
+async def test_bmc_failure_is_reported_in_status_and_cleared_when_it_answers(
+    hosts_lab: lab.RunningLab, controller: HostPower, kube: AsyncClient, bmcs: BmcPool
+) -> None:
+    spec = host(hosts_lab, "ipmi")
+    lab_dir = hosts_lab.plane.workdir.parent
+    await settled(kube, spec, bmcs)
+    lab.inject_fault(lab_dir, spec.name, "bmc-down")
+    try:
+        await annotate(kube, spec.name, {"reboot.metal3.io/while-down": ""})
+
+        async def failing() -> bool:
+            status = (await bmh(kube, spec.name))["status"]
+            return status.get("operationalStatus") == "error"
+
+        await until(failing, within=30)
+        status = (await bmh(kube, spec.name))["status"]
+        assert status["errorType"] == "power management error"
+        assert status["errorCount"] >= 1
+        assert spec.password not in status["errorMessage"]
+        assert "BMCError" in await reasons(kube, spec.name)
+    finally:
+        lab.inject_fault(lab_dir, spec.name, "bmc-up")
+        await annotate(kube, spec.name, {"reboot.metal3.io/while-down": None})
+
+    async def recovered() -> bool:
+        status = (await bmh(kube, spec.name))["status"]
+        return status.get("operationalStatus") == "OK" and not status.get("errorType")
+
+    # pyghmi holds a session to the lost BMC for ~15 s and errors back off up to 60 s.
+    await until(recovered, within=90)
