@@ -147,5 +147,9 @@ def test_a_user_can_tell_the_reboot_completed() -> None:
 
 
 def test_requeue_is_quick_while_power_changes_and_slow_when_settled() -> None:
-    assert decide(host(online=False), NOW, SETTINGS).requeue_after == SETTINGS.transition_poll
+    assert decide(host(online=False), NOW, SETTINGS).requeue_after == SETTINGS.first_poll
+    landing = host(online=False, last_command=LastCommand("soft off", ago(0.05)))
+    assert decide(landing, NOW, SETTINGS).requeue_after == SETTINGS.first_poll
+    slow = host(power=OFF, recorded_on=False, last_command=LastCommand("on", ago(8)))
+    assert decide(slow, NOW, SETTINGS).requeue_after == SETTINGS.transition_poll
     assert decide(host(), NOW, SETTINGS).requeue_after == SETTINGS.poll_interval

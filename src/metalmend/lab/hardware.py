@@ -120,7 +120,8 @@ class HostPower:
     """The power of one IPMI host. Changes land ``delay`` seconds after the command, as on
     real hardware; the BMC thread and the kubelet read it concurrently."""
 
-    def __init__(self, on: bool, delay: float) -> None:
+    def __init__(self, on: bool, delay: float, journal: Path | None = None) -> None:
+        self.journal = journal  # every command received, with its wall-clock time
         self._lock = threading.Lock()
         self._on = on
         self.boots = 1 if on else 0  # power-ons so far: a new one is a new boot
@@ -142,6 +143,10 @@ class HostPower:
         return self.boots if self.is_on() else None
 
     def request(self, on: bool, soft: bool = False) -> None:
+        if self.journal is not None:
+            action = "on" if on else ("soft off" if soft else "hard off")
+            with self.journal.open("a") as journal:
+                journal.write(f"{time.time():.6f} {action}\n")
         if soft and self.ignore_soft:
             return
         with self._lock:
@@ -356,7 +361,8 @@ async def serve(config: HardwareConfig) -> None:
     ipmi_power: dict[str, HostPower] = {}
     for spec in config.hosts:
         if spec.bmc == "ipmi":
-            power = HostPower(on=True, delay=spec.power_delay)
+            journal = lab_dir / "hardware" / f"{spec.name}.commands"
+            power = HostPower(on=True, delay=spec.power_delay, journal=journal)
             ipmi_hosts.append((spec, power))
             ipmi_power[spec.name] = power
 

@@ -35,7 +35,8 @@ MICROSECOND = dt.timedelta(microseconds=1)
 class PowerSettings:
     soft_timeout: float = 180.0  # soft power-off, then hard (upstream: Ironic's 180 s)
     poll_interval: float = 20.0  # re-read the BMC this often when nothing is happening
-    transition_poll: float = 1.0  # ... and this often while a commanded change lands
+    transition_poll: float = 1.0  # ... at most this often while a commanded change lands
+    first_poll: float = 0.1  # and this soon after a command: many BMCs obey at once
     command_retry: float = 30.0  # re-send a power command not obeyed after this long
 
 
@@ -204,9 +205,10 @@ def _power_to(
     elif any(r.mode == "hard" for r in requests):
         command = "hard off"  # "a hard shutdown request takes priority over a soft one"
     elif last is not None and last.action == "soft off" and since is not None:
-        if since < settings.soft_timeout:
-            wait = min(settings.soft_timeout - since, settings.poll_interval)
-            decision.requeue_after = max(wait, settings.transition_poll)
+        if since < settings.soft_timeout:  # running: look for it landing, escalate on time
+            decision.requeue_after = min(
+                settings.soft_timeout - since, _landing_poll(since, settings)
+            )
             return decision
         command = "hard off"
         message = f"still on {since:.0f}s after a soft power-off; powering off hard"
@@ -215,14 +217,20 @@ def _power_to(
         command = "soft off"
     recent = last is not None and last.action == command
     if recent and since is not None and since < settings.command_retry:
-        decision.requeue_after = settings.transition_poll  # sent; waiting for it to land
+        decision.requeue_after = _landing_poll(since, settings)  # sent; waiting for it to land
         return decision
     decision.command = command
     decision.status["lastPowerCommand"] = {"action": command, "at": now}
     reason = names.REASON_POWER_ON if want_on else names.REASON_POWER_OFF
     decision.note(reason, _why(command, host, requests))
-    decision.requeue_after = settings.transition_poll
+    decision.requeue_after = settings.first_poll
     return decision
+
+
+def _landing_poll(since: float, settings: PowerSettings) -> float:
+    """Look soon after a command, then less often: a fast BMC is seen to obey within a
+    tenth of a second, and a slow one is not polled hard."""
+    return min(max(since / 2, settings.first_poll), settings.transition_poll)
 
 
 def _why(command: PowerCommand, host: Host, requests: list[RebootRequest]) -> str:
