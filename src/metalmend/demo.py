@@ -15,13 +15,14 @@ from typing import Any
 
 from lightkube import ApiError, Client, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Node
+from lightkube.resources.core_v1 import ConfigMap, Event, Node
+from lightkube.types import PatchType
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from metalmend.api.resources import MachineHealthCheck
-from metalmend.bmc import BmcPool, BmcTarget, Credentials, PowerState, parse
+from metalmend.api.resources import BareMetalHost, MachineHealthCheck
+from metalmend.bmc import BmcPool, BmcTarget, Credentials, parse
 from metalmend.kube.crds import crd_name, load_crds
 from metalmend.lab import lab
 from metalmend.lab.assets import find_binaries
@@ -42,7 +43,7 @@ def run_demo(lab_dir: Path, out: Console, keep: bool = False) -> None:
         hosts=2,
         bmc="mixed",
         boot_delay=2.0,
-        controllers="node-link",
+        controllers="node-link,host-power",
     )
     with lab.stop_requested() as stop, lab.started(options) as running:
         out.print(
@@ -158,7 +159,7 @@ async def show_bmcs(running: lab.RunningLab, out: Console) -> None:
 
 
 async def show_hang_and_power_cycle(running: lab.RunningLab, client: Client, out: Console) -> None:
-    step(out, "6. A hung server: its Node goes Unknown; a power cycle through its BMC heals it")
+    step(out, "6. A hung server: its Node goes Unknown; a fence through the reboot API heals it")
     assert running.hardware is not None
     spec = next(h for h in running.hardware.hosts if h.bmc == "ipmi")
     lab_dir = running.plane.workdir.parent
@@ -166,29 +167,56 @@ async def show_hang_and_power_cycle(running: lab.RunningLab, client: Client, out
     out.print(f"{spec.name}: kernel hung (lab fault); heartbeats stop, grace period {GRACE:g}s")
     began = time.monotonic()
     await wait_ready(client, spec.name, "Unknown", GRACE + 30)
-    out.print(f"after {time.monotonic() - began:.1f}s: Ready=[yellow]Unknown[/yellow], set by the")
-    out.print("real node-lifecycle controller. This is what health checks act on (next issues);")
-    out.print("here we fence by hand, with the same BMC code the remediation will use:")
-    bmcs = BmcPool(timeout=10)
-    bmc = bmc_of(spec)
-    await bmcs.power_off(bmc, hard=True)
-    for _ in range(100):
-        if await bmcs.power_state(bmc) == PowerState.OFF:
-            break
-        await asyncio.sleep(0.2)
+    took = time.monotonic() - began
     out.print(
-        f"{spec.name}: hard power-off through IPMI: [bold]off[/bold] (safe to move its workloads)"
+        f"after {took:.1f}s: Ready=[yellow]Unknown[/yellow] (the real node-lifecycle controller)."
     )
+    out.print("Health checks will act on this (next issues); here we fence by hand")
+    out.print("with the declarative reboot API, which metalmend's host-power controller serves:")
+    key = "reboot.metal3.io/demo-fence"
+    out.print(f'[dim]$ kubectl annotate bmh {spec.name} {key}=\'{{"mode":"hard"}}\'[/dim]')
+    annotate(client, spec.name, {key: '{"mode":"hard"}'})
+    await wait_host(client, spec.name, lambda h: h["status"].get("poweredOn") is False, 30)
+    out.print(f"{spec.name}: powered off through IPMI and held off while {key} is present")
     client.delete(Node, spec.name)
     out.print(f"{spec.name}: Node deleted, so at-most-one workloads may start elsewhere")
-    await bmcs.power_on(bmc)
+    annotate(client, spec.name, {key: None})
+    out.print(f"[dim]$ kubectl annotate bmh {spec.name} {key}-[/dim]")
     began = time.monotonic()
     await wait_ready(client, spec.name, "True", 60)
+    host: Any = client.get(BareMetalHost, spec.name, namespace=NAMESPACE)
+    provisioning = host["status"]["provisioning"]
     out.print(
         f"{spec.name}: powered on; after {time.monotonic() - began:.1f}s its kubelet registered"
         " again and the Node is [green]Ready[/green]"
     )
-    bmcs.close()
+    out.print(
+        f"the record a client checks: pendingRebootSince {provisioning['pendingRebootSince']}"
+        f" < lastPoweredOn {provisioning['lastPoweredOn']}"
+    )
+    out.print(f"[dim]$ kubectl get events --field-selector involvedObject.name={spec.name}[/dim]")
+    events = [
+        e for e in client.list(Event, namespace=NAMESPACE) if e.involvedObject.name == spec.name
+    ]
+    for event in sorted(events, key=lambda e: int(e.metadata.resourceVersion))[-6:]:
+        out.print(f"  {event.reason:16} {escape(str(event.message))}", highlight=False)
+
+
+def annotate(client: Client, name: str, changes: dict[str, str | None]) -> None:
+    client.patch(
+        BareMetalHost, name, {"metadata": {"annotations": changes}},
+        namespace=NAMESPACE, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+
+
+async def wait_host(client: Client, name: str, check: Any, within: float) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        host: Any = await asyncio.to_thread(client.get, BareMetalHost, name, namespace=NAMESPACE)
+        if check(host):
+            return
+        await asyncio.sleep(0.2)
+    raise lab.LabError(f"{name} did not reach the expected state within {within:.0f}s")
 
 
 async def wait_ready(client: Client, name: str, status: str, within: float) -> None:
