@@ -198,7 +198,7 @@ async def show_hang_and_power_cycle(running: lab.RunningLab, client: Client, out
     events = [
         e for e in client.list(Event, namespace=NAMESPACE) if e.involvedObject.name == spec.name
     ]
-    for event in sorted(events, key=lambda e: int(e.metadata.resourceVersion))[-6:]:
+    for event in sorted(events, key=lambda e: int(e.metadata.resourceVersion or 0))[-6:]:
         out.print(f"  {event.reason:16} {escape(str(event.message))}", highlight=False)
 
 
