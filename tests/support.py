@@ -6,6 +6,11 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 
+from lightkube import Client
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
+from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
+
 
 async def until(check: Callable[[], bool | Awaitable[bool]], within: float = 30.0) -> None:
     """Wait until ``check()`` is true (it may be async); fail after ``within`` seconds."""
@@ -18,3 +23,26 @@ async def until(check: Callable[[], bool | Awaitable[bool]], within: float = 30.
             await asyncio.sleep(0.05)
 
     await asyncio.wait_for(poll(), within)
+
+
+def grant(
+    kube: Client,
+    namespace: str,
+    name: str,
+    subject: Subject,
+    *,
+    resources: list[str],
+    verbs: list[str],
+    group: str = "",
+) -> None:
+    """A Role with one rule, bound to ``subject``, in ``namespace``."""
+    rule = PolicyRule(apiGroups=[group], resources=resources, verbs=verbs)
+    kube.create(Role(metadata=ObjectMeta(name=name), rules=[rule]), namespace=namespace)
+    kube.create(
+        RoleBinding(
+            metadata=ObjectMeta(name=name),
+            roleRef=RoleRef(apiGroup="rbac.authorization.k8s.io", kind="Role", name=name),
+            subjects=[subject],
+        ),
+        namespace=namespace,
+    )

@@ -17,13 +17,13 @@ from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.core_v1 import NodeCondition, NodeStatus
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta, OwnerReference
 from lightkube.models.policy_v1 import PodDisruptionBudgetSpec
-from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
+from lightkube.models.rbac_v1 import Subject
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Node
 from lightkube.resources.policy_v1 import PodDisruptionBudget
-from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 
 from metalmend.lab.controlplane import ControlPlane
+from tests.support import grant
 
 
 def eventually(check: Callable[[], bool], timeout: float, interval: float = 0.2) -> None:
@@ -35,22 +35,8 @@ def eventually(check: Callable[[], bool], timeout: float, interval: float = 0.2)
 
 
 def grant_configmap_reader(kube: Client, namespace: str, subject: Subject) -> None:
-    kube.create(
-        Role(
-            metadata=ObjectMeta(name="read-configmaps"),
-            rules=[PolicyRule(apiGroups=[""], resources=["configmaps"], verbs=["get", "list"])],
-        ),
-        namespace=namespace,
-    )
-    kube.create(
-        RoleBinding(
-            metadata=ObjectMeta(name="read-configmaps"),
-            roleRef=RoleRef(
-                apiGroup="rbac.authorization.k8s.io", kind="Role", name="read-configmaps"
-            ),
-            subjects=[subject],
-        ),
-        namespace=namespace,
+    grant(
+        kube, namespace, "read-configmaps", subject, resources=["configmaps"], verbs=["get", "list"]
     )
 
 

@@ -13,15 +13,14 @@ import pytest
 from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
+from lightkube.models.rbac_v1 import Subject
 from lightkube.resources.core_v1 import ConfigMap, PodTemplate
-from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 
 from metalmend.kube.informer import Informer
 from metalmend.kube.workqueue import Backoff
 from metalmend.lab.controlplane import ControlPlane
 from metalmend.lab.proxies import TcpProxy
-from tests.support import until
+from tests.support import grant, until
 
 
 async def truth(client: AsyncClient, resource: Any, namespace: str) -> dict[str, str]:
@@ -151,22 +150,14 @@ async def test_forbidden_watch_keeps_the_informer_unsynced_until_granted(
     assert informer.last_error.startswith("list configmaps: 403")
     assert any("cannot list configmaps" in r.getMessage() for r in caplog.records)
 
-    kube.create(
-        Role(
-            metadata=ObjectMeta(name="watch-configmaps"),
-            rules=[PolicyRule(apiGroups=[""], resources=["configmaps"], verbs=["list", "watch"])],
-        ),
-        namespace=namespace,
-    )
-    kube.create(
-        RoleBinding(
-            metadata=ObjectMeta(name="watch-configmaps"),
-            roleRef=RoleRef(
-                apiGroup="rbac.authorization.k8s.io", kind="Role", name="watch-configmaps"
-            ),
-            subjects=[Subject(kind="Group", name="watchers")],
-        ),
-        namespace=namespace,
+    watchers = Subject(kind="Group", name="watchers")
+    grant(
+        kube,
+        namespace,
+        "watch-configmaps",
+        watchers,
+        resources=["configmaps"],
+        verbs=["list", "watch"],
     )
     await asyncio.wait_for(informer.synced.wait(), 20)
     assert informer.last_error is None

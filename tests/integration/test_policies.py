@@ -12,12 +12,12 @@ import pytest
 import yaml
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
-from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
+from lightkube.models.rbac_v1 import Subject
 from lightkube.types import PatchType
 
 from metalmend.api.resources import BareMetalHost
 from metalmend.lab.controlplane import ControlPlane
+from tests.support import grant
 
 POLICIES = Path(__file__).resolve().parents[2] / "deploy" / "policies"
 
@@ -108,24 +108,15 @@ def test_malformed_reboot_values_are_refused_at_admission(
 def test_only_named_writers_touch_reboot_annotations(
     control_plane: ControlPlane, kube: Client, namespace: str, writer_policy: None
 ) -> None:
-    kube.create(
-        Role(
-            metadata=ObjectMeta(name="edit-hosts"),
-            rules=[
-                PolicyRule(
-                    apiGroups=["metal3.io"], resources=["baremetalhosts"], verbs=["get", "patch"]
-                )
-            ],
-        ),
-        namespace=namespace,
-    )
-    kube.create(
-        RoleBinding(
-            metadata=ObjectMeta(name="edit-hosts"),
-            roleRef=RoleRef(apiGroup="rbac.authorization.k8s.io", kind="Role", name="edit-hosts"),
-            subjects=[Subject(kind="Group", name="system:authenticated")],
-        ),
-        namespace=namespace,
+    everyone = Subject(kind="Group", name="system:authenticated")
+    grant(
+        kube,
+        namespace,
+        "edit-hosts",
+        everyone,
+        group="metal3.io",
+        resources=["baremetalhosts"],
+        verbs=["get", "patch"],
     )
     kube.create(host("h1", {}), namespace=namespace)
     kube.create(host("probe", {}), namespace=namespace)

@@ -10,33 +10,14 @@ import asyncio
 import contextlib
 
 
-class TcpProxy:
-    def __init__(
-        self,
-        target_host: str,
-        target_port: int,
-        listen_host: str = "127.0.0.1",
-        listen_port: int = 0,
-    ) -> None:
-        self.target = (target_host, target_port)
-        self.listen_host = listen_host
-        self.listen_port = listen_port
-        self.port = 0
-        self.severed = False
-        self.delay = 0.0  # seconds added before each chunk is forwarded
-        self._server: asyncio.Server | None = None
-        self._open: set[asyncio.StreamWriter] = set()
+class FaultLine:
+    """What both lines share: down (``severed``) or up, and a ``delay``."""
 
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._accept, self.listen_host, self.listen_port)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.port
+    severed = False
+    delay = 0.0  # seconds added before each chunk or datagram is forwarded
 
     def cut(self) -> None:
         self.severed = True
-        for writer in list(self._open):
-            writer.transport.abort()
-        self._open.clear()
 
     def restore(self) -> None:
         self.severed = False
@@ -48,6 +29,33 @@ class TcpProxy:
         elif not down and self.severed:
             self.restore()
         self.delay = delay
+
+
+class TcpProxy(FaultLine):
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        listen_host: str = "127.0.0.1",
+        listen_port: int = 0,
+    ) -> None:
+        self.target = (target_host, target_port)
+        self.listen_host = listen_host
+        self.listen_port = listen_port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._accept, self.listen_host, self.listen_port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    def cut(self) -> None:
+        super().cut()
+        for writer in list(self._open):  # open connections are reset, as on a lost link
+            writer.transport.abort()
+        self._open.clear()
 
     async def stop(self) -> None:
         self.cut()
@@ -84,7 +92,7 @@ class TcpProxy:
                 writer.transport.abort()
 
 
-class UdpRelay:
+class UdpRelay(FaultLine):
     """A UDP relay: datagrams from each client go to the target from a socket of their own,
     and answers come back to that client."""
 
@@ -92,8 +100,6 @@ class UdpRelay:
         self.target = (target_host, target_port)
         self.listen_port = listen_port
         self.port = 0
-        self.severed = False
-        self.delay = 0.0
         self._public: asyncio.DatagramTransport | None = None
         self._upstreams: dict[tuple[str, int], asyncio.DatagramTransport] = {}
 
@@ -104,20 +110,6 @@ class UdpRelay:
         )
         self.port = self._public.get_extra_info("sockname")[1]
         return self.port
-
-    def cut(self) -> None:
-        self.severed = True
-
-    def restore(self) -> None:
-        self.severed = False
-
-    def apply(self, down: bool, delay: float) -> None:
-        """Make the line down (or up) and this slow; idempotent."""
-        if down and not self.severed:
-            self.cut()
-        elif not down and self.severed:
-            self.restore()
-        self.delay = delay
 
     async def stop(self) -> None:
         for transport in self._upstreams.values():
