@@ -45,9 +45,8 @@ def main(runs: int = 20) -> None:
     print(f"MachineHealthCheck evaluation over {TARGETS} targets, median of {runs} (ms)")
     print(f"  building the targets   {b:7.1f}")
     print(f"  evaluate()             {e:7.1f}   ({e / b:.2f}x building them)")
-    print(
-        f"  ({result.unhealthy} unhealthy, remediation {'allowed' if result.allowed else 'blocked'})"
-    )
+    verdict = "allowed" if result.allowed else "blocked"
+    print(f"  ({result.unhealthy} unhealthy, remediation {verdict})")
 
 
 if __name__ == "__main__":
