@@ -29,3 +29,17 @@ REASON_INVALID_REBOOT = "InvalidRebootAnnotation"
 REASON_SOFT_TIMEOUT = "SoftPowerOffTimedOut"
 REASON_BMC_ERROR = "BMCError"
 REASON_BMC_RECOVERED = "BMCRecovered"
+
+# MachineHealthCheck (Cluster API v1beta1, seed 002)
+SKIP_REMEDIATION = "cluster.x-k8s.io/skip-remediation"
+PAUSED = "cluster.x-k8s.io/paused"
+NODE_REF_LOST_AT = "metalmend.dev/node-ref-lost-at"  # set by node-link when it clears nodeRef
+CONDITION_HEALTH_CHECK_SUCCEEDED = "HealthCheckSucceeded"
+CONDITION_OWNER_REMEDIATED = "OwnerRemediated"
+CONDITION_REMEDIATION_ALLOWED = "RemediationAllowed"
+REASON_TOO_MANY_UNHEALTHY = "TooManyUnhealthy"
+REASON_REMEDIATION_REQUESTED = "RemediationRequested"
+REASON_REMEDIATION_WITHDRAWN = "RemediationWithdrawn"
+REASON_INVALID_SPEC = "InvalidSpec"
+REASON_OVERLAPPING = "OverlappingHealthChecks"
+REASON_TEMPLATE_NOT_FOUND = "RemediationTemplateNotFound"

@@ -1,3 +1,3 @@
 """Importing this module registers every controller in REGISTRY."""
 
-from metalmend.controllers import hostpower, nodelink  # noqa: F401
+from metalmend.controllers import healthcheck, hostpower, nodelink  # noqa: F401

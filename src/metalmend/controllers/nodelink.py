@@ -6,12 +6,14 @@ from typing import Any
 
 from lightkube.resources.core_v1 import Node
 
+from metalmend.api import names
 from metalmend.api.resources import Machine
 from metalmend.controllers import REGISTRY, RunOptions
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
-from metalmend.kube.writes import patch_status
+from metalmend.kube.writes import patch_annotations, patch_status
+from metalmend.policy.hostpower import stamp
 from metalmend.policy.nodelink import desired_node_ref
 
 BY_PROVIDER_ID = "providerID"
@@ -51,6 +53,9 @@ def setup(manager: Manager, options: RunOptions) -> None:
             return DONE
         if wanted is None:
             status.pop("nodeRef", None)
+            # When it was lost, for the health check's nodeStartupTimeout (seed 002).
+            lost = {names.NODE_REF_LOST_AT: stamp(manager.clock.now())}
+            machine = await patch_annotations(manager.client, Machine, machine, lost) or machine
         else:
             status["nodeRef"] = wanted
         await patch_status(manager.client, Machine, machine, status)

@@ -1,0 +1,265 @@
+"""The MachineHealthCheck controller on the real API server, with Machines and Nodes made
+by hand. Nodes carry a node-problem-detector style condition (KernelDeadlock) that the
+node-lifecycle controller leaves alone, so the tests own every timestamp."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from lightkube import ApiError, AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Node
+from lightkube.types import PatchType
+
+from metalmend.api.resources import (
+    Machine,
+    MachineHealthCheck,
+    Metal3Remediation,
+    Metal3RemediationTemplate,
+)
+from metalmend.controllers import RunOptions
+from metalmend.controllers.healthcheck import setup
+from metalmend.kube.manager import Manager
+from tests.support import until
+
+TIMEOUT = 2  # seconds a KernelDeadlock=True must last
+
+
+@pytest.fixture
+async def running(aclient: AsyncClient, namespace: str) -> AsyncIterator[Manager]:
+    manager = Manager(aclient)
+    setup(manager, RunOptions(namespace=namespace))
+    task = asyncio.create_task(manager.run())
+    await manager.wait_synced()
+    yield manager
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+class Pool:
+    def __init__(self, client: AsyncClient, namespace: str) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.nodes: list[str] = []
+
+    async def machine(self, name: str, healthy: bool = True, **annotations: str) -> None:
+        node = f"{self.namespace}-{name}"
+        await self.client.create(
+            Machine(
+                metadata=ObjectMeta(
+                    name=name, labels={"role": "worker"}, annotations=annotations or None
+                ),
+                spec={"clusterName": "c"},
+            ),
+            namespace=self.namespace,
+        )
+        await self.client.patch(
+            Machine.Status, name, {"status": {"nodeRef": {"kind": "Node", "name": node}}},
+            namespace=self.namespace, patch_type=PatchType.MERGE,
+        )  # fmt: skip
+        await self.client.create(Node(metadata=ObjectMeta(name=node)))
+        self.nodes.append(node)
+        await self.health(name, healthy)
+
+    async def health(self, name: str, healthy: bool) -> None:
+        now = dt.datetime.now(dt.UTC).isoformat()
+        condition = {
+            "type": "KernelDeadlock", "status": "False" if healthy else "True",
+            "reason": "KernelHasNoDeadlock" if healthy else "DockerHung",
+            "lastHeartbeatTime": now, "lastTransitionTime": now,
+        }  # fmt: skip
+        await self.client.patch(
+            Node.Status, f"{self.namespace}-{name}", {"status": {"conditions": [condition]}}
+        )
+
+    async def cleanup(self) -> None:
+        for node in self.nodes:
+            with contextlib.suppress(ApiError):
+                await self.client.delete(Node, node)
+
+
+@pytest.fixture
+async def pool(aclient: AsyncClient, namespace: str) -> AsyncIterator[Pool]:
+    machines = Pool(aclient, namespace)
+    yield machines
+    await machines.cleanup()
+
+
+async def health_check(client: AsyncClient, namespace: str, **spec: Any) -> None:
+    body = {
+        "clusterName": "c",
+        "selector": {"matchLabels": {"role": "worker"}},
+        "unhealthyConditions": [
+            {"type": "KernelDeadlock", "status": "True", "timeout": f"{TIMEOUT}s"}
+        ],
+        **spec,
+    }
+    await client.create(
+        MachineHealthCheck(metadata=ObjectMeta(name="workers"), spec=body), namespace=namespace
+    )
+
+
+async def conditions(
+    client: AsyncClient, resource: Any, name: str, namespace: str
+) -> dict[str, Any]:
+    obj: Any = await client.get(resource, name, namespace=namespace)
+    return {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
+
+
+async def status(client: AsyncClient, namespace: str) -> dict[str, Any]:
+    obj: Any = await client.get(MachineHealthCheck, "workers", namespace=namespace)
+    return dict(obj.get("status") or {})
+
+
+async def reasons(client: AsyncClient, namespace: str) -> list[str]:
+    return [e.reason async for e in client.list(Event, namespace=namespace)]
+
+
+async def test_conditions_mark_an_unhealthy_machine_after_its_timeout(
+    aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
+) -> None:
+    await pool.machine("m1")
+    await pool.machine("m2")
+    await health_check(aclient, namespace)
+    await until(lambda: _status_is(aclient, namespace, expectedMachines=2, currentHealthy=2))
+    await pool.health("m1", healthy=False)
+    began = asyncio.get_running_loop().time()
+
+    async def remediation_requested() -> bool:
+        found = await conditions(aclient, Machine, "m1", namespace)
+        return found.get("OwnerRemediated", {}).get("status") == "False"
+
+    await until(remediation_requested, within=TIMEOUT + 10)
+    # Node condition times have whole-second precision: the transition may read up to 1 s early.
+    assert asyncio.get_running_loop().time() - began >= TIMEOUT - 1.0, "not before the timeout"
+    found = await conditions(aclient, Machine, "m1", namespace)
+    assert found["HealthCheckSucceeded"]["status"] == "False"
+    assert found["HealthCheckSucceeded"]["reason"] == "UnhealthyNode"
+    assert "KernelDeadlock=True" in found["HealthCheckSucceeded"]["message"]
+    assert (await conditions(aclient, Machine, "m2", namespace))["HealthCheckSucceeded"][
+        "status"
+    ] == "True"
+    current = await status(aclient, namespace)
+    assert (current["expectedMachines"], current["currentHealthy"]) == (2, 1)
+    assert current["targets"] == ["m1", "m2"]
+    assert "RemediationRequested" in await reasons(aclient, namespace)
+
+
+async def _status_is(client: AsyncClient, namespace: str, **expected: Any) -> bool:
+    try:
+        current = await status(client, namespace)
+    except ApiError:
+        return False
+    return all(current.get(k) == v for k, v in expected.items())
+
+
+async def test_external_remediation_is_created_and_removed_when_healthy(
+    aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
+) -> None:
+    await aclient.create(
+        Metal3RemediationTemplate(
+            metadata=ObjectMeta(name="fence"),
+            spec={"template": {"spec": {"strategy": "escalate", "deleteAfterRetries": 2}}},
+        ),
+        namespace=namespace,
+    )
+    await pool.machine("m1", healthy=False)
+    await pool.machine("m2")
+    ref = {
+        "apiVersion": "remediation.metal3.io/v1alpha1",
+        "kind": "Metal3RemediationTemplate",
+        "name": "fence",
+    }
+    await health_check(aclient, namespace, remediationTemplate=ref)
+
+    async def remediation() -> Any:
+        try:
+            return await aclient.get(Metal3Remediation, "m1", namespace=namespace)
+        except ApiError:
+            return None
+
+    await until(lambda: _exists(remediation), within=TIMEOUT + 10)
+    obj = await remediation()
+    assert obj["spec"]["strategy"] == "escalate"
+    assert obj["spec"]["deleteAfterRetries"] == 2
+    owner = obj.metadata.ownerReferences[0]
+    assert (owner.kind, owner.name) == ("Machine", "m1")
+    await pool.health("m1", healthy=True)
+    await until(lambda: _gone(remediation), within=10)
+    assert "RemediationWithdrawn" in await reasons(aclient, namespace)
+
+
+async def _exists(get: Any) -> bool:
+    return await get() is not None
+
+
+async def _gone(get: Any) -> bool:
+    return await get() is None
+
+
+async def test_too_many_unhealthy_blocks_remediation_and_says_why(
+    aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
+) -> None:
+    for i in range(5):
+        await pool.machine(f"m{i}", healthy=i >= 3)  # 3 of 5 unhealthy
+    await health_check(aclient, namespace, maxUnhealthy="40%")
+
+    async def blocked() -> bool:
+        found = await conditions(aclient, MachineHealthCheck, "workers", namespace)
+        return found.get("RemediationAllowed", {}).get("status") == "False"
+
+    await until(blocked, within=TIMEOUT + 10)
+    found = await conditions(aclient, MachineHealthCheck, "workers", namespace)
+    assert found["RemediationAllowed"]["reason"] == "TooManyUnhealthy"
+    assert (
+        "3 unhealthy, more than maxUnhealthy 40% (2 of 5)" in found["RemediationAllowed"]["message"]
+    )
+    await asyncio.sleep(1)
+    for i in range(5):
+        assert "OwnerRemediated" not in await conditions(aclient, Machine, f"m{i}", namespace)
+    current = await status(aclient, namespace)
+    assert current["remediationsAllowed"] == 0
+    assert (await reasons(aclient, namespace)).count("TooManyUnhealthy") == 1
+
+
+async def test_skipped_machines_are_not_targets(
+    aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
+) -> None:
+    await pool.machine("m1", healthy=False, **{"cluster.x-k8s.io/skip-remediation": ""})
+    await pool.machine("m2")
+    await health_check(aclient, namespace)
+    await until(lambda: _status_is(aclient, namespace, expectedMachines=1, currentHealthy=1))
+    await asyncio.sleep(TIMEOUT + 1)
+    assert "OwnerRemediated" not in await conditions(aclient, Machine, "m1", namespace)
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason", "says"),
+    [
+        pytest.param({"unhealthyRange": "[3-1]"}, "InvalidSpec", "max is below min", id="range max below min"),
+        pytest.param(
+            {"remediationTemplate": {"apiVersion": "remediation.metal3.io/v1alpha1", "kind": "Metal3RemediationTemplate", "name": "nope"}},
+            "InvalidSpec", "not found", id="template not found",
+        ),
+    ],
+)  # fmt: skip
+async def test_bad_specs_are_reported_not_crashed_on(
+    aclient: AsyncClient, namespace: str, pool: Pool, running: Manager,
+    spec: dict[str, Any], reason: str, says: str,
+) -> None:  # fmt: skip
+    await pool.machine("m1", healthy=False)
+    await health_check(aclient, namespace, **spec)
+
+    async def reported() -> bool:
+        found = await conditions(aclient, MachineHealthCheck, "workers", namespace)
+        return found.get("RemediationAllowed", {}).get("reason") == reason
+
+    await until(reported, within=10)
+    found = await conditions(aclient, MachineHealthCheck, "workers", namespace)
+    assert says in found["RemediationAllowed"]["message"]
+    assert "OwnerRemediated" not in await conditions(aclient, Machine, "m1", namespace)
