@@ -105,7 +105,7 @@ class LabOptions:
     bmc: str = "mixed"  # redfish, ipmi or mixed
     boot_delay: float = 3.0  # seconds from power-on until the kubelet registers
     power_delay: float = 0.0  # seconds before an IPMI power change lands
-    controllers: str = "node-link,host-power"  # `metalmend run` against the lab ("" none)
+    controllers: str = "node-link,host-power,machine-health-check"  # `metalmend run` ("" none)
     soft_power_off_timeout: float = 30.0
 
 
