@@ -48,7 +48,7 @@ VERDICTS = [
     ("Ready=Unknown for longer than its timeout is unhealthy", target(ready="Unknown", since=301), "unhealthy", "UnhealthyNode"),
     ("Ready=False for longer than its timeout is unhealthy", target(ready="False", since=600), "unhealthy", "UnhealthyNode"),
     ("a condition exactly at its timeout is unhealthy", target(ready="Unknown", since=300), "unhealthy", "UnhealthyNode"),
-    ("a condition within its timeout is still healthy", target(ready="Unknown", since=299), "healthy", "ConditionPending"),
+    ("a condition within its timeout is waiting, not healthy", target(ready="Unknown", since=299), "waiting", "ConditionPending"),
     ("a status no rule names is healthy", target(ready="Maybe", since=9999), "healthy", None),
     ("nodeRef naming a missing Node is unhealthy at once", target(node_exists=False), "unhealthy", "NodeNotFound"),
     ("no nodeRef past nodeStartupTimeout (10m by default) is unhealthy", target(node_ref=None, created=ago(601)), "unhealthy", "NodeStartupTimeout"),
@@ -148,6 +148,24 @@ def test_targets_being_remediated_count_against_the_limit() -> None:
     targets[0] = Target(**{**targets[0].__dict__, "remediating": True})
     result = evaluate(check, targets, NOW)
     assert result.unhealthy == 2
+    assert not result.allowed
+    assert result.remediate == []
+
+
+def test_conditions_not_yet_expired_count_against_the_limit() -> None:
+    """A partition: three Nodes go Unknown seconds apart. When the first one's timeout
+    expires, the other two count too, and the short-circuit holds (Cluster API would
+    count them healthy and fence the first)."""
+    check = Check(CHECK.unhealthy_conditions, max_unhealthy="40%")
+    targets = [
+        target("a", ready="Unknown", since=301),
+        target("b", ready="Unknown", since=299),
+        target("c", ready="Unknown", since=298),
+        target("d"),
+        target("e"),
+    ]
+    result = evaluate(check, targets, NOW)
+    assert result.unhealthy == 3
     assert not result.allowed
     assert result.remediate == []
 

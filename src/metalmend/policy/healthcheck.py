@@ -11,9 +11,13 @@ Rules (each is a test id in tests/unit/test_policy_healthcheck.py):
 - a Machine without nodeRef is unhealthy once ``nodeStartupTimeout`` (default 10m, 0
   disables) has passed since the later of its creation and its last nodeRef loss;
 - a Node condition matching an ``unhealthyConditions`` entry (type and status) for at
-  least its timeout makes the Machine unhealthy; before that, its expiry is a deadline;
-- unhealthy = expected - healthy, so targets being remediated, and targets still waiting
-  for their Node, count against the limit: it cannot be bypassed by remediations in flight;
+  least its timeout makes the Machine unhealthy; before that the Machine is *waiting*,
+  and the expiry is a deadline;
+- unhealthy = expected - healthy, so targets being remediated, targets still waiting for
+  their Node, and targets whose unhealthy condition has not lasted its timeout yet, all
+  count against the limit. The last is stricter than Cluster API, which counts them
+  healthy: in a partition nodes go Unknown seconds apart, and counting only expired ones
+  would let the first few be fenced before the short-circuit sees the rest;
 - ``unhealthyRange`` "[min-max]" takes precedence: remediation only while
   min <= unhealthy <= max; otherwise ``maxUnhealthy`` (int or percent of expected, rounded
   down; default 100%): remediation only while unhealthy <= maxUnhealthy (as Cluster API);
@@ -144,7 +148,7 @@ def _conditions(check: Check, target: Target, now: dt.datetime) -> Verdict:
         soonest = deadline if soonest is None else min(soonest, deadline)
     if soonest is not None:
         message = "an unhealthy condition has not lasted its timeout yet"
-        return Verdict("healthy", "ConditionPending", message, soonest)
+        return Verdict("waiting", "ConditionPending", message, soonest)
     return Verdict("healthy")
 
 
