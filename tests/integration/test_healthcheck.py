@@ -263,3 +263,41 @@ async def test_bad_specs_are_reported_not_crashed_on(
     found = await conditions(aclient, MachineHealthCheck, "workers", namespace)
     assert says in found["RemediationAllowed"]["message"]
     assert "OwnerRemediated" not in await conditions(aclient, Machine, "m1", namespace)
+
+
+async def test_overlapping_checks_are_reported(
+    aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
+) -> None:
+    await pool.machine("m1")
+    await health_check(aclient, namespace)
+    body = {"clusterName": "c", "selector": {"matchLabels": {"role": "worker"}}}
+    await aclient.create(
+        MachineHealthCheck(metadata=ObjectMeta(name="also"), spec=body), namespace=namespace
+    )
+
+    async def reported() -> bool:
+        found = await conditions(aclient, MachineHealthCheck, "workers", namespace)
+        return "also" in found.get("OverlappingHealthChecks", {}).get("message", "")
+
+    await until(reported, within=10)
+    assert "OverlappingHealthChecks" in await reasons(aclient, namespace)
+
+
+async def test_nothing_is_written_when_nothing_changed(
+    aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
+) -> None:
+    await pool.machine("m1")
+    await health_check(aclient, namespace)
+    await until(lambda: _status_is(aclient, namespace, expectedMachines=1, currentHealthy=1))
+    await asyncio.sleep(1)
+    check: Any = await aclient.get(MachineHealthCheck, "workers", namespace=namespace)
+    machine: Any = await aclient.get(Machine, "m1", namespace=namespace)
+    for i in range(5):  # Node and Machine changes that change no verdict
+        await aclient.patch(Node, f"{namespace}-m1", {"metadata": {"labels": {"touch": str(i)}}})
+        await aclient.patch(Machine, "m1", {"metadata": {"labels": {"touch": str(i)}}},
+                            namespace=namespace, patch_type=PatchType.MERGE)  # fmt: skip
+    await asyncio.sleep(1)
+    after: Any = await aclient.get(MachineHealthCheck, "workers", namespace=namespace)
+    assert after.metadata.resourceVersion == check.metadata.resourceVersion
+    machine_after: Any = await aclient.get(Machine, "m1", namespace=namespace)
+    assert (machine_after.get("status") or {}) == (machine.get("status") or {})
