@@ -21,7 +21,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from metalmend.api.resources import BareMetalHost, MachineHealthCheck
+from metalmend.api.resources import (
+    BareMetalHost,
+    MachineHealthCheck,
+    Metal3Remediation,
+    Metal3RemediationTemplate,
+)
 from metalmend.bmc import BmcPool, BmcTarget, Credentials, parse
 from metalmend.kube.crds import crd_name, load_crds
 from metalmend.lab import lab
@@ -43,7 +48,7 @@ def run_demo(lab_dir: Path, out: Console, keep: bool = False) -> None:
         hosts=2,
         bmc="mixed",
         boot_delay=2.0,
-        controllers="node-link,host-power",
+        controllers="node-link,host-power,machine-health-check",
     )
     with lab.stop_requested() as stop, lab.started(options) as running:
         out.print(
@@ -163,15 +168,22 @@ async def show_hang_and_power_cycle(running: lab.RunningLab, client: Client, out
     assert running.hardware is not None
     spec = next(h for h in running.hardware.hosts if h.bmc == "ipmi")
     lab_dir = running.plane.workdir.parent
+    create_health_check(client)
+    out.print("MachineHealthCheck 'workers': Ready=Unknown for 3s -> a Metal3Remediation")
     lab.inject_fault(lab_dir, spec.name, "hang")
     out.print(f"{spec.name}: kernel hung (lab fault); heartbeats stop, grace period {GRACE:g}s")
     began = time.monotonic()
     await wait_ready(client, spec.name, "Unknown", GRACE + 30)
     took = time.monotonic() - began
     out.print(
-        f"after {took:.1f}s: Ready=[yellow]Unknown[/yellow] (the real node-lifecycle controller)."
+        f"after {took:.1f}s: Ready=[yellow]Unknown[/yellow] (the real node-lifecycle controller)"
     )
-    out.print("Health checks will act on this (next issues); here we fence by hand")
+    await wait_for(lambda: _remediation(client, spec.name) is not None, 30)
+    out.print(
+        f"after {time.monotonic() - began:.1f}s: the health check created"
+        f" [bold]Metal3Remediation/{spec.name}[/bold] (owner: Machine {spec.name})"
+    )
+    out.print("The remediation controller (next issue) will act on it; here we fence by hand")
     out.print("with the declarative reboot API, which metalmend's host-power controller serves:")
     key = "reboot.metal3.io/demo-fence"
     out.print(f'[dim]$ kubectl annotate bmh {spec.name} {key}=\'{{"mode":"hard"}}\'[/dim]')
@@ -194,12 +206,53 @@ async def show_hang_and_power_cycle(running: lab.RunningLab, client: Client, out
         f"the record a client checks: pendingRebootSince {provisioning['pendingRebootSince']}"
         f" < lastPoweredOn {provisioning['lastPoweredOn']}"
     )
+    await wait_for(lambda: _remediation(client, spec.name) is None, 30)
+    out.print(f"the health check removed Metal3Remediation/{spec.name}: its Node is healthy again")
     out.print(f"[dim]$ kubectl get events --field-selector involvedObject.name={spec.name}[/dim]")
     events = [
         e for e in client.list(Event, namespace=NAMESPACE) if e.involvedObject.name == spec.name
     ]
     for event in sorted(events, key=lambda e: int(e.metadata.resourceVersion or 0))[-6:]:
         out.print(f"  {event.reason:16} {escape(str(event.message))}", highlight=False)
+
+
+def create_health_check(client: Client) -> None:
+    client.create(
+        Metal3RemediationTemplate(
+            metadata=ObjectMeta(name="fence"), spec={"template": {"spec": {"strategy": "reboot"}}}
+        ),
+        namespace=NAMESPACE,
+    )
+    spec = {
+        "clusterName": "lab",
+        "selector": {"matchLabels": {"role": "worker"}},
+        "unhealthyConditions": [{"type": "Ready", "status": "Unknown", "timeout": "3s"}],
+        "maxUnhealthy": "50%",
+        "remediationTemplate": {
+            "apiVersion": "remediation.metal3.io/v1alpha1",
+            "kind": "Metal3RemediationTemplate",
+            "name": "fence",
+        },
+    }
+    client.create(
+        MachineHealthCheck(metadata=ObjectMeta(name="workers"), spec=spec), namespace=NAMESPACE
+    )
+
+
+def _remediation(client: Client, name: str) -> Any | None:
+    try:
+        return client.get(Metal3Remediation, name, namespace=NAMESPACE)
+    except ApiError:
+        return None
+
+
+async def wait_for(check: Any, within: float) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(check):
+            return
+        await asyncio.sleep(0.2)
+    raise lab.LabError(f"not done within {within:.0f}s")
 
 
 def annotate(client: Client, name: str, changes: dict[str, str | None]) -> None:
