@@ -77,7 +77,7 @@ class HealthCheckController:
             if m.metadata.namespace == ns and matches(selector, m.metadata.labels)
         ]
 
-    def target(self, machine: Any, external: Any | None) -> Target:
+    def target(self, machine: Any, existing: set[str] | None) -> Target:
         node_name = next(iter(node_of(machine)), None)
         node = self.nodes.store.get(node_name) if node_name else None
         conditions: dict[str, NodeCondition] = {}
@@ -92,12 +92,14 @@ class HealthCheckController:
             node_ref_lost=parse_stamp(lost),
             node_exists=node is not None,
             conditions=conditions,
-            remediating=self._remediating(machine, external),
+            remediating=self._remediating(machine, existing),
         )
 
-    def _remediating(self, machine: Any, external: Any | None) -> bool:
-        if external is not None:
-            return self.remediations.store.get(object_key(machine)) is not None
+    def _remediating(self, machine: Any, existing: set[str] | None) -> bool:
+        """``existing``: names of the external remediation objects in the Machine's
+        namespace (None: remediation by conditions)."""
+        if existing is not None:
+            return machine.metadata.name in existing
         conditions = (machine.get("status") or {}).get("conditions") or []
         return any(
             c.get("type") == names.CONDITION_OWNER_REMEDIATED and c.get("status") == "False"
@@ -129,7 +131,8 @@ class HealthCheckController:
             return Result.at(now + dt.timedelta(seconds=30))
         machines = [m for m in self.selected(check) if not skipped(m)]
         overlaps = self._overlapping(check, machines)
-        targets = [self.target(m, external) for m in machines]
+        existing = await self._existing(template, check.metadata.namespace) if template else None
+        targets = [self.target(m, existing) for m in machines]
         verdict = evaluate(rules, targets, now)
         by_key = {object_key(m): m for m in machines}
         for machine_key in verdict.remediate:
@@ -152,6 +155,19 @@ class HealthCheckController:
             if error.status.code == 404:
                 return None
             raise
+
+    async def _existing(self, ref: dict[str, Any], namespace: str) -> set[str]:
+        """Names of this template's remediation objects in ``namespace``: from the cache
+        for Metal3Remediation, by one list call for any other kind."""
+        kind = str(ref.get("kind", "")).removesuffix("Template")
+        if kind == "Metal3Remediation":
+            return {
+                o.metadata.name
+                for o in self.remediations.store.values()
+                if o.metadata.namespace == namespace
+            }
+        resource = generic(ref.get("apiVersion", ""), kind)
+        return {o.metadata.name async for o in self.client.list(resource, namespace=namespace)}
 
     def _overlapping(self, check: Any, machines: list[Any]) -> list[str]:
         mine = {object_key(m) for m in machines}
@@ -237,7 +253,7 @@ class HealthCheckController:
                 continue
             # Seed 002: a passing check after a failed one does not update the conditions
             # of a Machine its owner is remediating.
-            if external is None and self._remediating(machines[key], None):
+            if external is None and self._remediating(machines[key], None):  # conditions
                 continue
             await self._set_machine_conditions(
                 machines[key], {names.CONDITION_HEALTH_CHECK_SUCCEEDED: ("True", "", "")}
