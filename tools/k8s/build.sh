@@ -52,7 +52,6 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 build_into "$etcd_dir" "$here/etcd" "-s -w" .
-mv -f "$etcd_dir/etcd" "$etcd_dir/etcd" 2>/dev/null || true
 build_into "$kube_dir" "$here" "$kube_ldflags" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager \
