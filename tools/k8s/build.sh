@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the lab's upstream control plane (etcd, kube-apiserver, kube-controller-manager,
-# kubectl) from their published Go modules, once, into a cache outside the repository that
+# kube-scheduler, kubectl) from their published Go modules, once, into a cache outside the repository that
 # is keyed by version. A second run finds the cache and does nothing.
 #
 #   tools/k8s/build.sh            build what is missing, print the bin directories
@@ -27,21 +27,29 @@ fail() {
 
 command -v go >/dev/null 2>&1 || fail "'go' is not on PATH"
 
-# Build into a temporary directory and rename it into place, so that an interrupted build
-# never leaves a half-filled cache entry that a later run would trust.
+# Build what is missing into a temporary directory and rename each binary into place, so
+# that an interrupted build never leaves a half-written binary that a later run would trust.
+# (A cache filled by an older build.sh gains only the binaries added since.)
 build_into() { # dir module-dir ldflags packages...
   local dir="$1" mod="$2" ldflags="$3"; shift 3
-  [ -d "$dir" ] && return 0
+  local pkg missing=()
+  for pkg in "$@"; do
+    local bin; bin="$(basename "$pkg")"; [ "$bin" = . ] && bin=etcd
+    [ -x "$dir/$bin" ] || missing+=("$pkg")
+  done
+  [ "${#missing[@]}" -eq 0 ] && return 0
   mkdir -p "$cache"
   local tmp; tmp="$(mktemp -d "$cache/.build.XXXXXX")"
-  echo "metalmend: building $(basename "$dir") (first use only; takes minutes)" >&2
-  if ! (cd "$mod" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -o "$tmp/" -ldflags "$ldflags" "$@") >"$tmp/build.log" 2>&1; then
+  echo "metalmend: building $(basename "$dir"): ${missing[*]##*/} (first use only; takes minutes)" >&2
+  if ! (cd "$mod" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -o "$tmp/" -ldflags "$ldflags" "${missing[@]}") >"$tmp/build.log" 2>&1; then
     tail -n 20 "$tmp/build.log" >&2
     rm -rf "$tmp"
     fail "'go build' failed for $(basename "$dir") (log above)"
   fi
   rm -f "$tmp/build.log"
-  mv "$tmp" "$dir"
+  mkdir -p "$dir"
+  for bin in "$tmp"/*; do mv "$bin" "$dir/"; done
+  rmdir "$tmp"
 }
 
 minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
@@ -55,6 +63,7 @@ build_into "$etcd_dir" "$here/etcd" "-s -w" .
 build_into "$kube_dir" "$here" "$kube_ldflags" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kubectl
 
 echo "$etcd_dir"

@@ -11,7 +11,7 @@ staging="v0.${KUBE_VERSION#v1.}"
 upstream_mod="$(cd "$here" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" \
   | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
 {
-  echo "// Builds kube-apiserver, kube-controller-manager and kubectl from the published"
+  echo "// Builds kube-apiserver, kube-controller-manager, kube-scheduler and kubectl from"
   echo "// k8s.io/kubernetes module. Every staging repository is replaced by its published"
   echo "// v0.x release, because the ./staging paths in k8s.io/kubernetes's own go.mod only"
   echo "// resolve inside the kubernetes repository. Regenerate with tools/k8s/gen-gomod.sh."
@@ -22,6 +22,7 @@ upstream_mod="$(cd "$here" && go mod download -json "k8s.io/kubernetes@$KUBE_VER
   echo "tool ("
   echo "	k8s.io/kubernetes/cmd/kube-apiserver"
   echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
+  echo "	k8s.io/kubernetes/cmd/kube-scheduler"
   echo "	k8s.io/kubernetes/cmd/kubectl"
   echo ")"
   echo

@@ -1,4 +1,4 @@
-// Builds kube-apiserver, kube-controller-manager and kubectl from the published
+// Builds kube-apiserver, kube-controller-manager, kube-scheduler and kubectl from
 // k8s.io/kubernetes module. Every staging repository is replaced by its published
 // v0.x release, because the ./staging paths in k8s.io/kubernetes's own go.mod only
 // resolve inside the kubernetes repository. Regenerate with tools/k8s/gen-gomod.sh.
@@ -9,6 +9,7 @@ go 1.26.0
 tool (
 	k8s.io/kubernetes/cmd/kube-apiserver
 	k8s.io/kubernetes/cmd/kube-controller-manager
+	k8s.io/kubernetes/cmd/kube-scheduler
 	k8s.io/kubernetes/cmd/kubectl
 )
 

@@ -43,3 +43,28 @@ REASON_REMEDIATION_WITHDRAWN = "RemediationWithdrawn"
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_OVERLAPPING = "OverlappingHealthChecks"
 REASON_TEMPLATE_NOT_FOUND = "RemediationTemplateNotFound"
+
+# Remediation (seeds 001 and 002)
+EXTERNAL_REMEDIATION = "host.metal3.io/external-remediation"  # on a Machine (seed 001)
+MACHINE_REMEDIATION_REBOOT = "reboot.metal3.io/machine-remediation"  # seed 001's reboot key
+METAL3_REMEDIATION_REBOOT_PREFIX = "reboot.metal3.io/metal3-remediation-"  # + object uid
+REMEDIATION_FINALIZER = "remediation.metal3.io"
+NODE_LABELS_BACKUP = "remediation.metal3.io/node-labels-backup"  # as CAPM3 names them
+NODE_ANNOTATIONS_BACKUP = "remediation.metal3.io/node-annotations-backup"
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+# On a MachineHealthCheck: "annotation" requests remediation the seed-001 way.
+REQUEST_REMEDIATION_BY = "metalmend.dev/request-remediation-by"
+REASON_POWER_OFF_REQUESTED = "PowerOffRequested"
+REASON_HOST_POWERED_OFF = "HostPoweredOff"
+REASON_NODE_FENCED = "NodeFenced"
+REASON_POWER_ON_REQUESTED = "PowerOnRequested"
+REASON_NODE_BACK = "NodeReady"
+REASON_NODE_RESTORED = "NodeLabelsRestored"
+REASON_ATTEMPT_FAILED = "RemediationAttemptFailed"
+REASON_DELETING_MACHINE = "DeletingMachine"
+REASON_HOST_HELD_OFF = "HostHeldOff"
+REASON_WAITING_FOR_HOST = "HostBusy"
+REASON_CANNOT_REMEDIATE = "CannotRemediate"
+REASON_RELEASED = "RemediationReleased"
+REASON_BACKUP_LOST = "NodeLabelsNotRestored"
+REASON_MACHINE_REMEDIATION = "MachineRemediation"

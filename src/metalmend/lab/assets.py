@@ -2,7 +2,7 @@
 
 Order of precedence, as envtest does it:
 1. ``TEST_ASSET_ETCD``, ``TEST_ASSET_KUBE_APISERVER``, ``TEST_ASSET_KUBE_CONTROLLER_MANAGER``
-   (and ``TEST_ASSET_KUBECTL``) name one binary each;
+   (and ``TEST_ASSET_KUBE_SCHEDULER``, ``TEST_ASSET_KUBECTL``) name one binary each;
 2. ``KUBEBUILDER_ASSETS`` names a directory holding them;
 3. the version-keyed cache that ``tools/k8s/build.sh`` fills (built on first use).
 """
@@ -23,9 +23,13 @@ _ENV_NAMES = {
     "etcd": "TEST_ASSET_ETCD",
     "kube-apiserver": "TEST_ASSET_KUBE_APISERVER",
     "kube-controller-manager": "TEST_ASSET_KUBE_CONTROLLER_MANAGER",
+    "kube-scheduler": "TEST_ASSET_KUBE_SCHEDULER",
     "kubectl": "TEST_ASSET_KUBECTL",
 }
 REQUIRED = ("etcd", "kube-apiserver", "kube-controller-manager")
+# envtest's asset directories have no scheduler; the lab builds one when it is missing, so
+# that pods are scheduled (workloads move when a node is fenced).
+WANTED = (*REQUIRED, "kube-scheduler")
 
 
 class AssetsError(RuntimeError):
@@ -38,6 +42,7 @@ class Binaries:
     kube_apiserver: Path
     kube_controller_manager: Path
     kubectl: Path | None
+    kube_scheduler: Path | None = None
 
 
 def pinned_versions() -> dict[str, str]:
@@ -93,7 +98,7 @@ def build() -> None:
 def find_binaries(*, build_missing: bool = True) -> Binaries:
     """Locate every binary, building the cached ones on first use."""
     found: dict[str, Path | None] = {name: _from_environment(name) for name in _ENV_NAMES}
-    missing = [n for n in REQUIRED if found[n] is None and not _cached(n).exists()]
+    missing = [n for n in WANTED if found[n] is None and not _cached(n).exists()]
     if missing and build_missing:
         build()
     for name in _ENV_NAMES:
@@ -106,4 +111,4 @@ def find_binaries(*, build_missing: bool = True) -> Binaries:
             " KUBEBUILDER_ASSETS or TEST_ASSET_* to existing binaries"
         )
     etcd, apiserver, kcm = (found[n] or Path() for n in REQUIRED)
-    return Binaries(etcd, apiserver, kcm, found["kubectl"])
+    return Binaries(etcd, apiserver, kcm, found["kubectl"], found["kube-scheduler"])

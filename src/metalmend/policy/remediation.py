@@ -1,0 +1,541 @@
+"""Metal3Remediation: fence first, then power back on (seed 002, DESIGN.md invariants 1, 2).
+
+``decide(observed, now, settings)`` is pure. It reads one remediation object, its Machine,
+host and Node as observed, and returns the actions that move the remediation one step on,
+in the order they must run. Every phase first re-asserts what it needs from the host (our
+reboot key present while the host must be off, absent otherwise), so a controller killed
+between any two actions picks up where it stopped.
+
+Phases (``status.phase``), each with what ends it:
+
+- ``power-off``: our reboot key asks for a hard power-off; waiting until the host is
+  reported off *for this request* (policy.fencing). -> fencing; a BMC error or
+  powerOffTimeoutSeconds -> a failed attempt.
+- ``fencing``: the host is off: the Node's labels and annotations are backed up on this
+  object, the Node is deleted (or tainted out-of-service) and its pods deleted. -> power-on.
+- ``power-on``: our key is removed; waiting for the Node to register and be Ready, then
+  restoring the backed-up labels and annotations it lacks. -> waiting;
+  powerOnTimeoutSeconds -> a failed attempt. (A host with spec.online=false is not powered
+  on by remediation: the phase stays, with the reason in ``status.message``.)
+- ``waiting``: the Node is back and Ready; waiting for the health check to find it healthy
+  and delete this object. Another powerOnTimeoutSeconds -> a failed attempt.
+- ``backoff``: an attempt failed (``retryCount`` counts them); the host is released; the
+  next attempt starts at ``status.nextAttemptAt``, after growing waits. -> power-off.
+- ``deleting-machine``: strategy escalate after deleteAfterRetries failed attempts: the
+  Machine is deleted so that its owner replaces it.
+- ``failed``: cannot start: no Machine, no host link, no host (``status.message`` says).
+  -> power-off once fixed.
+
+Deletion of the object at any moment (the health check deletes it once the Node is healthy)
+removes our reboot key (the host is never left off), removes our taint, and restores the
+backed-up labels and annotations once the Node is back (waiting for it at most
+powerOnTimeoutSeconds); then the finalizer goes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from metalmend.api import names
+from metalmend.policy.fencing import HostPower, reported_off
+
+POWER_OFF = "power-off"
+FENCING = "fencing"
+POWER_ON = "power-on"
+WAITING = "waiting"
+BACKOFF = "backoff"
+DELETING_MACHINE = "deleting-machine"
+FAILED = "failed"
+PHASES = (POWER_OFF, FENCING, POWER_ON, WAITING, BACKOFF, DELETING_MACHINE, FAILED)
+
+FenceMethod = Literal["delete-node", "out-of-service-taint"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    fence: FenceMethod = "delete-node"
+    retry_base: float = 30.0  # first wait after a failed attempt; doubles each time
+    retry_cap: float = 1800.0
+
+
+@dataclass(frozen=True)
+class Spec:
+    strategy: str = "reboot"  # reboot | escalate
+    delete_after_retries: int = 3
+    power_off_timeout: float = 120.0
+    power_on_timeout: float = 600.0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """``status`` of the object: all the state there is (besides the backup annotations)."""
+
+    phase: str = ""
+    retry_count: int = 0
+    last_remediated: dt.datetime | None = None
+    phase_since: dt.datetime | None = None
+    next_attempt_at: dt.datetime | None = None
+    node: str | None = None  # the Node this remediation fences (name)
+    fenced_node_uid: str | None = None  # the Node object fenced in this attempt
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    uid: str
+    ready: bool
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    out_of_service: bool  # carries our out-of-service taint
+    ready_since: dt.datetime | None = None  # lastTransitionTime of Ready (whole seconds)
+
+
+@dataclass(frozen=True)
+class HostView:
+    key: str  # "namespace/name"
+    online: bool
+    power: HostPower  # holds_key: our key
+    other_remediation: str | None  # reboot key of another remediation on this host
+    bmc_error: str  # the host's BMC error message, "" when none
+
+
+@dataclass(frozen=True)
+class Backup:
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Observed:
+    spec: Spec
+    progress: Progress
+    has_finalizer: bool
+    deleting_since: dt.datetime | None  # metadata.deletionTimestamp
+    machine_found: bool
+    machine_node: str | None  # Machine.status.nodeRef.name
+    host: HostView | None
+    host_problem: str  # why ``host`` is None
+    node: NodeView | None  # the Node named progress.node (or machine_node)
+    backup: Backup | None
+
+
+# ---- actions, executed in order by controllers.remediation ----------------------------------
+
+
+@dataclass(frozen=True)
+class AddFinalizer:
+    pass
+
+
+@dataclass(frozen=True)
+class RemoveFinalizer:
+    pass
+
+
+@dataclass(frozen=True)
+class RequestPowerOff:
+    """Add our reboot key ({"mode":"hard"}) to the host, only if the host is unchanged
+    since observed (so two remediations cannot both start on one host)."""
+
+
+@dataclass(frozen=True)
+class ReleasePower:
+    """Remove our reboot key: the host controller powers the host on (if spec.online)."""
+
+
+@dataclass(frozen=True)
+class BackupNode:
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class DeleteNode:
+    name: str
+    uid: str  # precondition: never delete a Node that registered since we looked
+
+
+@dataclass(frozen=True)
+class TaintNode:
+    name: str
+
+
+@dataclass(frozen=True)
+class UntaintNode:
+    name: str
+
+
+@dataclass(frozen=True)
+class DeletePods:
+    node: str  # pods bound to this (fenced) Node: the host is off, they are not running
+
+
+@dataclass(frozen=True)
+class RestoreNode:
+    name: str
+    labels: Mapping[str, str]  # only keys the Node lacks
+    annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class DeleteMachine:
+    pass
+
+
+@dataclass(frozen=True)
+class SetProgress:
+    progress: Progress
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+Action = (
+    AddFinalizer | RemoveFinalizer | RequestPowerOff | ReleasePower | BackupNode | DeleteNode
+    | TaintNode | UntaintNode | DeletePods | RestoreNode | DeleteMachine | SetProgress | Event
+)  # fmt: skip
+
+
+@dataclass
+class Decision:
+    actions: list[Action] = field(default_factory=list)
+    requeue_at: dt.datetime | None = None
+
+    def do(self, *actions: Action) -> Decision:
+        self.actions.extend(actions)
+        return self
+
+    def note(self, reason: str, message: str, warning: bool = False) -> Decision:
+        return self.do(Event("Warning" if warning else "Normal", reason, message))
+
+    def at(self, deadline: dt.datetime | None) -> Decision:
+        if deadline is not None and (self.requeue_at is None or deadline < self.requeue_at):
+            self.requeue_at = deadline
+        return self
+
+
+def _seconds(value: float) -> dt.timedelta:
+    return dt.timedelta(seconds=value)
+
+
+def retry_wait(retry_count: int, settings: Settings) -> float:
+    """Growing intervals between attempts: base, 2x base, 4x base ... capped."""
+    return float(min(settings.retry_cap, settings.retry_base * 2 ** max(retry_count - 1, 0)))
+
+
+# ---- decide ----------------------------------------------------------------------------------
+
+
+def decide(observed: Observed, now: dt.datetime, settings: Settings = Settings()) -> Decision:
+    if observed.deleting_since is not None:
+        return _release(observed, now, settings)
+    if not observed.has_finalizer:
+        # First of all: from now on, deleting this object cannot skip the clean-up.
+        return Decision().do(AddFinalizer())
+    progress = observed.progress
+    if not observed.machine_found and progress.phase == DELETING_MACHINE:
+        return Decision()  # done: the garbage collector deletes this object with its Machine
+    if not observed.machine_found or observed.host is None:
+        problem = observed.host_problem or "the Machine does not exist"
+        return _fail_to_start(observed, problem)
+    handler = {
+        POWER_OFF: _power_off,
+        FENCING: _fencing,
+        POWER_ON: _power_on,
+        WAITING: _waiting,
+        BACKOFF: _backoff,
+        DELETING_MACHINE: _deleting_machine,
+    }.get(progress.phase, _start)
+    return handler(observed, observed.host, now, settings)
+
+
+def _fail_to_start(observed: Observed, problem: str) -> Decision:
+    decision = Decision()
+    if observed.host is not None and observed.host.power.holds_key:
+        decision.do(ReleasePower())
+    progress = observed.progress
+    if progress.phase != FAILED or progress.message != problem:
+        decision.do(SetProgress(replace(progress, phase=FAILED, message=problem)))
+        decision.note(names.REASON_CANNOT_REMEDIATE, problem, warning=True)
+    return decision
+
+
+def _start(observed: Observed, host: HostView, now: dt.datetime, settings: Settings) -> Decision:
+    """Begin an attempt (a new object, or after backoff, or once a problem is fixed)."""
+    progress = observed.progress
+    if observed.spec.strategy == "escalate" and (
+        progress.retry_count >= observed.spec.delete_after_retries
+    ):
+        return _escalate(progress, now, "no attempts left")
+    if host.other_remediation is not None:
+        message = f"host {host.key} is being remediated by {host.other_remediation}; waiting"
+        decision = Decision()
+        if progress.message != message:
+            decision.do(SetProgress(replace(progress, message=message)))
+            decision.note(names.REASON_WAITING_FOR_HOST, message)
+        return decision
+    node = observed.machine_node or progress.node
+    attempt = progress.retry_count + 1
+    message = f"attempt {attempt}: hard power-off of {host.key} requested"
+    started = replace(
+        progress,
+        phase=POWER_OFF,
+        phase_since=now,
+        next_attempt_at=None,
+        node=node,
+        fenced_node_uid=None,
+        message=message,
+    )
+    decision = Decision().do(SetProgress(started), RequestPowerOff())
+    decision.note(names.REASON_POWER_OFF_REQUESTED, message)
+    return decision.at(now + _seconds(observed.spec.power_off_timeout))
+
+
+def _power_off(
+    observed: Observed, host: HostView, now: dt.datetime, settings: Settings
+) -> Decision:
+    progress = observed.progress
+    decision = Decision()
+    if not host.power.holds_key:
+        if host.other_remediation is not None:  # raced with another remediation: yield
+            return decision.do(SetProgress(replace(progress, phase="", message="")))
+        decision.do(RequestPowerOff())
+    if reported_off(host.power):
+        message = f"{host.key} reported off; fencing Node {progress.node or '(none)'}"
+        decision.do(SetProgress(replace(progress, phase=FENCING, phase_since=now, message=message)))
+        return decision.note(names.REASON_HOST_POWERED_OFF, message)
+    deadline = (progress.phase_since or now) + _seconds(observed.spec.power_off_timeout)
+    if host.bmc_error:
+        return _attempt_failed(observed, now, settings, f"BMC error: {host.bmc_error}")
+    if now >= deadline:
+        why = f"{host.key} not reported off within {observed.spec.power_off_timeout:g}s"
+        return _attempt_failed(observed, now, settings, why)
+    return decision.at(deadline)
+
+
+def _fencing(observed: Observed, host: HostView, now: dt.datetime, settings: Settings) -> Decision:
+    progress = observed.progress
+    if not reported_off(host.power):
+        # Our key went missing or the host is on again: never fence on an old report.
+        message = f"{host.key} no longer reported off; asking for power-off again"
+        decision = Decision().do(
+            SetProgress(replace(progress, phase=POWER_OFF, phase_since=now, message=message))
+        )
+        return decision.do(RequestPowerOff()).note(names.REASON_POWER_OFF_REQUESTED, message)
+    decision = Decision()
+    node = observed.node
+    fenced_uid = progress.fenced_node_uid
+    if node is not None and not (settings.fence == "out-of-service-taint" and node.out_of_service):
+        if progress.fenced_node_uid != node.uid:
+            fenced_uid = node.uid
+            decision.do(SetProgress(replace(progress, fenced_node_uid=node.uid)))
+        if settings.fence == "out-of-service-taint":
+            decision.do(TaintNode(node.name))
+        else:
+            if observed.backup is None:
+                decision.do(BackupNode(dict(node.labels), dict(node.annotations)))
+            decision.do(DeleteNode(node.name, node.uid))
+    if progress.node and settings.fence == "delete-node":
+        decision.do(DeletePods(progress.node))
+    how = "tainted out-of-service" if settings.fence == "out-of-service-taint" else "deleted"
+    fenced = f"Node {progress.node} {how}" if progress.node else "no Node to fence"
+    message = f"{fenced}; power-on of {host.key} requested"
+    decision.note(names.REASON_NODE_FENCED, fenced)
+    decision.do(
+        SetProgress(
+            replace(
+                progress,
+                phase=POWER_ON,
+                phase_since=now,
+                fenced_node_uid=fenced_uid,
+                message=message,
+            )
+        ),
+        ReleasePower(),
+    )
+    decision.note(names.REASON_POWER_ON_REQUESTED, message)
+    return decision.at(now + _seconds(observed.spec.power_on_timeout))
+
+
+def _power_on(observed: Observed, host: HostView, now: dt.datetime, settings: Settings) -> Decision:
+    progress = observed.progress
+    decision = Decision()
+    if host.power.holds_key:
+        decision.do(ReleasePower())
+    node = observed.node
+    if node is not None and _is_back(node, progress, settings):
+        return _node_back(observed, node, now, settings, decision)
+    if not host.online:
+        # Remediation never overrides the owner's spec.online: report and wait, no deadline.
+        message = f"{host.key} has spec.online=false: remediation will not power it on"
+        if progress.message != message:
+            decision.do(SetProgress(replace(progress, message=message)))
+            decision.note(names.REASON_HOST_HELD_OFF, message, warning=True)
+        return decision
+    deadline = (progress.phase_since or now) + _seconds(observed.spec.power_on_timeout)
+    if now >= deadline:
+        name = progress.node or "its Node"
+        why = f"{name} not back and Ready within {observed.spec.power_on_timeout:g}s"
+        return _attempt_failed(observed, now, settings, why, decision)
+    return decision.at(deadline)
+
+
+def _is_back(node: NodeView, progress: Progress, settings: Settings) -> bool:
+    if not node.ready:
+        return False
+    if settings.fence == "delete-node":  # a new registration, not the Node we deleted
+        return node.uid != progress.fenced_node_uid
+    # Tainted, not deleted: the same Node object, which must have turned Ready since the
+    # power-on began (condition times have whole seconds). A power cycle shorter than the
+    # node-monitor grace period never shows NotReady: that attempt times out.
+    began = progress.phase_since
+    return bool(node.ready_since and began and node.ready_since >= began.replace(microsecond=0))
+
+
+def _old_uid(progress: Progress, settings: Settings) -> str | None:
+    """The Node object we deleted cannot be the one that comes back (a tainted one can)."""
+    return progress.fenced_node_uid if settings.fence == "delete-node" else None
+
+
+def _node_back(
+    observed: Observed, node: NodeView, now: dt.datetime, settings: Settings, decision: Decision
+) -> Decision:
+    progress = observed.progress
+    backup = observed.backup
+    if backup is not None:
+        labels = {k: v for k, v in backup.labels.items() if k not in node.labels}
+        annotations = {k: v for k, v in backup.annotations.items() if k not in node.annotations}
+        if labels or annotations:
+            decision.do(RestoreNode(node.name, labels, annotations))
+            restored = ", ".join(sorted([*labels, *annotations]))
+            decision.note(names.REASON_NODE_RESTORED, f"restored on {node.name}: {restored}")
+    if node.out_of_service:
+        decision.do(UntaintNode(node.name))
+    message = f"Node {node.name} is back and Ready; waiting for the health check"
+    decision.do(
+        SetProgress(
+            replace(
+                progress,
+                phase=WAITING,
+                phase_since=now,
+                last_remediated=now,
+                message=message,
+            )
+        )
+    )
+    decision.note(names.REASON_NODE_BACK, message)
+    return decision.at(now + _seconds(observed.spec.power_on_timeout))
+
+
+def _waiting(observed: Observed, host: HostView, now: dt.datetime, settings: Settings) -> Decision:
+    progress = observed.progress
+    decision = Decision()
+    if host.power.holds_key:
+        decision.do(ReleasePower())
+    deadline = (progress.phase_since or now) + _seconds(observed.spec.power_on_timeout)
+    if now >= deadline:
+        why = f"still unhealthy {observed.spec.power_on_timeout:g}s after the Node came back"
+        return _attempt_failed(observed, now, settings, why, decision)
+    return decision.at(deadline)
+
+
+def _backoff(observed: Observed, host: HostView, now: dt.datetime, settings: Settings) -> Decision:
+    progress = observed.progress
+    decision = Decision()
+    if host.power.holds_key:
+        decision.do(ReleasePower())
+    if progress.next_attempt_at is not None and now < progress.next_attempt_at:
+        return decision.at(progress.next_attempt_at)
+    started = _start(observed, host, now, settings)
+    return decision.do(*started.actions).at(started.requeue_at)
+
+
+def _deleting_machine(
+    observed: Observed, host: HostView, now: dt.datetime, settings: Settings
+) -> Decision:
+    decision = Decision()
+    if host.power.holds_key:
+        decision.do(ReleasePower())
+    return decision.do(DeleteMachine())
+
+
+def _attempt_failed(
+    observed: Observed,
+    now: dt.datetime,
+    settings: Settings,
+    why: str,
+    decision: Decision | None = None,
+) -> Decision:
+    """A failed attempt counts a retry; the host is released (never left off) and either
+    the next attempt waits its turn or, for escalate, the Machine goes."""
+    decision = decision or Decision()
+    progress = replace(observed.progress, retry_count=observed.progress.retry_count + 1)
+    spec = observed.spec
+    if spec.strategy == "escalate" and progress.retry_count >= spec.delete_after_retries:
+        return decision.do(*_escalate(progress, now, why).actions)
+    wait = retry_wait(progress.retry_count, settings)
+    next_at = now + _seconds(wait)
+    message = f"attempt {progress.retry_count} failed: {why}; next attempt in {wait:g}s"
+    decision.do(
+        SetProgress(
+            replace(
+                progress, phase=BACKOFF, phase_since=now, next_attempt_at=next_at, message=message
+            )
+        ),
+        ReleasePower(),
+    )
+    return decision.note(names.REASON_ATTEMPT_FAILED, message, warning=True).at(next_at)
+
+
+def _escalate(progress: Progress, now: dt.datetime, why: str) -> Decision:
+    message = (
+        f"{why}; {progress.retry_count} failed attempt(s): deleting the Machine so that"
+        " its owner replaces it"
+    )
+    decision = Decision().do(
+        SetProgress(replace(progress, phase=DELETING_MACHINE, phase_since=now, message=message)),
+        ReleasePower(),
+        DeleteMachine(),
+    )
+    return decision.note(names.REASON_DELETING_MACHINE, message, warning=True)
+
+
+def _release(observed: Observed, now: dt.datetime, settings: Settings) -> Decision:
+    """The object is being deleted: power back, taint off, labels back, finalizer off."""
+    decision = Decision()
+    if not observed.has_finalizer:
+        return decision
+    host = observed.host
+    if host is not None and host.power.holds_key:
+        decision.do(ReleasePower())
+    node = observed.node
+    if node is not None and node.out_of_service:
+        decision.do(UntaintNode(node.name))
+    progress = observed.progress
+    backup = observed.backup
+    fenced_uid = _old_uid(progress, settings)
+    node_back = node is not None and node.uid != fenced_uid
+    if backup is not None and observed.machine_found and node is not None and node_back:
+        labels = {k: v for k, v in backup.labels.items() if k not in node.labels}
+        annotations = {k: v for k, v in backup.annotations.items() if k not in node.annotations}
+        if labels or annotations:
+            decision.do(RestoreNode(node.name, labels, annotations))
+    elif backup is not None and observed.machine_found and progress.fenced_node_uid:
+        # We deleted the Node; wait (bounded) for it to register again to give back
+        # what we took, unless nobody is going to power the host on.
+        deadline = (observed.deleting_since or now) + _seconds(observed.spec.power_on_timeout)
+        if host is not None and host.online and now < deadline:
+            return decision.at(deadline)
+        lost = ", ".join(sorted([*backup.labels, *backup.annotations]))
+        message = f"Node {progress.node} did not come back; not restored: {lost}"
+        decision.note(names.REASON_BACKUP_LOST, message, warning=True)
+    decision.do(RemoveFinalizer())
+    return decision.note(names.REASON_RELEASED, "remediation removed; host released")
