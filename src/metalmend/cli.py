@@ -181,6 +181,24 @@ def run_command(
     power_poll_interval: Annotated[
         float, typer.Option(help="Seconds between BMC power reads of a settled host.")
     ] = 20.0,
+    fence: Annotated[
+        str,
+        typer.Option(
+            help="How remediation fences a Node once its host is off: delete-node, or"
+            " out-of-service-taint (Kubernetes >= 1.28)."
+        ),
+    ] = "delete-node",
+    remediation_retry_base: Annotated[
+        float,
+        typer.Option(help="Seconds before retrying a failed remediation (doubles each time)."),
+    ] = 30.0,
+    request_remediation_by: Annotated[
+        str,
+        typer.Option(
+            help="How health checks without a remediationTemplate ask for remediation:"
+            " conditions, or annotation (host.metal3.io/external-remediation)."
+        ),
+    ] = "conditions",
 ) -> None:
     """Run metalmend's controllers against a cluster."""
     import asyncio
@@ -193,6 +211,16 @@ def run_command(
     if unknown := runner.unknown_controllers(chosen):
         known = ", ".join(REGISTRY) or "none yet"
         fail(f"unknown controller(s): {', '.join(unknown)} (known: {known})", code=2)
+    if fence not in ("delete-node", "out-of-service-taint"):
+        fail(f"--fence must be delete-node or out-of-service-taint, not {fence!r}", code=2)
+    if request_remediation_by not in ("conditions", "annotation"):
+        fail(
+            "--request-remediation-by must be conditions or annotation,"
+            f" not {request_remediation_by!r}",
+            code=2,
+        )
+    if remediation_retry_base <= 0:
+        fail("--remediation-retry-base must be positive", code=2)
     host, _, port = health_bind.rpartition(":")
     if not host or not port.isdigit():
         fail(f"--health-bind must be host:port, not {health_bind!r}", code=2)
@@ -210,6 +238,9 @@ def run_command(
             bmc_timeout=bmc_timeout,
             soft_power_off_timeout=soft_power_off_timeout,
             power_poll_interval=power_poll_interval,
+            fence_method=fence,  # type: ignore[arg-type]  # checked above
+            remediation_retry_base=remediation_retry_base,
+            request_remediation_by=request_remediation_by,  # type: ignore[arg-type]
         ),
     )
     try:

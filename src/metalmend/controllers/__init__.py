@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from metalmend.kube.manager import Manager
 
@@ -22,6 +23,14 @@ class RunOptions:
     bmc_timeout: float = 30.0
     soft_power_off_timeout: float = 180.0
     power_poll_interval: float = 20.0
+    # Remediation: how a Node is fenced once its host is off, and the first wait after a
+    # failed attempt (it doubles with every failure).
+    fence_method: Literal["delete-node", "out-of-service-taint"] = "delete-node"
+    remediation_retry_base: float = 30.0
+    # How a MachineHealthCheck without a remediationTemplate asks for remediation when it
+    # does not say (annotation metalmend.dev/request-remediation-by): "conditions" (Cluster
+    # API) or "annotation" (seed 001's host.metal3.io/external-remediation).
+    request_remediation_by: Literal["conditions", "annotation"] = "conditions"
 
 
 Setup = Callable[[Manager, RunOptions], None]

@@ -1,3 +1,9 @@
 """Importing this module registers every controller in REGISTRY."""
 
-from metalmend.controllers import healthcheck, hostpower, nodelink  # noqa: F401
+from metalmend.controllers import (  # noqa: F401
+    healthcheck,
+    hostpower,
+    machineremediation,
+    nodelink,
+    remediation,
+)

@@ -28,7 +28,7 @@ from metalmend.controllers import REGISTRY, RunOptions
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
-from metalmend.kube.writes import patch_status
+from metalmend.kube.writes import patch_annotations, patch_status
 from metalmend.policy.healthcheck import (
     Check,
     Evaluation,
@@ -65,6 +65,7 @@ class HealthCheckController:
         self.machines = manager.informer(Machine, namespace=ns, indexes={BY_NODE: node_of})
         self.nodes = manager.informer(Node)
         self.remediations = manager.informer(Metal3Remediation, namespace=ns)
+        self.default_request = options.request_remediation_by
 
     # ---- observe ----------------------------------------------------------------------
 
@@ -131,20 +132,57 @@ class HealthCheckController:
             return Result.at(now + dt.timedelta(seconds=30))
         machines = [m for m in self.selected(check) if not skipped(m)]
         overlaps = self._overlapping(check, machines)
-        existing = await self._existing(template, check.metadata.namespace) if template else None
+        by_annotation = not template and self._requests_by_annotation(check)
+        if by_annotation:  # seed 001: the Machines that carry the request
+            existing: set[str] | None = {
+                m.metadata.name
+                for m in machines
+                if names.EXTERNAL_REMEDIATION in (m.metadata.annotations or {})
+            }
+        else:
+            existing = (
+                await self._existing(template, check.metadata.namespace) if template else None
+            )
         targets = [self.target(m, existing) for m in machines]
         verdict = evaluate(rules, targets, now)
         by_key = {object_key(m): m for m in machines}
         for machine_key in verdict.remediate:
-            await self._remediate(check, by_key[machine_key], verdict, template, external)
+            if by_annotation:
+                await self._annotate(check, by_key[machine_key], verdict)
+            else:
+                await self._remediate(check, by_key[machine_key], verdict, template, external)
         for machine_key in verdict.withdraw:
-            if template is not None and external is not None:
+            if by_annotation:
+                await self._withdraw_annotation(check, by_key[machine_key])
+            elif template is not None and external is not None:
                 await self._withdraw(check, by_key[machine_key], template)
         await self._mark_healthy(by_key, verdict, external)
         await self._write_status(check, verdict, verdict.spec_error, overlaps)
         if verdict.next_deadline is not None:
             return Result.at(verdict.next_deadline)
         return DONE
+
+    def _requests_by_annotation(self, check: Any) -> bool:
+        chosen = (check.metadata.annotations or {}).get(names.REQUEST_REMEDIATION_BY)
+        return (chosen or self.default_request) == "annotation"
+
+    async def _annotate(self, check: Any, machine: Any, verdict: Evaluation) -> None:
+        """Seed 001: the machine remediation controller acts on this annotation."""
+        await patch_annotations(self.client, Machine, machine, {names.EXTERNAL_REMEDIATION: ""})
+        reason = verdict.verdicts[object_key(machine)]
+        await self.events.normal(
+            check,
+            names.REASON_REMEDIATION_REQUESTED,
+            f"{machine.metadata.name}: {reason.reason}: {reason.message}",
+        )
+
+    async def _withdraw_annotation(self, check: Any, machine: Any) -> None:
+        await patch_annotations(self.client, Machine, machine, {names.EXTERNAL_REMEDIATION: None})
+        await self.events.normal(
+            check,
+            names.REASON_REMEDIATION_WITHDRAWN,
+            f"{machine.metadata.name}: Node healthy again",
+        )
 
     async def _template(self, check: Any, ref: dict[str, Any]) -> Any | None:
         resource = generic(ref.get("apiVersion", ""), ref.get("kind", ""))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lightkube import AsyncClient
+from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
 from metalmend.kube.store import object_key, split_key
@@ -95,3 +95,35 @@ async def patch_labels(
     client: AsyncClient, resource: Any, obj: Any, changes: Mapping[str, str | None], **kw: bool
 ) -> Any | None:
     return await patch_metadata_map(client, resource, obj, "labels", changes, **kw)
+
+
+async def delete_exact(
+    client: AsyncClient,
+    resource: Any,
+    name: str,
+    uid: str,
+    *,
+    namespace: str | None = None,
+    grace_period: int | None = None,
+) -> bool:
+    """Delete the object only if it still is the one with ``uid`` (a DeleteOptions
+    precondition: a Node that registered again under the same name is not deleted).
+    True if deleted now; False if it was already gone or is another object."""
+    options: dict[str, Any] = {
+        "kind": "DeleteOptions",
+        "apiVersion": "v1",
+        "preconditions": {"uid": uid},
+    }
+    if grace_period is not None:
+        options["gracePeriodSeconds"] = grace_period
+    generic: Any = client._client  # lightkube's delete() cannot carry preconditions
+    request = generic.prepare_request("delete", res=resource, name=name, namespace=namespace)
+    request.data = options
+    response = await generic.send(generic.build_adapter_request(request))
+    try:
+        generic.handle_response("delete", response, request)
+    except ApiError as error:
+        if error.status.code in (404, 409):  # gone, or a different object by that name
+            return False
+        raise
+    return True

@@ -393,11 +393,13 @@ def _is_back(node: NodeView, progress: Progress, settings: Settings) -> bool:
         return False
     if settings.fence == "delete-node":  # a new registration, not the Node we deleted
         return node.uid != progress.fenced_node_uid
-    # Tainted, not deleted: the same Node object, which must have turned Ready since the
-    # power-on began (condition times have whole seconds). A power cycle shorter than the
-    # node-monitor grace period never shows NotReady: that attempt times out.
+    # Tainted, not deleted: the same Node object, which must have turned Ready after the
+    # power-on began. Condition times have whole seconds, so a transition in the very second
+    # the power-on began is ambiguous and not taken (no host boots that fast). A power
+    # cycle shorter than the node-monitor grace period never shows NotReady: that attempt
+    # times out.
     began = progress.phase_since
-    return bool(node.ready_since and began and node.ready_since >= began.replace(microsecond=0))
+    return bool(node.ready_since and began and node.ready_since > began.replace(microsecond=0))
 
 
 def _old_uid(progress: Progress, settings: Settings) -> str | None:

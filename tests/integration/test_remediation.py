@@ -1,0 +1,416 @@
+"""The remediation controllers on the real API server. The test plays the host power
+controller (it writes the host's power status) so that every step is under its control;
+the lab tests (tests/e2e) run the real one against real BMCs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from lightkube import ApiError, AsyncClient
+from lightkube.models.core_v1 import Container, NodeSpec, PodSpec
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
+from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.types import PatchType
+
+from metalmend.api import names
+from metalmend.api.resources import BareMetalHost, Machine, MachineHealthCheck, Metal3Remediation
+from metalmend.controllers import RunOptions, healthcheck, machineremediation, nodelink, remediation
+from metalmend.kube.manager import Manager
+from metalmend.policy.hostpower import stamp
+from tests.support import until
+
+Setup = Callable[[Manager, RunOptions], None]
+
+
+class Controllers:
+    """Managers started (and killed) by a test, as `metalmend run` would run them."""
+
+    def __init__(self, client: AsyncClient, namespace: str) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, *setups: Setup, **options: Any) -> None:
+        manager = Manager(self.client)
+        for setup in setups:
+            setup(manager, RunOptions(namespace=self.namespace, **options))
+        self.tasks.append(asyncio.create_task(manager.run()))
+        await manager.wait_synced()
+
+    async def kill(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.tasks.clear()
+
+
+@pytest.fixture
+async def controllers(aclient: AsyncClient, namespace: str) -> AsyncIterator[Controllers]:
+    running = Controllers(aclient, namespace)
+    yield running
+    await running.kill()
+
+
+class World:
+    """A Machine, its host and its Node, made by hand; the test reports the host's power."""
+
+    def __init__(self, client: AsyncClient, namespace: str) -> None:
+        self.client = client
+        self.ns = namespace
+        self.nodes: list[str] = []
+
+    def provider_id(self, machine: str) -> str:
+        return f"test://{self.ns}/{machine}"  # node-link pairs Machine and Node by it
+
+    def node_name(self, machine: str) -> str:
+        return f"{self.ns}-{machine}"
+
+    async def machine(self, name: str, host: str | None = None, **annotations: str) -> Any:
+        host = host or f"host-{name}"
+        annotations[names.MACHINE_HOST] = f"{self.ns}/{host}"
+        machine: Any = await self.client.create(
+            Machine(
+                metadata=ObjectMeta(name=name, annotations=annotations),
+                spec={"clusterName": "c", "providerID": self.provider_id(name)},
+            ),
+            namespace=self.ns,
+        )
+        with contextlib.suppress(ApiError):  # several Machines may name one host
+            await self.client.create(
+                BareMetalHost(metadata=ObjectMeta(name=host), spec={"online": True}),
+                namespace=self.ns,
+            )
+            await self.power(host, on=True)
+        await self.node(name)
+        return machine
+
+    async def node(
+        self, machine: str, ready: bool = True, labels: dict[str, str] | None = None
+    ) -> Any:
+        name = self.node_name(machine)
+        node: Any = await self.client.create(
+            Node(
+                metadata=ObjectMeta(
+                    name=name,
+                    labels=labels if labels is not None else {"role": "worker", "rack": "r7"},
+                    annotations={"team": "storage"},
+                ),
+                spec=NodeSpec(providerID=self.provider_id(machine)),
+            )
+        )
+        if name not in self.nodes:
+            self.nodes.append(name)
+        now = dt.datetime.now(dt.UTC).isoformat()
+        condition = {"type": "Ready", "status": "True" if ready else "Unknown", "reason": "Test",
+                     "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
+        await self.client.patch(Node.Status, name, {"status": {"conditions": [condition]}})
+        await self.client.patch(
+            Machine.Status, machine,
+            {"status": {"nodeRef": {"kind": "Node", "name": name, "uid": node.metadata.uid}}},
+            namespace=self.ns, patch_type=PatchType.MERGE,
+        )  # fmt: skip
+        return node
+
+    async def pod_on(self, machine: str, name: str) -> None:
+        pod = Pod(
+            metadata=ObjectMeta(name=name),
+            spec=PodSpec(
+                nodeName=self.node_name(machine), containers=[Container(name="c", image="i")]
+            ),
+        )
+        await self.client.create(pod, namespace=self.ns)
+
+    async def power(self, host: str, on: bool, for_reboot: bool = True) -> None:
+        """Report the host's power as host-power would: off for a pending reboot (pending
+        later than lastPoweredOn) or, with for_reboot=False, an old "off"."""
+        now = dt.datetime.now(dt.UTC)
+        hour = dt.timedelta(hours=1)
+        provisioning = {"state": "provisioned", "lastPoweredOn": stamp(now - hour)}
+        if not on:
+            provisioning["pendingRebootSince"] = stamp(now if for_reboot else now - 2 * hour)
+        status = {"poweredOn": on, "operationalStatus": "OK", "provisioning": provisioning}
+        await self.client.patch(
+            BareMetalHost.Status,
+            host,
+            {"status": status},
+            namespace=self.ns,
+            patch_type=PatchType.MERGE,
+        )
+
+    async def remediation(self, machine: Any, **spec: Any) -> Any:
+        owner = OwnerReference(
+            apiVersion="cluster.x-k8s.io/v1beta1", kind="Machine",
+            name=machine.metadata.name, uid=machine.metadata.uid,
+        )  # fmt: skip
+        body = {"powerOffTimeoutSeconds": 30, "powerOnTimeoutSeconds": 60, **spec}
+        return await self.client.create(
+            Metal3Remediation(
+                metadata=ObjectMeta(name=machine.metadata.name, ownerReferences=[owner]), spec=body
+            ),
+            namespace=self.ns,
+        )
+
+    async def get(self, resource: Any, name: str) -> Any | None:
+        try:
+            return await self.client.get(resource, name, namespace=self.ns)
+        except ApiError as error:
+            if error.status.code == 404:
+                return None
+            raise
+
+    async def node_obj(self, machine: str) -> Any | None:
+        try:
+            return await self.client.get(Node, self.node_name(machine))
+        except ApiError as error:
+            if error.status.code == 404:
+                return None
+            raise
+
+    async def phase(self, name: str) -> str:
+        obj = await self.get(Metal3Remediation, name)
+        return str(((obj.get("status") or {}) if obj else {}).get("phase") or "")
+
+    async def host_annotations(self, host: str) -> dict[str, str]:
+        obj = await self.get(BareMetalHost, host)
+        return dict(obj.metadata.annotations or {}) if obj else {}
+
+    async def cleanup(self) -> None:
+        for node in self.nodes:
+            with contextlib.suppress(ApiError):
+                await self.client.delete(Node, node)
+
+
+@pytest.fixture
+async def world(aclient: AsyncClient, namespace: str) -> AsyncIterator[World]:
+    made = World(aclient, namespace)
+    yield made
+    await made.cleanup()
+
+
+def key_of(obj: Any) -> str:
+    return f"{names.METAL3_REMEDIATION_REBOOT_PREFIX}{obj.metadata.uid}"
+
+
+async def phase_is(world: World, name: str, phase: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return await world.phase(name) == phase
+
+    return check
+
+
+async def test_fence_first_then_power_on_and_restore_labels(
+    world: World, controllers: Controllers
+) -> None:
+    await controllers.start(remediation.setup)
+    machine = await world.machine("m1")
+    await world.pod_on("m1", "db-0")
+    obj = await world.remediation(machine)
+    key = key_of(obj)
+
+    await until(lambda: _has(world.host_annotations("host-m1"), key))
+    assert json.loads((await world.host_annotations("host-m1"))[key]) == {"mode": "hard"}
+    assert await world.phase("m1") == "power-off"
+    got = await world.get(Metal3Remediation, "m1")
+    assert names.REMEDIATION_FINALIZER in got.metadata.finalizers
+    await asyncio.sleep(1)
+    assert await world.node_obj("m1") is not None, "no fencing before the host is reported off"
+
+    await world.power("host-m1", on=False)
+    await until(lambda: _is_none(world.node_obj("m1")))
+    await until(lambda: _is_none(world.get(Pod, "db-0")))
+    await until(await phase_is(world, "m1", "power-on"))
+    await until(lambda: _lacks(world.host_annotations("host-m1"), key))
+    got = await world.get(Metal3Remediation, "m1")
+    assert json.loads(got.metadata.annotations[names.NODE_LABELS_BACKUP]) == {
+        "role": "worker",
+        "rack": "r7",
+    }
+
+    await world.power("host-m1", on=True)
+    await world.node("m1", labels={"rack": "r9"})  # the kubelet registers again, labels lost
+    await until(await phase_is(world, "m1", "waiting"))
+    node = await world.node_obj("m1")
+    assert node.metadata.labels == {"rack": "r9", "role": "worker"}  # restored what it lacked
+    assert node.metadata.annotations["team"] == "storage"
+    got = await world.get(Metal3Remediation, "m1")
+    assert got.status["lastRemediated"]
+    assert got.status["retryCount"] == 0
+
+    await world.client.delete(Metal3Remediation, "m1", namespace=world.ns)  # the MHC: healthy
+    await until(lambda: _is_none(world.get(Metal3Remediation, "m1")))
+    reasons = {e.reason async for e in world.client.list(Event, namespace=world.ns)}
+    assert {"PowerOffRequested", "HostPoweredOff", "NodeFenced", "NodeReady"} <= reasons
+
+
+async def test_an_old_off_report_fences_nothing(world: World, controllers: Controllers) -> None:
+    await controllers.start(remediation.setup)
+    machine = await world.machine("m1")
+    await world.power("host-m1", on=False, for_reboot=False)  # off, before any request
+    obj = await world.remediation(machine)
+    await until(lambda: _has(world.host_annotations("host-m1"), key_of(obj)))
+    await asyncio.sleep(1.5)
+    assert await world.node_obj("m1") is not None
+    assert await world.phase("m1") == "power-off"
+
+
+async def test_deleted_while_powering_off_releases_the_host(
+    world: World, controllers: Controllers
+) -> None:
+    await controllers.start(remediation.setup)
+    machine = await world.machine("m1")
+    obj = await world.remediation(machine)
+    await until(lambda: _has(world.host_annotations("host-m1"), key_of(obj)))
+    await world.client.delete(Metal3Remediation, "m1", namespace=world.ns)
+    await until(lambda: _is_none(world.get(Metal3Remediation, "m1")))
+    assert key_of(obj) not in await world.host_annotations("host-m1")
+    assert await world.node_obj("m1") is not None
+
+
+async def test_restart_mid_remediation_finishes_the_job(
+    world: World, controllers: Controllers
+) -> None:
+    await controllers.start(remediation.setup)
+    machine = await world.machine("m1")
+    obj = await world.remediation(machine)
+    await until(lambda: _has(world.host_annotations("host-m1"), key_of(obj)))
+    await controllers.kill()
+    await world.power("host-m1", on=False)  # the host goes off while nobody watches
+    await controllers.start(remediation.setup)
+    await until(await phase_is(world, "m1", "power-on"))
+    assert await world.node_obj("m1") is None
+    await controllers.kill()
+    await world.power("host-m1", on=True)
+    await world.node("m1")
+    await controllers.start(remediation.setup)
+    await until(await phase_is(world, "m1", "waiting"))
+
+
+async def test_escalate_deletes_the_machine_after_failed_attempts(
+    world: World, controllers: Controllers
+) -> None:
+    await controllers.start(remediation.setup)
+    machine = await world.machine("m1")
+    await world.remediation(
+        machine, strategy="escalate", deleteAfterRetries=1, powerOffTimeoutSeconds=1
+    )
+    await until(lambda: _is_none(world.get(Machine, "m1")), within=20)
+    # The Machine's garbage collection takes the remediation (finalizer released) with it.
+    await until(lambda: _is_none(world.get(Metal3Remediation, "m1")), within=30)
+    assert not any(
+        k.startswith("reboot.metal3.io/") for k in await world.host_annotations("host-m1")
+    )
+
+
+async def test_one_remediation_at_a_time_per_host(world: World, controllers: Controllers) -> None:
+    await controllers.start(remediation.setup)
+    first = await world.machine("m1", host="shared")
+    second = await world.machine("m2", host="shared")
+    a = await world.remediation(first)
+    b = await world.remediation(second)
+    await until(lambda: _any_key(world.host_annotations("shared"), {key_of(a), key_of(b)}))
+    await asyncio.sleep(1)
+    keys = {
+        k
+        for k in await world.host_annotations("shared")
+        if k.startswith(names.METAL3_REMEDIATION_REBOOT_PREFIX)
+    }
+    assert len(keys) == 1
+    waiting = "m2" if key_of(a) in keys else "m1"
+    got = await world.get(Metal3Remediation, waiting)
+    assert "being remediated by" in got.status["message"]
+
+
+async def test_out_of_service_taint_instead_of_deletion(
+    world: World, controllers: Controllers
+) -> None:
+    await controllers.start(remediation.setup, fence_method="out-of-service-taint")
+    machine = await world.machine("m1")
+    await world.remediation(machine)
+    await until(await phase_is(world, "m1", "power-off"))
+    await world.power("host-m1", on=False)
+    await until(await phase_is(world, "m1", "power-on"))
+    node = await world.node_obj("m1")
+    assert names.OUT_OF_SERVICE_TAINT in [t.key for t in node.spec.taints]
+    await world.client.delete(Metal3Remediation, "m1", namespace=world.ns)
+    await until(lambda: _is_none(world.get(Metal3Remediation, "m1")))
+    node = await world.node_obj("m1")
+    assert names.OUT_OF_SERVICE_TAINT not in [t.key for t in node.spec.taints or []]
+
+
+async def test_seed_001_flow_from_annotations_alone(world: World, controllers: Controllers) -> None:
+    await controllers.start(machineremediation.setup, nodelink.setup)
+    await world.machine("m1")
+    await world.pod_on("m1", "db-0")
+    await world.client.patch(
+        Machine, "m1", {"metadata": {"annotations": {names.EXTERNAL_REMEDIATION: ""}}},
+        namespace=world.ns, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    await until(lambda: _has(world.host_annotations("host-m1"), names.MACHINE_REMEDIATION_REBOOT))
+    await controllers.kill()  # resumes from the annotations alone
+    await controllers.start(machineremediation.setup, nodelink.setup)
+    await asyncio.sleep(0.5)
+    assert await world.node_obj("m1") is not None
+    await world.power("host-m1", on=False)
+    await until(lambda: _is_none(world.node_obj("m1")))
+    await until(lambda: _is_none(world.get(Pod, "db-0")))
+
+    def machine_annotations():
+        return _lacks(_annotations(world, Machine, "m1"), names.EXTERNAL_REMEDIATION)
+
+    await until(machine_annotations)
+    await until(lambda: _lacks(world.host_annotations("host-m1"), names.MACHINE_REMEDIATION_REBOOT))
+
+
+async def test_health_check_can_request_by_annotation(
+    world: World, controllers: Controllers
+) -> None:
+    await controllers.start(healthcheck.setup)
+    await world.machine("m1")
+    await world.client.patch(Machine, "m1", {"metadata": {"labels": {"role": "worker"}}},
+                             namespace=world.ns, patch_type=PatchType.MERGE)  # fmt: skip
+    check = MachineHealthCheck(
+        metadata=ObjectMeta(name="workers", annotations={names.REQUEST_REMEDIATION_BY: "annotation"}),
+        spec={"clusterName": "c", "selector": {"matchLabels": {"role": "worker"}},
+              "unhealthyConditions": [{"type": "Ready", "status": "Unknown", "timeout": "1s"}]},
+    )  # fmt: skip
+    await world.client.create(check, namespace=world.ns)
+    await world.client.delete(Node, world.node_name("m1"))
+    await world.node("m1", ready=False)
+    await until(
+        lambda: _has(_annotations(world, Machine, "m1"), names.EXTERNAL_REMEDIATION), within=15
+    )
+    await world.client.delete(Node, world.node_name("m1"))
+    await world.node("m1", ready=True)
+    await until(
+        lambda: _lacks(_annotations(world, Machine, "m1"), names.EXTERNAL_REMEDIATION), within=15
+    )
+
+
+# ---- small async predicates -----------------------------------------------------------------
+
+
+async def _annotations(world: World, resource: Any, name: str) -> dict[str, str]:
+    obj = await world.get(resource, name)
+    return dict(obj.metadata.annotations or {}) if obj else {}
+
+
+async def _has(found: Awaitable[dict[str, str]], key: str) -> bool:
+    return key in await found
+
+
+async def _lacks(found: Awaitable[dict[str, str]], key: str) -> bool:
+    return key not in await found
+
+
+async def _any_key(found: Awaitable[dict[str, str]], keys: set[str]) -> bool:
+    return bool(keys & set(await found))
+
+
+async def _is_none(found: Awaitable[Any]) -> bool:
+    return await found is None
