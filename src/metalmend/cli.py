@@ -58,7 +58,7 @@ def lab_up(
     ] = 3.0,
     controllers: Annotated[
         str, typer.Option(help="Controllers 'metalmend run' runs against the lab ('' for none).")
-    ] = "node-link,host-power,machine-health-check",
+    ] = lab_.DEFAULT_CONTROLLERS,
 ) -> None:
     """Start the lab: control plane, CRDs, and (with --hosts) BMCs, hosts and kubelets."""
     if bmc not in ("redfish", "ipmi", "mixed"):

@@ -14,17 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from lightkube import ApiError, Client, KubeConfig
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Event, Node
-from lightkube.types import PatchType
+from lightkube.models.apps_v1 import StatefulSetSpec
+from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.resources.apps_v1 import StatefulSet
+from lightkube.resources.core_v1 import ConfigMap, Pod
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from metalmend.api.resources import (
-    BareMetalHost,
     MachineHealthCheck,
-    Metal3Remediation,
     Metal3RemediationTemplate,
 )
 from metalmend.bmc import BmcPool, BmcTarget, Credentials, parse
@@ -33,22 +33,26 @@ from metalmend.lab import lab
 from metalmend.lab.assets import find_binaries
 from metalmend.lab.hardware import HostSpec
 from metalmend.lab.hosts import NAMESPACE
+from metalmend.lab.timeline import MILESTONES, PATH, Recorder, Timeline, breakdown, svg, total
+from metalmend.lab.timeline import Settings as TimelineSettings
 
 GRACE = 8.0  # seconds of silence before the node-lifecycle controller marks a Node Unknown
+MHC_TIMEOUT = 3.0  # seconds a Node must stay Unknown before it is remediated
+POWER_OFF_TIMEOUT = 60
+POWER_ON_TIMEOUT = 120
 
 
 def run_demo(lab_dir: Path, out: Console, keep: bool = False) -> None:
     out.rule("[bold]metalmend demo")
     out.print("Starting the lab on 127.0.0.1: etcd, kube-apiserver and kube-controller-manager")
     out.print("built from upstream (once, on first use), a Redfish BMC emulator (sushy-tools),")
-    out.print("an IPMI BMC (pyghmi), two servers with kubelets, and `metalmend run`...")
+    out.print("IPMI BMCs (pyghmi), three servers with kubelets, and `metalmend run`...")
     options = lab.LabOptions(
         lab_dir=lab_dir,
         node_monitor_grace_period=GRACE,
-        hosts=2,
+        hosts=3,
         bmc="mixed",
         boot_delay=2.0,
-        controllers="node-link,host-power,machine-health-check",
     )
     with lab.stop_requested() as stop, lab.started(options) as running:
         out.print(
@@ -61,7 +65,8 @@ def run_demo(lab_dir: Path, out: Console, keep: bool = False) -> None:
         show_validation(client, out)
         show_rbac(running, out)
         asyncio.run(show_bmcs(running, out))
-        asyncio.run(show_hang_and_power_cycle(running, client, out))
+        timeline = asyncio.run(show_remediation(running, client, out))
+        show_timeline(timeline, options, out)
         out.rule("[bold]done")
         if keep:
             out.print(f"The lab keeps running: kubectl --kubeconfig {running.kubeconfig} ...")
@@ -163,70 +168,122 @@ async def show_bmcs(running: lab.RunningLab, out: Console) -> None:
     bmcs.close()
 
 
-async def show_hang_and_power_cycle(running: lab.RunningLab, client: Client, out: Console) -> None:
-    step(out, "6. A hung server: its Node goes Unknown; a fence through the reboot API heals it")
-    assert running.hardware is not None
-    spec = next(h for h in running.hardware.hosts if h.bmc == "ipmi")
+async def show_remediation(running: lab.RunningLab, client: Client, out: Console) -> Timeline:
+    step(out, "6. A server hangs: fenced, its workload moves, it is powered back on")
     lab_dir = running.plane.workdir.parent
     create_health_check(client)
-    out.print("MachineHealthCheck 'workers': Ready=Unknown for 3s -> a Metal3Remediation")
-    lab.inject_fault(lab_dir, spec.name, "hang")
-    out.print(f"{spec.name}: kernel hung (lab fault); heartbeats stop, grace period {GRACE:g}s")
-    began = time.monotonic()
-    await wait_ready(client, spec.name, "Unknown", GRACE + 30)
-    took = time.monotonic() - began
     out.print(
-        f"after {took:.1f}s: Ready=[yellow]Unknown[/yellow] (the real node-lifecycle controller)"
+        f"MachineHealthCheck 'workers': Ready=Unknown for {MHC_TIMEOUT:g}s -> a Metal3Remediation"
+        f" (template 'fence': strategy reboot, powerOffTimeout {POWER_OFF_TIMEOUT}s,"
+        f" powerOnTimeout {POWER_ON_TIMEOUT}s)"
     )
-    await wait_for(lambda: _remediation(client, spec.name) is not None, 30)
+    node = await start_workload(client)
+    host = next(h for h in (running.hardware.hosts if running.hardware else []) if h.name == node)
+    out.print(f"StatefulSet 'db' (1 replica, at most one copy): pod db-0 Running on {node}")
+    recorder = Recorder(running.kubeconfig, NAMESPACE, node, app="db").start()
+    await asyncio.sleep(0.5)  # the watches have listed
+    began = time.time()
+
+    def live(milestone: str, when: float) -> None:
+        out.print(f"  [bold]+{when - began:6.2f}s[/bold]  {MILESTONES[milestone]}", highlight=False)
+
+    recorder.on_mark = live
+    lab.inject_fault(lab_dir, node, "hang")
+    recorder.timeline.mark("hang", began)
+    out.print(f"{node} ({host.bmc} BMC {host.address}): kernel hung; heartbeats stop")
+    try:
+        await wait_for(lambda: recorder.timeline.complete(), 180)
+        await wait_for(lambda: "pod_moved" in recorder.timeline.at, 30)
+    finally:
+        timeline = recorder.stop()
+    return timeline
+
+
+def show_timeline(timeline: Timeline, options: lab.LabOptions, out: Console) -> None:
+    step(out, "7. The timeline, and who spent the time")
+    settings = TimelineSettings(GRACE, MHC_TIMEOUT, options.boot_delay)
+    table = Table("since hang", "what", "step", "who")
+    previous = timeline.at["hang"]
+    owners = {s.end: s.who for s in PATH}
+    owners["pod_moved"] = "kubernetes"
+    for milestone, when in sorted(timeline.at.items(), key=lambda item: item[1]):
+        step_time = when - previous if milestone != "pod_moved" else when - timeline.at["fenced"]
+        table.add_row(
+            f"{when - timeline.at['hang']:7.2f}s", MILESTONES[milestone],
+            f"{step_time:6.2f}s" if milestone != "hang" else "", owners.get(milestone, ""),
+        )  # fmt: skip
+        if milestone != "pod_moved":
+            previous = when
+    out.print(table)
+    parts = breakdown(timeline, settings)
+    whole = total(timeline)
     out.print(
-        f"after {time.monotonic() - began:.1f}s: the health check created"
-        f" [bold]Metal3Remediation/{spec.name}[/bold] (owner: Machine {spec.name})"
-    )
-    out.print("The remediation controller (next issue) will act on it; here we fence by hand")
-    out.print("with the declarative reboot API, which metalmend's host-power controller serves:")
-    key = "reboot.metal3.io/demo-fence"
-    out.print(f'[dim]$ kubectl annotate bmh {spec.name} {key}=\'{{"mode":"hard"}}\'[/dim]')
-    annotate(client, spec.name, {key: '{"mode":"hard"}'})
-    await wait_host(client, spec.name, lambda h: h["status"].get("poweredOn") is False, 30)
-    out.print(f"{spec.name}: powered off through IPMI and held off while {key} is present")
-    client.delete(Node, spec.name)
-    out.print(f"{spec.name}: Node deleted, so at-most-one workloads may start elsewhere")
-    annotate(client, spec.name, {key: None})
-    out.print(f"[dim]$ kubectl annotate bmh {spec.name} {key}-[/dim]")
-    began = time.monotonic()
-    await wait_ready(client, spec.name, "True", 60)
-    host: Any = client.get(BareMetalHost, spec.name, namespace=NAMESPACE)
-    provisioning = host["status"]["provisioning"]
-    out.print(
-        f"{spec.name}: powered on; after {time.monotonic() - began:.1f}s its kubelet registered"
-        " again and the Node is [green]Ready[/green]"
+        f"total {whole:.2f}s = configured waits {parts['configured']:.2f}s (grace {GRACE:g}s,"
+        f" health check timeout {MHC_TIMEOUT:g}s, boot delay {settings.boot_delay:g}s)"
+        f" + hardware {parts['hardware']:.2f}s (BMC power changes, kubelet)"
+        f" + [bold green]metalmend {parts['metalmend']:.2f}s[/bold green]"
     )
     out.print(
-        f"the record a client checks: pendingRebootSince {provisioning['pendingRebootSince']}"
-        f" < lastPoweredOn {provisioning['lastPoweredOn']}"
+        f"the pod started on {timeline.pod_node} {parts['kubernetes']:.2f}s after the fence"
+        " (StatefulSet controller, scheduler, kubelet), never before it"
     )
-    await wait_for(lambda: _remediation(client, spec.name) is None, 30)
-    out.print(f"the health check removed Metal3Remediation/{spec.name}: its Node is healthy again")
-    out.print(f"[dim]$ kubectl get events --field-selector involvedObject.name={spec.name}[/dim]")
-    events = [
-        e for e in client.list(Event, namespace=NAMESPACE) if e.involvedObject.name == spec.name
-    ]
-    for event in sorted(events, key=lambda e: int(e.metadata.resourceVersion or 0))[-6:]:
-        out.print(f"  {event.reason:16} {escape(str(event.message))}", highlight=False)
+    picture = Path(".lab") / "demo-timeline.svg"
+    picture.parent.mkdir(exist_ok=True)
+    picture.write_text(svg(timeline, settings, f"metalmend: remediation of {timeline.host}"))
+    out.print(f"timeline picture: {picture}")
+
+
+async def start_workload(client: Client) -> str:
+    """A one-replica StatefulSet; returns the Node its pod runs on."""
+    labels: dict[str, Any] = {"app": "db"}
+    statefulset = StatefulSet(
+        metadata=ObjectMeta(name="db", labels=labels),
+        spec=StatefulSetSpec(
+            serviceName="db",
+            replicas=1,
+            selector=LabelSelector(matchLabels=labels),
+            template=PodTemplateSpec(
+                metadata=ObjectMeta(labels=labels),
+                spec=PodSpec(containers=[Container(name="db", image="example.org/db:1")]),
+            ),
+        ),
+    )
+    client.create(statefulset, namespace=NAMESPACE)
+    found: dict[str, str] = {}
+
+    def running() -> bool:
+        for pod in client.list(Pod, namespace=NAMESPACE, labels=labels):
+            if pod.status and pod.status.phase == "Running" and pod.spec and pod.spec.nodeName:
+                found["node"] = pod.spec.nodeName
+                return True
+        return False
+
+    await wait_for(running, 60)
+    return found["node"]
 
 
 def create_health_check(client: Client) -> None:
     client.create(
         Metal3RemediationTemplate(
-            metadata=ObjectMeta(name="fence"), spec={"template": {"spec": {"strategy": "reboot"}}}
+            metadata=ObjectMeta(name="fence"),
+            spec={
+                "template": {
+                    "spec": {
+                        "strategy": "reboot",
+                        "powerOffTimeoutSeconds": POWER_OFF_TIMEOUT,
+                        "powerOnTimeoutSeconds": POWER_ON_TIMEOUT,
+                    }
+                }
+            },
         ),
         namespace=NAMESPACE,
     )
     spec = {
         "clusterName": "lab",
         "selector": {"matchLabels": {"role": "worker"}},
-        "unhealthyConditions": [{"type": "Ready", "status": "Unknown", "timeout": "3s"}],
+        "unhealthyConditions": [
+            {"type": "Ready", "status": "Unknown", "timeout": f"{MHC_TIMEOUT:g}s"}
+        ],
         "maxUnhealthy": "50%",
         "remediationTemplate": {
             "apiVersion": "remediation.metal3.io/v1alpha1",
@@ -239,13 +296,6 @@ def create_health_check(client: Client) -> None:
     )
 
 
-def _remediation(client: Client, name: str) -> Any | None:
-    try:
-        return client.get(Metal3Remediation, name, namespace=NAMESPACE)
-    except ApiError:
-        return None
-
-
 async def wait_for(check: Any, within: float) -> None:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -253,34 +303,3 @@ async def wait_for(check: Any, within: float) -> None:
             return
         await asyncio.sleep(0.2)
     raise lab.LabError(f"not done within {within:.0f}s")
-
-
-def annotate(client: Client, name: str, changes: dict[str, str | None]) -> None:
-    client.patch(
-        BareMetalHost, name, {"metadata": {"annotations": changes}},
-        namespace=NAMESPACE, patch_type=PatchType.MERGE,
-    )  # fmt: skip
-
-
-async def wait_host(client: Client, name: str, check: Any, within: float) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        host: Any = await asyncio.to_thread(client.get, BareMetalHost, name, namespace=NAMESPACE)
-        if check(host):
-            return
-        await asyncio.sleep(0.2)
-    raise lab.LabError(f"{name} did not reach the expected state within {within:.0f}s")
-
-
-async def wait_ready(client: Client, name: str, status: str, within: float) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            node: Any = await asyncio.to_thread(client.get, Node, name)
-            conditions = (node.status.conditions if node.status else None) or []
-            if any(c.type == "Ready" and c.status == status for c in conditions):
-                return
-        except ApiError:
-            pass
-        await asyncio.sleep(0.5)
-    raise lab.LabError(f"{name} did not become Ready={status} within {within:.0f}s")
