@@ -5,6 +5,7 @@ from benchmarks import (
     detection_latency,
     healthcheck_eval,
     reboot_latency,
+    remediation_overhead,
     runtime,
 )
 
@@ -13,3 +14,4 @@ healthcheck_eval.main()
 runtime.main()
 reboot_latency.main()
 detection_latency.main()
+remediation_overhead.main()

@@ -97,6 +97,11 @@ def running_state(lab_dir: Path) -> LabState | None:
     return None
 
 
+DEFAULT_CONTROLLERS = ",".join(
+    ["node-link", "host-power", "machine-health-check", "metal3-remediation", "machine-remediation"]
+)
+
+
 @dataclass
 class LabOptions:
     lab_dir: Path
@@ -105,7 +110,7 @@ class LabOptions:
     bmc: str = "mixed"  # redfish, ipmi or mixed
     boot_delay: float = 3.0  # seconds from power-on until the kubelet registers
     power_delay: float = 0.0  # seconds before an IPMI power change lands
-    controllers: str = "node-link,host-power,machine-health-check"  # `metalmend run` ("" none)
+    controllers: str = DEFAULT_CONTROLLERS  # `metalmend run` ("" none)
     soft_power_off_timeout: float = 30.0
 
 
@@ -230,6 +235,7 @@ def controller_argv(
         "--controllers", controllers, "--health-bind", f"127.0.0.1:{port}",
         "--bmc-ca-bundle", str(ca), "--soft-power-off-timeout", f"{soft:g}",
         "--power-poll-interval", "5", "--bmc-timeout", "5",
+        "--remediation-retry-base", "5",  # lab timeouts are seconds, not minutes
     ]  # fmt: skip
 
 
@@ -340,6 +346,7 @@ class HostStatus:
     bmc_reachable: bool
     node: bool = False
     ready: str = "-"
+    pods: int = 0  # pods its kubelet runs
 
 
 @dataclass
@@ -372,7 +379,7 @@ def status(lab_dir: Path) -> LabStatus:
 
 def _host_status(lab_dir: Path, cluster_up: bool) -> list[HostStatus]:
     try:
-        hardware: dict[str, dict[str, str]] = json.loads(status_path(lab_dir).read_text())
+        hardware: dict[str, dict[str, Any]] = json.loads(status_path(lab_dir).read_text())
     except (OSError, ValueError):
         return []
     nodes: dict[str, Any] = {}
@@ -389,7 +396,7 @@ def _host_status(lab_dir: Path, cluster_up: bool) -> list[HostStatus]:
             HostStatus(
                 name, hw["bmc"], hw["power"], hw["kubelet"], hw["bmc_line"],
                 bmc_reachable=_bmc_reachable(hw["address"]) if hw["bmc_line"] != "down" else False,
-                node=node is not None, ready=ready,
+                node=node is not None, ready=ready, pods=int(hw.get("pods", 0)),
             )
         )  # fmt: skip
     return report
