@@ -18,12 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from lightkube import Client
-from lightkube.models.meta_v1 import ObjectMeta
-
-from metalmend.api.resources import MachineHealthCheck, Metal3RemediationTemplate
 from metalmend.lab import lab
-from metalmend.lab.hosts import NAMESPACE
+from metalmend.lab.hosts import NAMESPACE, fence_health_check
 from metalmend.lab.timeline import Recorder, Settings, breakdown, total
 
 REMEDIATIONS = 20
@@ -36,33 +32,6 @@ BOOT_DELAY = 1.0
 # at once (it watches its hosts). Expected added wait: half of each interval.
 UPSTREAM_EXPECTED = 60 / 2 + 5 / 2 + 5 / 2
 UPSTREAM_WORST = 60 + 5 + 5
-
-
-def setup_health_check(client: Client) -> None:
-    client.create(
-        Metal3RemediationTemplate(
-            metadata=ObjectMeta(name="fence"),
-            spec={
-                "template": {"spec": {"powerOffTimeoutSeconds": 60, "powerOnTimeoutSeconds": 120}}
-            },
-        ),
-        namespace=NAMESPACE,
-    )
-    spec = {
-        "clusterName": "lab",
-        "selector": {"matchLabels": {"role": "worker"}},
-        "unhealthyConditions": [
-            {"type": "Ready", "status": "Unknown", "timeout": f"{MHC_TIMEOUT:g}s"}
-        ],
-        "remediationTemplate": {
-            "apiVersion": "remediation.metal3.io/v1alpha1",
-            "kind": "Metal3RemediationTemplate",
-            "name": "fence",
-        },
-    }
-    client.create(
-        MachineHealthCheck(metadata=ObjectMeta(name="workers"), spec=spec), namespace=NAMESPACE
-    )
 
 
 def wait(check: object, within: float) -> None:
@@ -91,7 +60,7 @@ def main() -> None:
         hardware: list[float] = []
         with lab.started(options) as running:
             client = running.client()
-            setup_health_check(client)
+            fence_health_check(client, MHC_TIMEOUT, power_off=60, power_on=120)
             assert running.hardware is not None
             hosts = running.hardware.hosts
             for i in range(REMEDIATIONS):

@@ -25,14 +25,13 @@ from rich.table import Table
 
 from metalmend.api.resources import (
     MachineHealthCheck,
-    Metal3RemediationTemplate,
 )
 from metalmend.bmc import BmcPool, BmcTarget, Credentials, parse
 from metalmend.kube.crds import crd_name, load_crds
 from metalmend.lab import lab
 from metalmend.lab.assets import find_binaries
 from metalmend.lab.hardware import HostSpec
-from metalmend.lab.hosts import NAMESPACE
+from metalmend.lab.hosts import NAMESPACE, fence_health_check
 from metalmend.lab.timeline import MILESTONES, PATH, Recorder, Timeline, breakdown, svg, total
 from metalmend.lab.timeline import Settings as TimelineSettings
 
@@ -171,7 +170,7 @@ async def show_bmcs(running: lab.RunningLab, out: Console) -> None:
 async def show_remediation(running: lab.RunningLab, client: Client, out: Console) -> Timeline:
     step(out, "6. A server hangs: fenced, its workload moves, it is powered back on")
     lab_dir = running.plane.workdir.parent
-    create_health_check(client)
+    fence_health_check(client, MHC_TIMEOUT, power_off=POWER_OFF_TIMEOUT, power_on=POWER_ON_TIMEOUT)
     out.print(
         f"MachineHealthCheck 'workers': Ready=Unknown for {MHC_TIMEOUT:g}s -> a Metal3Remediation"
         f" (template 'fence': strategy reboot, powerOffTimeout {POWER_OFF_TIMEOUT}s,"
@@ -260,40 +259,6 @@ async def start_workload(client: Client) -> str:
 
     await wait_for(running, 60)
     return found["node"]
-
-
-def create_health_check(client: Client) -> None:
-    client.create(
-        Metal3RemediationTemplate(
-            metadata=ObjectMeta(name="fence"),
-            spec={
-                "template": {
-                    "spec": {
-                        "strategy": "reboot",
-                        "powerOffTimeoutSeconds": POWER_OFF_TIMEOUT,
-                        "powerOnTimeoutSeconds": POWER_ON_TIMEOUT,
-                    }
-                }
-            },
-        ),
-        namespace=NAMESPACE,
-    )
-    spec = {
-        "clusterName": "lab",
-        "selector": {"matchLabels": {"role": "worker"}},
-        "unhealthyConditions": [
-            {"type": "Ready", "status": "Unknown", "timeout": f"{MHC_TIMEOUT:g}s"}
-        ],
-        "maxUnhealthy": "50%",
-        "remediationTemplate": {
-            "apiVersion": "remediation.metal3.io/v1alpha1",
-            "kind": "Metal3RemediationTemplate",
-            "name": "fence",
-        },
-    }
-    client.create(
-        MachineHealthCheck(metadata=ObjectMeta(name="workers"), spec=spec), namespace=NAMESPACE
-    )
 
 
 async def wait_for(check: Any, within: float) -> None:

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import signal
-import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import httpx
 import pytest
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Event
@@ -21,58 +18,19 @@ from metalmend.api.names import REBOOT
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc import BmcPool, PowerState
 from metalmend.lab import lab
-from metalmend.lab.controlplane import free_port
 from metalmend.lab.hardware import HostSpec
 from metalmend.lab.hosts import NAMESPACE
 from metalmend.policy.hostpower import parse_stamp
-from tests.e2e.conftest import host, target
+from tests.e2e.conftest import Metalmend, host, target
 from tests.support import until
 
 SOFT_TIMEOUT = 3.0  # the test controller's soft power-off timeout
 REDFISH_CHANGE = 15.0  # sushy-tools' fake driver lands changes in 1-11 s
 
 
-class HostPower:
-    """A `metalmend run --controllers host-power` process that can be killed -9."""
-
-    def __init__(self, running: lab.RunningLab) -> None:
-        self.running = running
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log = running.plane.workdir.parent / "host-power-test.log"
-
-    def start(self) -> None:
-        port = free_port()
-        argv = lab.controller_argv(
-            self.running.kubeconfig, self.running.plane.ca.pair.cert, "host-power", port,
-            SOFT_TIMEOUT,
-        )  # fmt: skip
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise AssertionError("host-power did not become ready")
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
-            self.process = None
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=15)
-            self.process = None
-
-
 @pytest.fixture
-def controller(hosts_lab: lab.RunningLab) -> Iterator[HostPower]:
-    power = HostPower(hosts_lab)
+def controller(hosts_lab: lab.RunningLab) -> Iterator[Metalmend]:
+    power = Metalmend(hosts_lab, "host-power", SOFT_TIMEOUT)
     power.start()
     yield power
     power.stop()
@@ -141,7 +99,7 @@ async def reasons(kube: AsyncClient, name: str) -> list[str]:
 
 @pytest.mark.parametrize("kind", ["ipmi", "redfish"])
 async def test_basic_reboot(
-    hosts_lab: lab.RunningLab, controller: HostPower, kube: AsyncClient, bmcs: BmcPool, kind: str
+    hosts_lab: lab.RunningLab, controller: Metalmend, kube: AsyncClient, bmcs: BmcPool, kind: str
 ) -> None:
     spec = host(hosts_lab, kind)
     asked = await settled(kube, spec, bmcs)
@@ -155,7 +113,7 @@ async def test_basic_reboot(
 
 
 async def test_two_clients_hold_the_host_off_until_both_are_done(
-    hosts_lab: lab.RunningLab, controller: HostPower, kube: AsyncClient, bmcs: BmcPool
+    hosts_lab: lab.RunningLab, controller: Metalmend, kube: AsyncClient, bmcs: BmcPool
 ) -> None:
     spec = host(hosts_lab, "ipmi")
     asked = await settled(kube, spec, bmcs)
@@ -176,7 +134,7 @@ async def test_two_clients_hold_the_host_off_until_both_are_done(
 
 
 async def test_hard_beats_soft_even_when_the_bmc_ignores_soft(
-    hosts_lab: lab.RunningLab, controller: HostPower, kube: AsyncClient, bmcs: BmcPool
+    hosts_lab: lab.RunningLab, controller: Metalmend, kube: AsyncClient, bmcs: BmcPool
 ) -> None:
     spec = host(hosts_lab, "ipmi")
     lab_dir = hosts_lab.plane.workdir.parent
@@ -197,7 +155,7 @@ async def test_hard_beats_soft_even_when_the_bmc_ignores_soft(
 
 
 async def test_soft_falls_back_to_hard_when_the_bmc_ignores_graceful_shutdown(
-    hosts_lab: lab.RunningLab, controller: HostPower, kube: AsyncClient, bmcs: BmcPool
+    hosts_lab: lab.RunningLab, controller: Metalmend, kube: AsyncClient, bmcs: BmcPool
 ) -> None:
     spec = host(hosts_lab, "ipmi")
     lab_dir = hosts_lab.plane.workdir.parent
@@ -222,7 +180,7 @@ async def _power_is(bmcs: BmcPool, spec: HostSpec, state: PowerState) -> bool:
 
 @pytest.mark.parametrize("phase", ["requested", "held off", "released"])
 async def test_killed_in_any_phase_the_reboot_still_completes(
-    hosts_lab: lab.RunningLab, controller: HostPower, kube: AsyncClient, bmcs: BmcPool, phase: str
+    hosts_lab: lab.RunningLab, controller: Metalmend, kube: AsyncClient, bmcs: BmcPool, phase: str
 ) -> None:
     spec = host(hosts_lab, "ipmi")
     asked = await settled(kube, spec, bmcs)
@@ -253,7 +211,7 @@ async def _pending(kube: AsyncClient, name: str, asked: dt.datetime) -> bool:
 
 
 async def test_malformed_values_warn_and_still_reboot(
-    hosts_lab: lab.RunningLab, controller: HostPower, kube: AsyncClient, bmcs: BmcPool
+    hosts_lab: lab.RunningLab, controller: Metalmend, kube: AsyncClient, bmcs: BmcPool
 ) -> None:
     spec = host(hosts_lab, "ipmi")
     asked = await settled(kube, spec, bmcs)
@@ -263,7 +221,7 @@ async def test_malformed_values_warn_and_still_reboot(
 
 
 async def test_bmc_failure_is_reported_in_status_and_cleared_when_it_answers(
-    hosts_lab: lab.RunningLab, controller: HostPower, kube: AsyncClient, bmcs: BmcPool
+    hosts_lab: lab.RunningLab, controller: Metalmend, kube: AsyncClient, bmcs: BmcPool
 ) -> None:
     spec = host(hosts_lab, "ipmi")
     lab_dir = hosts_lab.plane.workdir.parent

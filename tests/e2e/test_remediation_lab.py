@@ -5,17 +5,13 @@ that the tests kill -9 at random moments."""
 from __future__ import annotations
 
 import random
-import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from lightkube import Client
 from lightkube.models.apps_v1 import StatefulSetSpec
 from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
@@ -24,56 +20,16 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from metalmend.api.resources import (
     BareMetalHost,
-    MachineHealthCheck,
     Metal3Remediation,
-    Metal3RemediationTemplate,
 )
 from metalmend.lab import lab
-from metalmend.lab.controlplane import free_port
-from metalmend.lab.hosts import NAMESPACE
+from metalmend.lab.hosts import NAMESPACE, fence_health_check
 from metalmend.lab.timeline import Recorder
+from tests.e2e.conftest import Metalmend
 
 GRACE = 6.0
 MHC_TIMEOUT = 2
 RACK = "topology.example.org/rack"
-
-
-class Metalmend:
-    """`metalmend run` with every controller, as a process that can be killed -9."""
-
-    def __init__(self, running: lab.RunningLab) -> None:
-        self.running = running
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log = running.plane.workdir.parent / "metalmend-test.log"
-
-    def start(self) -> None:
-        port = free_port()
-        argv = lab.controller_argv(
-            self.running.kubeconfig, self.running.plane.ca.pair.cert, lab.DEFAULT_CONTROLLERS,
-            port, 3.0,
-        )  # fmt: skip
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        wait(lambda: _ready(port), 30, "metalmend ready")
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
-            self.process = None
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=15)
-            self.process = None
-
-
-def _ready(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def wait(check: Callable[[], bool], within: float, what: str) -> None:
@@ -96,41 +52,16 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.RunningLab]:
         controllers="",
     )
     with lab.started(options) as running:
-        health_check(running.client())
+        fence_health_check(running.client(), MHC_TIMEOUT, power_off=60, power_on=90)
         yield running
 
 
 @pytest.fixture
 def metalmend(fleet: lab.RunningLab) -> Iterator[Metalmend]:
-    process = Metalmend(fleet)
+    process = Metalmend(fleet, lab.DEFAULT_CONTROLLERS, 3.0)
     process.start()
     yield process
     process.stop()
-
-
-def health_check(client: Client) -> None:
-    spec = {"powerOffTimeoutSeconds": 60, "powerOnTimeoutSeconds": 90}
-    client.create(
-        Metal3RemediationTemplate(
-            metadata=ObjectMeta(name="fence"), spec={"template": {"spec": spec}}
-        ),
-        namespace=NAMESPACE,
-    )
-    check = {
-        "clusterName": "lab",
-        "selector": {"matchLabels": {"role": "worker"}},
-        "unhealthyConditions": [
-            {"type": "Ready", "status": "Unknown", "timeout": f"{MHC_TIMEOUT}s"}
-        ],
-        "remediationTemplate": {
-            "apiVersion": "remediation.metal3.io/v1alpha1",
-            "kind": "Metal3RemediationTemplate",
-            "name": "fence",
-        },
-    }
-    client.create(
-        MachineHealthCheck(metadata=ObjectMeta(name="workers"), spec=check), namespace=NAMESPACE
-    )
 
 
 def all_healthy(running: lab.RunningLab) -> bool:

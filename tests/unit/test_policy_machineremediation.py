@@ -49,4 +49,5 @@ def test_table_covers_every_combination_once() -> None:
 def test_node_deleted_only_while_host_off_and_held() -> None:
     for row, action in TRUTH_TABLE.items():
         if action is A.DELETE_NODE:
-            assert row[2] == 0 and row[3] == 1  # powered off, reboot key held
+            assert row[2] == 0
+            assert row[3] == 1

@@ -268,7 +268,8 @@ def test_backoff_then_next_attempt() -> None:
         phase=r.BACKOFF, retry_count=2, next_attempt_at=T0 + sec(60), node="node-1"
     )
     waiting = r.decide(observed(progress=progress), T0 + sec(10))
-    assert kinds(waiting) == [] and waiting.requeue_at == T0 + sec(60)
+    assert kinds(waiting) == []
+    assert waiting.requeue_at == T0 + sec(60)
     started = r.decide(observed(progress=progress), T0 + sec(60))
     assert kinds(started) == ["SetProgress", "RequestPowerOff"]
     assert progress_of(started).retry_count == 2
@@ -296,7 +297,8 @@ def test_escalate_deletes_the_machine_after_the_last_retry() -> None:
 def test_escalate_with_zero_retries_deletes_at_once() -> None:
     spec = r.Spec(strategy="escalate", delete_after_retries=0)
     decision = r.decide(observed(spec=spec, progress=r.Progress()), T0)
-    assert "DeleteMachine" in kinds(decision) and "RequestPowerOff" not in kinds(decision)
+    assert "DeleteMachine" in kinds(decision)
+    assert "RequestPowerOff" not in kinds(decision)
 
 
 def test_reboot_strategy_never_deletes_the_machine() -> None:
@@ -320,7 +322,8 @@ def test_deleted_after_fencing_waits_for_the_node_to_restore_labels() -> None:
     backup = r.Backup({"role": "worker"}, {})
     gone = observed(progress=fenced(), node=None, backup=backup, deleting_since=T0)
     decision = r.decide(gone, T0 + sec(10))
-    assert kinds(decision) == [] and decision.requeue_at == T0 + sec(300)
+    assert kinds(decision) == []
+    assert decision.requeue_at == T0 + sec(300)
     back = replace(gone, node=node("n-2", ready=False, labels={}))
     decision = r.decide(back, T0 + sec(20))
     assert kinds(decision) == ["RestoreNode", "RemoveFinalizer"]
@@ -332,7 +335,8 @@ def test_deleted_after_fencing_waits_for_the_node_to_restore_labels() -> None:
 def test_deleted_with_a_tainted_node_removes_the_taint() -> None:
     tainted = node(out_of_service=True)
     decision = r.decide(observed(r.POWER_ON, node=tainted, deleting_since=T0), T0)
-    assert "UntaintNode" in kinds(decision) and kinds(decision)[-1] == "RemoveFinalizer"
+    assert "UntaintNode" in kinds(decision)
+    assert kinds(decision)[-1] == "RemoveFinalizer"
 
 
 def test_after_the_machine_is_deleted_nothing_flips_to_failed() -> None:

@@ -21,7 +21,12 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Secret
 from lightkube.types import PatchType
 
-from metalmend.api.resources import BareMetalHost, Machine
+from metalmend.api.resources import (
+    BareMetalHost,
+    Machine,
+    MachineHealthCheck,
+    Metal3RemediationTemplate,
+)
 from metalmend.lab.controlplane import LOOPBACK, ControlPlane, free_port
 from metalmend.lab.hardware import HardwareConfig, HostSpec
 
@@ -186,3 +191,34 @@ def register_host(client: Client, host: HostSpec) -> None:
 def _mac(name: str) -> str:
     digest = uuid.uuid5(uuid.NAMESPACE_DNS, name).bytes
     return "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
+
+
+def fence_health_check(
+    client: Client, timeout: float, *, power_off: int, power_on: int, strategy: str = "reboot"
+) -> None:
+    """MachineHealthCheck 'workers' (Ready=Unknown for ``timeout`` s) with the template
+    'fence': what the demo, the lab tests and the benchmark remediate with."""
+    template = {
+        "strategy": strategy,
+        "powerOffTimeoutSeconds": power_off,
+        "powerOnTimeoutSeconds": power_on,
+    }
+    client.create(
+        Metal3RemediationTemplate(
+            metadata=ObjectMeta(name="fence"), spec={"template": {"spec": template}}
+        ),
+        namespace=NAMESPACE,
+    )
+    spec = {
+        "clusterName": "lab",
+        "selector": {"matchLabels": {"role": "worker"}},
+        "unhealthyConditions": [{"type": "Ready", "status": "Unknown", "timeout": f"{timeout:g}s"}],
+        "remediationTemplate": {
+            "apiVersion": "remediation.metal3.io/v1alpha1",
+            "kind": "Metal3RemediationTemplate",
+            "name": "fence",
+        },
+    }
+    client.create(
+        MachineHealthCheck(metadata=ObjectMeta(name="workers"), spec=spec), namespace=NAMESPACE
+    )
