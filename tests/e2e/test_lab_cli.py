@@ -43,7 +43,7 @@ def test_detached_lab_serves_kubectl_and_down_leaves_nothing(tmp_path: Path) -> 
     assert state is not None
     pids = [state.supervisor_pid, *state.components.values()]
     assert set(state.components) == {
-        "etcd", "kube-apiserver", "kube-controller-manager", "metalmend",
+        "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "metalmend",
     }  # fmt: skip
     try:
         report = metalmend("lab", "status", lab_dir=lab_dir)

@@ -201,7 +201,9 @@ def test_node_lifecycle_marks_a_silent_node_unknown(
     kube.delete(Node, name)
 
 
-@pytest.mark.parametrize("component", ["etcd", "kube-apiserver", "kube-controller-manager"])
+@pytest.mark.parametrize(
+    "component", ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
+)
 def test_components_listen_on_loopback_only(control_plane: ControlPlane, component: str) -> None:
     pid = control_plane.components[component].pid
     assert pid is not None

@@ -1,9 +1,11 @@
-"""A real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager.
+"""A real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager
+and (when its binary is there) kube-scheduler.
 
 The same binaries and flags a real cluster runs, with free ports, a generated CA, serving
 certificates, service-account signing keys and ``--authorization-mode=Node,RBAC``. The
 controller-manager runs its default controllers (garbage collector, disruption, node
-lifecycle, service accounts, ...), so tests see the cluster behaviour our controllers rely on.
+lifecycle, service accounts, ...), so tests see the cluster behaviour our controllers rely on;
+the scheduler binds pods to Nodes, so workloads run on the lab's simulated kubelets.
 
 Every child process is put in its own session (so a Ctrl-C at the terminal reaches only us,
 and we stop them in order) and is told by the kernel to die with us (PR_SET_PDEATHSIG), so a
@@ -15,6 +17,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import logging
 import os
 import shutil
 import signal
@@ -34,9 +37,14 @@ import yaml
 from metalmend.lab.assets import Binaries, find_binaries
 from metalmend.lab.pki import CertificateAuthority, KeyPair, write_signing_key
 
+log = logging.getLogger("metalmend.lab.controlplane")
+
 LOOPBACK = "127.0.0.1"
 ADMIN_USER = "metalmend-admin"
 _PR_SET_PDEATHSIG = 1
+# Start order; stop() goes the other way. kube-scheduler is optional (envtest's asset
+# directories have none): without it pods are never bound to Nodes.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
 
 class ControlPlaneError(RuntimeError):
@@ -151,6 +159,7 @@ class ControlPlaneConfig:
     etcd_args: Sequence[str] = ()
     apiserver_args: Sequence[str] = ()
     controller_manager_args: Sequence[str] = ()
+    scheduler_args: Sequence[str] = ()
     start_timeout: float = 60.0
     binaries: Binaries | None = None
 
@@ -161,6 +170,7 @@ class Ports:
     etcd_peer: int = field(default_factory=free_port)
     apiserver: int = field(default_factory=free_port)
     controller_manager: int = field(default_factory=free_port)
+    scheduler: int = field(default_factory=free_port)
 
 
 class ControlPlane:
@@ -206,6 +216,10 @@ class ControlPlane:
             ("kube-apiserver", self._apiserver_argv, self._apiserver_ready),
             ("kube-controller-manager", self._controller_manager_argv, self._controllers_ready),
         ]
+        if self.binaries.kube_scheduler is not None:
+            steps.append(("kube-scheduler", self._scheduler_argv, self._scheduler_ready))
+        else:
+            log.info("no kube-scheduler binary: pods will not be bound to Nodes")
         try:
             for name, argv, ready in steps:
                 self._start(name, argv(), ready)
@@ -217,7 +231,7 @@ class ControlPlane:
 
     def stop(self) -> None:
         """Stop in reverse order of start; safe to call twice."""
-        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in reversed(COMPONENTS):
             if name in self.components:
                 self.components[name].stop()
 
@@ -318,6 +332,31 @@ class ControlPlane:
             *self.config.controller_manager_args,
         ]
 
+    def _scheduler_argv(self) -> list[str]:
+        assert self.binaries.kube_scheduler is not None
+        identity = self.ca.issue("scheduler", "system:kube-scheduler")
+        kubeconfig = self.workdir / "scheduler.kubeconfig"
+        self._write_kubeconfig(kubeconfig, identity)
+        serving = self.ca.issue(
+            "scheduler-serving",
+            "kube-scheduler",
+            dns_names=("localhost",),
+            ip_addresses=(LOOPBACK,),
+            server=True,
+        )
+        return [
+            str(self.binaries.kube_scheduler),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            f"--bind-address={LOOPBACK}",
+            f"--secure-port={self.ports.scheduler}",
+            f"--tls-cert-file={serving.cert}",
+            f"--tls-private-key-file={serving.key}",
+            "--leader-elect=false",
+            *self.config.scheduler_args,
+        ]
+
     # ---- readiness -------------------------------------------------------------------------
 
     def admin_http(self, timeout: float = 5.0) -> httpx.Client:
@@ -338,6 +377,13 @@ class ControlPlane:
         with contextlib.suppress(httpx.HTTPError), self.admin_http(2.0) as http:
             return http.get("/api/v1/namespaces/default/serviceaccounts/default").is_success
         return False
+
+    def _scheduler_ready(self) -> bool:
+        # /healthz is always allowed (--authorization-always-allow-paths); the lab CA must
+        # vouch for the scheduler's serving certificate.
+        context = ssl.create_default_context(cafile=str(self.ca.pair.cert))
+        url = f"https://{LOOPBACK}:{self.ports.scheduler}/healthz"
+        return _answers(url, lambda r: r.text == "ok", verify=context)
 
     # ---- credentials -----------------------------------------------------------------------
 
@@ -431,9 +477,11 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _answers(url: str, accept: Callable[[httpx.Response], bool]) -> bool:
+def _answers(
+    url: str, accept: Callable[[httpx.Response], bool], verify: ssl.SSLContext | bool = True
+) -> bool:
     try:
-        return accept(httpx.get(url, timeout=2.0))
+        return accept(httpx.get(url, timeout=2.0, verify=verify))
     except httpx.HTTPError:
         return False
 

@@ -6,8 +6,9 @@ Per host:
   port; for Redfish hosts it lives in sushy-tools' emulator and is read through Redfish;
 - a fault line in front of the BMC (UDP relay or TCP proxy) for bmc-down and bmc-slow;
 - a kubelet simulator bound to that power: after power-on and a boot delay it registers
-  its Node (labels, providerID), renews its Lease and reports Ready; while the host is off,
-  or its kernel hung, it is silent; a power cycle clears a hang.
+  its Node (labels, providerID, capacity), renews its Lease, reports Ready and runs the
+  pods bound to it (pretend containers, real pod status); while the host is off, or its
+  kernel hung, it is silent; a power cycle clears a hang and restarts the pods.
 
 Faults arrive as files (``faults/<host>.json``) written by ``metalmend lab fault``; what
 the hardware looks like is written to ``status.json`` for ``metalmend lab status``.
@@ -18,24 +19,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import hashlib
+import itertools
 import json
 import logging
+import secrets
 import ssl
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import httpx2
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.models.coordination_v1 import LeaseSpec
-from lightkube.models.core_v1 import NodeSpec
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Node, Pod
 
 log = logging.getLogger("metalmend.lab.hardware")
 
@@ -219,9 +224,43 @@ def start_ipmi_bmcs(hosts: list[tuple[HostSpec, HostPower]]) -> threading.Thread
 
 # ---- the kubelet simulator ----------------------------------------------------------------
 
+# What every lab Node offers the scheduler.
+NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+_POD_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+_pod_ips = itertools.count()  # unique in the hardware process, so across the lab's hosts
+
+
+def _next_pod_ip() -> str:
+    n = next(_pod_ips)
+    return f"127.0.{1 + n // 254}.{1 + n % 254}"
+
+
+def _iso(value: Any) -> str:
+    return value.isoformat() if isinstance(value, dt.datetime) else str(value)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat()
+
+
+@dataclass
+class _RunningPod:
+    """A pod whose containers this kubelet started, and in which boot."""
+
+    boot: int
+    container_ids: dict[str, str]
+
 
 class KubeletSim:
-    """Registers, heartbeats and reports Ready exactly while its host is on and well."""
+    """Registers, heartbeats and reports Ready exactly while its host is on and well, and
+    runs the pods bound to its Node as a kubelet would (their containers are pretend).
+
+    Every heartbeat while running, one list of the pods bound to the Node: a pod not yet
+    started in this boot is started (a new boot restarts every container, restartCount + 1);
+    a started pod whose reported status someone else changed (the node-lifecycle controller
+    marks pods not Ready when the Node goes Unknown) gets its status again, as the status
+    manager's reconcile does; a pod being deleted is removed (grace 0, uid precondition),
+    as the kubelet does once its containers stopped. While off, booting or hung: nothing."""
 
     def __init__(self, spec: HostSpec, powered: Callable[[], Awaitable[int | None]]) -> None:
         self.spec = spec
@@ -232,13 +271,21 @@ class KubeletSim:
         self._booted_at: float | None = None
         self._registered = False
         self._last_status = 0.0
+        self._pods: dict[str, _RunningPod] = {}  # by pod uid
         self._client = AsyncClient(KubeConfig.from_file(spec.kubeconfig))
+
+    @property
+    def pods(self) -> int:
+        """How many pods this host runs now (a hung kernel's still count; none while off)."""
+        if self.state not in ("running", "hung"):
+            return 0
+        return sum(1 for pod in self._pods.values() if pod.boot == self.boot)
 
     async def run(self) -> None:
         while True:
             try:
                 await self.beat()
-            except (ApiError, httpx.HTTPError, OSError) as error:
+            except (ApiError, httpx.HTTPError, httpx2.HTTPError, OSError) as error:
                 log.warning("kubelet %s: %s", self.spec.name, error)
             await asyncio.sleep(HEARTBEAT)
 
@@ -267,14 +314,75 @@ class KubeletSim:
         if now - self._last_status >= STATUS_EVERY:
             await self._post_status()
             self._last_status = now
+        await self._sync_pods(boot)
+
+    # ---- the Node ----------------------------------------------------------------------
+
+    def _labels(self) -> dict[str, str]:
+        return {
+            "kubernetes.io/hostname": self.spec.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            **self.spec.labels,
+        }
+
+    def _node_status(self) -> dict[str, Any]:
+        now = _now()
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "kubelet is posting ready status (metalmend lab)",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+        pressures = [
+            {
+                "type": kind,
+                "status": "False",
+                "reason": f"KubeletHasNo{kind}",
+                "message": f"no {kind} (metalmend lab)",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }
+            for kind in ("MemoryPressure", "DiskPressure", "PIDPressure")
+        ]
+        system_id = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{self.spec.name}.metalmend.lab"))
+        return {
+            "capacity": NODE_CAPACITY,
+            "allocatable": NODE_CAPACITY,
+            "conditions": [*pressures, ready],
+            "addresses": [
+                {"type": "InternalIP", "address": "127.0.0.1"},
+                {"type": "Hostname", "address": self.spec.name},
+            ],
+            "nodeInfo": {
+                "machineID": system_id.replace("-", ""),
+                "systemUUID": system_id,
+                "bootID": str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{self.boot}.{system_id}")),
+                "kernelVersion": "6.1.0-metalmend-lab",
+                "osImage": "metalmend lab host",
+                "containerRuntimeVersion": "metalmend-lab://0",
+                "kubeletVersion": "v0.0.0-metalmend-lab",
+                "kubeProxyVersion": "",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            },
+        }
 
     async def _register(self) -> None:
-        node = Node(
-            metadata=ObjectMeta(name=self.spec.name, labels=self.spec.labels),
-            spec=NodeSpec(providerID=self.spec.provider_id),
+        node: Any = Node.from_dict(
+            {
+                "metadata": {"name": self.spec.name, "labels": self._labels()},
+                "spec": {"providerID": self.spec.provider_id},
+                "status": self._node_status(),
+            }
         )
-        with contextlib.suppress(ApiError):  # already registered before the reboot
+        try:
             await self._client.create(node)
+        except ApiError as error:
+            if error.status.code != 409:  # 409: already registered before the reboot
+                raise
         self._registered = True
         self._last_status = 0.0
 
@@ -305,16 +413,165 @@ class KubeletSim:
         await self._client.replace(lease)
 
     async def _post_status(self) -> None:
-        now = dt.datetime.now(dt.UTC).isoformat()
-        ready = {
-            "type": "Ready",
-            "status": "True",
-            "reason": "KubeletReady",
-            "message": "kubelet is posting ready status (metalmend lab)",
-            "lastHeartbeatTime": now,
-            "lastTransitionTime": now,
+        await self._client.patch(Node.Status, self.spec.name, {"status": self._node_status()})
+
+    # ---- pods --------------------------------------------------------------------------
+
+    async def _sync_pods(self, boot: int) -> None:
+        seen: set[str] = set()
+        bound = self._client.list(Pod, namespace="*", fields={"spec.nodeName": self.spec.name})
+        async for listed in bound:
+            pod: dict[str, Any] = listed.to_dict()
+            meta = pod["metadata"]
+            seen.add(meta["uid"])
+            try:
+                await self._sync_pod(pod, boot)
+            except ApiError as error:
+                log.warning(
+                    "kubelet %s: pod %s/%s: %s", self.spec.name, meta["namespace"], meta["name"],
+                    error,
+                )  # fmt: skip
+        for uid in set(self._pods) - seen:
+            del self._pods[uid]
+
+    async def _sync_pod(self, pod: dict[str, Any], boot: int) -> None:
+        meta, status = pod["metadata"], pod.get("status") or {}
+        uid = meta["uid"]
+        if meta.get("deletionTimestamp"):
+            # Its containers stop at once: the kubelet's status manager then deletes it
+            # for good, only if it still is this pod.
+            await _delete_exact(self._client, meta["name"], meta["namespace"], uid)
+            self._pods.pop(uid, None)
+            return
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return
+        running = self._pods.get(uid)
+        if running is None or running.boot != boot:
+            running = _RunningPod(boot, {})
+            self._pods[uid] = running
+        elif _reported(status, running):
+            return
+        await self._client.patch(
+            Pod.Status,
+            meta["name"],
+            {"metadata": {"uid": uid}, "status": _running_status(pod, running)},
+            namespace=meta["namespace"],
+        )
+
+
+def _reported(status: dict[str, Any], running: _RunningPod) -> bool:
+    """The server shows the pod as this kubelet runs it: Running, Ready, our containers."""
+    conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+    ids = {c["name"]: c.get("containerID") for c in status.get("containerStatuses") or []}
+    return (
+        status.get("phase") == "Running"
+        and all(conditions.get(kind) == "True" for kind in _POD_CONDITIONS)
+        and ids == running.container_ids
+    )
+
+
+def _running_status(pod: dict[str, Any], running: _RunningPod) -> dict[str, Any]:
+    """The status of ``pod`` with every container running in ``running``; containers not
+    started yet in it are started now (a restart if they ran before)."""
+    now = _now()
+    spec, status = pod["spec"], pod.get("status") or {}
+    previous = {c["name"]: c for c in status.get("containerStatuses") or []}
+    containers = []
+    for container in spec["containers"]:
+        name, image = container["name"], container.get("image", "")
+        before = previous.get(name) or {}
+        entry: dict[str, Any] = {
+            "name": name,
+            "image": image,
+            "imageID": f"{image}@sha256:{hashlib.sha256(image.encode()).hexdigest()}",
+            "ready": True,
+            "started": True,
+            "restartCount": before.get("restartCount", 0),
         }
-        await self._client.patch(Node.Status, self.spec.name, {"status": {"conditions": [ready]}})
+        ours = running.container_ids.get(name)
+        if ours is not None and before.get("containerID") == ours:
+            entry["containerID"] = ours
+            entry["state"] = before.get("state") or {"running": {"startedAt": now}}
+            if "lastState" in before:
+                entry["lastState"] = before["lastState"]
+        else:
+            running.container_ids[name] = f"containerd://{secrets.token_hex(32)}"
+            entry["containerID"] = running.container_ids[name]
+            entry["state"] = {"running": {"startedAt": now}}
+            if before.get("containerID"):  # it ran before this boot: a restart
+                entry["restartCount"] += 1
+                started = (before.get("state") or {}).get("running", {}).get("startedAt", now)
+                entry["lastState"] = {
+                    "terminated": {
+                        "exitCode": 255,
+                        "reason": "Unknown",
+                        "containerID": before["containerID"],
+                        "startedAt": _iso(started),
+                        "finishedAt": now,
+                    }
+                }
+        containers.append(_jsonable(entry))
+    old_conditions = {c["type"]: c for c in status.get("conditions") or []}
+    conditions = []
+    for kind in ("PodScheduled", *_POD_CONDITIONS):
+        old = old_conditions.get(kind) or {}
+        since = old.get("lastTransitionTime") if old.get("status") == "True" else None
+        conditions.append(
+            {"type": kind, "status": "True", "lastTransitionTime": _iso(since or now)}
+        )
+    pod_ip = status.get("podIP") or _next_pod_ip()
+    result: dict[str, Any] = {
+        "phase": "Running",
+        "conditions": conditions,
+        "hostIP": "127.0.0.1",
+        "hostIPs": [{"ip": "127.0.0.1"}],
+        "podIP": pod_ip,
+        "podIPs": [{"ip": pod_ip}],
+        "startTime": _iso(status.get("startTime") or now),
+        "containerStatuses": containers,
+    }
+    if init := spec.get("initContainers"):
+        result["initContainerStatuses"] = [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+            }
+            for c in init
+        ]
+    return result
+
+
+def _jsonable(value: Any) -> Any:
+    """Model values (datetimes) as the API writes them."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return _iso(value) if isinstance(value, dt.datetime) else value
+
+
+async def _delete_exact(client: AsyncClient, name: str, namespace: str, uid: str) -> None:
+    """Delete pod ``namespace/name`` now (grace 0) if it still is the one with ``uid``
+    (lightkube's delete() cannot carry the precondition). Gone already is fine."""
+    options = {
+        "kind": "DeleteOptions",
+        "apiVersion": "v1",
+        "gracePeriodSeconds": 0,
+        "preconditions": {"uid": uid},
+    }
+    generic: Any = client._client
+    request = generic.prepare_request("delete", res=Pod, name=name, namespace=namespace)
+    request.data = options
+    response = await generic.send(generic.build_adapter_request(request))
+    try:
+        generic.handle_response("delete", response, request)
+    except ApiError as error:
+        if error.status.code not in (404, 409):  # gone, or another pod by that name now
+            raise
 
 
 # ---- Redfish hosts: power in sushy-tools, read through Redfish ----------------------------
@@ -403,6 +660,7 @@ async def serve(config: HardwareConfig) -> None:
                 "address": spec.address,
                 "power": "on" if kubelet.state != "off" else "off",
                 "kubelet": kubelet.state,
+                "pods": kubelet.pods,
                 "bmc_line": faults.bmc,
                 "faults": asdict(faults),  # as applied: `lab fault` waits to see its own
             }
