@@ -110,11 +110,13 @@ def lab_status(lab_dir: LabDir = Path(".lab")) -> None:
         table.add_row(c.name, str(c.pid), "yes" if c.running else "[red]no[/red]")
     out.print(table)
     if report.hosts:
-        hosts_table = Table("host", "BMC", "power", "kubelet", "Node", "Ready", "BMC reachable")
+        hosts_table = Table(
+            "host", "BMC", "power", "kubelet", "Node", "Ready", "pods", "BMC reachable"
+        )
         for h in report.hosts:
             hosts_table.add_row(
                 h.name, h.bmc, h.power, h.kubelet, "yes" if h.node else "no", h.ready,
-                "yes" if h.bmc_reachable else f"[red]no[/red] ({h.bmc_line})",
+                str(h.pods), "yes" if h.bmc_reachable else f"[red]no[/red] ({h.bmc_line})",
             )  # fmt: skip
         out.print(hosts_table)
 
