@@ -31,16 +31,15 @@ Invariants:
    said they were not (counted), or the Machine is gone.
 4. Never two remediation reboot keys on one host.
 
-Three policy bugs this model found are replayed step by step at the end of this file (strict
-xfails) and, in the state machine, counted instead of failed (``tolerate_known_bugs``; the
-counts show with ``pytest --hypothesis-show-statistics``), each recognised by a narrow
-predicate so that any other violation of the same invariant still fails:
-A. an "on" in flight is forgotten when a reboot key arrives before it lands, so a host that
-   powers on is reported off (invariant 1, ground truth);
-B. a retry resets ``fencedNodeUID`` and deletion then drops the label backup without a
-   Warning (invariant 3);
-C. an off report written for an earlier, withdrawn reboot request counts for a later
-   remediation (invariant 1, evidence).
+Three policy bugs this model found are replayed step by step at the end of this file:
+A. (fixed in policy.hostpower) an "on" in flight was forgotten when a reboot key arrived
+   before it landed, so a host that powers on was reported off (invariant 1, ground truth);
+B. (fixed in policy.remediation) a retry reset ``fencedNodeUID`` and deletion then dropped
+   the label backup without a Warning (invariant 3);
+C. (open; strict xfail) an off report written for an earlier, withdrawn reboot request counts
+   for a later remediation (invariant 1, evidence). The state machine counts it instead of
+   failing (``tolerate_known_bugs``; see ``pytest --hypothesis-show-statistics``), recognised
+   by a narrow predicate so that any other violation of invariant 1 still fails.
 
 Mutation check (done by hand, not committed): with ``policy.fencing.reported_off`` weakened to
 ``powered_on is False`` (in policy.remediation and controllers.machineremediation), the
@@ -250,7 +249,7 @@ Step = Callable[[], None]
 
 
 class RemediationWorld(RuleBasedStateMachine):
-    tolerate_known_bugs = True  # KNOWN BUG A, B, C (replayed at the end): counted, not failed
+    tolerate_known_bugs = True  # KNOWN BUG C (replayed at the end): counted, not failed
 
     def __init__(self) -> None:
         super().__init__()
@@ -963,11 +962,7 @@ class RemediationWorld(RuleBasedStateMachine):
         flow = f"{key.removeprefix(names.REBOOT_PREFIX)} {what}"
         bmc, read = self.bmcs[h], self.off_read.get(h)
         if bmc.on:
-            late_on = bmc.on_sent_at is not None and read is not None and read >= bmc.on_sent_at
-            if late_on and self.tolerate_known_bugs:
-                note("KNOWN BUG A: fenced a host powered on by an 'on' in flight")
-            else:
-                self.violate(f"invariant 1: {flow} while host {h} is powered on")
+            self.violate(f"invariant 1: {flow} while host {h} is powered on")
         if read is None or read < since:
             # The report it fenced on was written for a reboot requested before this key.
             power = m3_controller.host_view(seen, key).power
@@ -1024,10 +1019,6 @@ class RemediationWorld(RuleBasedStateMachine):
         fenced = ctx.observed.progress.fenced_node_uid if self.fence == "delete-node" else None
         if seen is not None and seen.uid != fenced:
             self.check_restored(ctx, "object deleted")
-            return
-        old = ctx.observed
-        if old.progress.fenced_node_uid is None and old.backup and self.tolerate_known_bugs:
-            note("KNOWN BUG B: a later attempt forgot the Node it had deleted")
             return
         lost = sorted({*debt.labels, *debt.annotations} - {*KUBELET_LABELS, *KUBELET_ANNOTATIONS})
         self.violate(
@@ -1126,9 +1117,8 @@ def reconcile(world: RemediationWorld, *workers: str, delay: float = 0, boot: fl
         world.reconcile(worker, delay, boot)
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN BUG A: an 'on' in flight is forgotten")
-def test_known_bug_a_a_power_on_in_flight_is_forgotten_and_a_live_node_fenced() -> None:
-    """policy.hostpower clears lastPowerCommand "on" as soon as it reads the power it now
+def test_fixed_bug_a_a_power_on_in_flight_is_not_forgotten() -> None:
+    """Found by this model, fixed: policy.hostpower cleared lastPowerCommand "on" as soon as it reads the power it now
     wants (off, because a reboot key arrived), although the "on" it sent may still land;
     policy.fencing then reports the host off ("not in the middle of powering it on")."""
     world = strict_world(first="metal3", start="powering on")  # "on" sent at T0-1s, lands T0+5s
@@ -1145,9 +1135,8 @@ def test_known_bug_a_a_power_on_in_flight_is_forgotten_and_a_live_node_fenced() 
     assert not world.violations, world.violations
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN BUG B: labels silently lost on deletion")
-def test_known_bug_b_a_retry_forgets_the_deleted_node_and_deletion_drops_its_labels() -> None:
-    """A new attempt resets status.fencedNodeUID; _release decides whether to wait for the
+def test_fixed_bug_b_a_retry_remembers_the_deleted_node_and_deletion_keeps_its_labels() -> None:
+    """Found by this model, fixed: a new attempt reset status.fencedNodeUID; _release decides whether to wait for the
     Node (to restore the backup) on fencedNodeUID, so the backup is dropped silently."""
     world = strict_world(first="metal3", start="on")  # reboot, powerOnTimeout 60s
     m3 = "metal3-remediation/m1"

@@ -196,8 +196,15 @@ def _power_to(
     """Send (or wait for) the power command that makes the host's power ``want_on``."""
     last = host.last_command
     if want_on == on:
-        if last is not None:
+        # Forget the last command once it is obeyed, or once it had time to land. A recent
+        # command for the *other* state may still land (an "on" sent just before a reboot
+        # key arrived): remediation reads it as "power-on in flight" and does not fence.
+        obeyed = (last.action == "on") == on if last is not None else True
+        stale = last is not None and (now - last.at).total_seconds() >= settings.command_retry
+        if last is not None and (obeyed or stale):
             decision.status["lastPowerCommand"] = None
+        elif last is not None:
+            decision.requeue_after = min(decision.requeue_after, settings.transition_poll)
         return decision
     since = (now - last.at).total_seconds() if last is not None else None
     if want_on:

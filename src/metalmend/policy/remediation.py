@@ -291,7 +291,9 @@ def _start(observed: Observed, host: HostView, now: dt.datetime, settings: Setti
         phase_since=now,
         next_attempt_at=None,
         node=node,
-        fenced_node_uid=None,
+        # Kept from an earlier attempt: that Node object is gone, so it cannot be the one
+        # that comes back, and deletion must still wait for a successor to restore labels.
+        fenced_node_uid=progress.fenced_node_uid,
         message=message,
     )
     decision = Decision().do(SetProgress(started), RequestPowerOff())
