@@ -272,6 +272,18 @@ async def test_deleted_while_powering_off_releases_the_host(
     assert await world.node_obj("m1") is not None
 
 
+async def test_machine_deleted_mid_power_off_releases_the_host(
+    world: World, controllers: Controllers
+) -> None:
+    await controllers.start(remediation.setup)
+    machine = await world.machine("m1")
+    obj = await world.remediation(machine)
+    await until(lambda: _has(world.host_annotations("host-m1"), key_of(obj)))
+    await world.client.delete(Machine, "m1", namespace=world.ns)  # GC takes the remediation
+    await until(lambda: _is_none(world.get(Metal3Remediation, "m1")), within=30)
+    assert key_of(obj) not in await world.host_annotations("host-m1")
+
+
 async def test_restart_mid_remediation_finishes_the_job(
     world: World, controllers: Controllers
 ) -> None:

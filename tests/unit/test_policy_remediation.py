@@ -342,3 +342,15 @@ def test_deleted_with_a_tainted_node_removes_the_taint() -> None:
 def test_after_the_machine_is_deleted_nothing_flips_to_failed() -> None:
     progress = r.Progress(phase=r.DELETING_MACHINE)
     assert r.decide(observed(progress=progress, machine_found=False), T0).actions == []
+
+
+def test_machine_deleted_first_still_releases_the_host() -> None:
+    held = replace(ON, holds_key=True)
+    gone = observed(r.POWER_OFF, machine_found=False, host=host(held), deleting_since=T0)
+    assert kinds(r.decide(gone, T0)) == ["ReleasePower", "RemoveFinalizer"]
+    orphan = observed(r.POWER_OFF, machine_found=False, host=host(held))
+    assert kinds(r.decide(orphan, T0))[0] == "ReleasePower"
+
+
+def test_the_host_is_recorded_when_an_attempt_starts() -> None:
+    assert progress_of(r.decide(observed(progress=r.Progress()), T0)).host == "ns/h1"

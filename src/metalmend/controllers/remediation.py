@@ -86,8 +86,13 @@ class RemediationController:
         return self.machines.store.get(object_key(remediation))  # seed 002: same name
 
     def host_object(self, remediation: Any) -> Any | None:
+        """The Machine's host; without a Machine, the host we recorded putting our key on
+        (so that deleting the Machine first never leaves its host held off)."""
         machine = self.machine_of(remediation)
         hosts = host_of(machine) if machine is not None else []
+        recorded = (remediation.get("status") or {}).get("host")
+        if not hosts and recorded:
+            hosts = [recorded]
         return self.hosts.store.get(hosts[0]) if hosts else None
 
     def observe(self, remediation: Any, found: Any | None) -> policy.Observed:
@@ -98,6 +103,8 @@ class RemediationController:
         host, problem = None, ""
         if machine is None:
             problem = "the Machine to remediate does not exist"
+            if found is not None:  # still release what we hold on its host
+                host = host_view(found, reboot_key(remediation))
         elif not host_of(machine):
             problem = f"Machine has no valid {names.MACHINE_HOST} annotation (namespace/name)"
         elif found is None:
@@ -257,6 +264,7 @@ def progress_from(status: dict[str, Any]) -> policy.Progress:
         node=status.get("node") or None,
         fenced_node_uid=status.get("fencedNodeUID") or None,
         message=str(status.get("message") or ""),
+        host=status.get("host") or None,
     )
 
 
@@ -271,6 +279,7 @@ def progress_to(status: dict[str, Any], progress: policy.Progress) -> dict[str, 
         "node": progress.node,
         "fencedNodeUID": progress.fenced_node_uid,
         "message": progress.message or None,
+        "host": progress.host,
     }
     for name, value in values.items():
         if value is None:

@@ -81,6 +81,8 @@ class Progress:
     node: str | None = None  # the Node this remediation fences (name)
     fenced_node_uid: str | None = None  # the Node object fenced in this attempt
     message: str = ""
+    host: str | None = None  # "namespace/name" of the host we put our key on: released
+    # even if the Machine that named it is gone
 
 
 @dataclass(frozen=True)
@@ -291,6 +293,7 @@ def _start(observed: Observed, host: HostView, now: dt.datetime, settings: Setti
         phase_since=now,
         next_attempt_at=None,
         node=node,
+        host=host.key,
         # Kept from an earlier attempt: that Node object is gone, so it cannot be the one
         # that comes back, and deletion must still wait for a successor to restore labels.
         fenced_node_uid=progress.fenced_node_uid,
