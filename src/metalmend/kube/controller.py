@@ -7,7 +7,7 @@ Outcomes:
 - Result with ``requeue_at``: the key runs again at that exact wall-clock deadline (or
   sooner, if something changes);
 - a 409 Conflict from the API server: another writer won; the key is retried with backoff
-  and it is not counted as an error;
+  and it is not counted as an error; a 404 (deleted between cache and write) likewise;
 - any other exception: logged with the key, counted, and retried with per-key exponential
   backoff (milliseconds growing to minutes), so a broken object never hot-loops.
 """
@@ -117,6 +117,15 @@ class Controller:
                 outcome = "conflict"
                 self.queue.add_rate_limited(key)
                 log.debug("conflict, retrying", extra=fields(controller=self.name, key=key))
+            elif error.status.code == 404:
+                # Deleted between our cache and our write: the retry sees it gone. Said in
+                # one line, not a traceback (a missing kind would say so here too).
+                outcome = "not_found"
+                self.queue.add_rate_limited(key)
+                log.info(
+                    "not found, retrying",
+                    extra=fields(controller=self.name, key=key, error=str(error.status.message)),
+                )
             else:
                 outcome = "error"
                 self._failed(key, error)
