@@ -14,13 +14,12 @@ import json
 import logging
 from typing import Any
 
-from lightkube import ALL_NS
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Node
 
 from metalmend.api import names
 from metalmend.api.resources import BareMetalHost, Machine
 from metalmend.controllers import REGISTRY, RunOptions
-from metalmend.controllers.remediation import delete_if_present, host_of
+from metalmend.controllers.remediation import delete_pods_bound_to, host_of
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
@@ -115,10 +114,7 @@ class MachineRemediationController:
         uid = node_ref.get("uid") or (node.metadata.uid if node is not None else None)
         if uid and await delete_exact(self.client, Node, name, uid):
             await self._tell(machine, f"host {host_key} reported off: Node {name} deleted")
-        # The host is off: its pods are not running; let their controllers replace them now.
-        pods = self.client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": name})
-        async for pod in pods:
-            await delete_if_present(self.client, Pod, pod, grace_period=0)
+        await delete_pods_bound_to(self.client, name)  # the host is off: they are not running
 
     async def _tell(self, machine: Any | None, message: str) -> None:
         if machine is not None:

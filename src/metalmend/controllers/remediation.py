@@ -178,7 +178,7 @@ class RemediationController:
                 if await delete_exact(self.client, Node, name, uid):
                     log.info("node deleted", extra=fields(remediation=object_key(obj), node=name))
             case policy.DeletePods(node=node_name):
-                await self._delete_pods(node_name)
+                await delete_pods_bound_to(self.client, node_name)
             case policy.TaintNode(name=name) | policy.UntaintNode(name=name):
                 await self._taint(name, present=isinstance(action, policy.TaintNode))
             case policy.RestoreNode(name=name, labels=labels, annotations=annotations):
@@ -210,14 +210,6 @@ class RemediationController:
                 return None  # the last finalizer removed: the object is gone
             raise
 
-    async def _delete_pods(self, node: str) -> None:
-        """The host is reported off: nothing of these pods runs any more. Deleting them at
-        once (what the pod garbage collector would do some time after the Node is gone)
-        lets their controllers start them elsewhere now."""
-        pods = self.client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": node})
-        async for pod in pods:
-            await delete_if_present(self.client, Pod, pod, grace_period=0)
-
     async def _taint(self, name: str, present: bool) -> None:
         node = self.nodes.store.get(name)
         if node is None:
@@ -232,6 +224,14 @@ class RemediationController:
             "spec": {"taints": taints},
         }
         await self.client.patch(Node, name, body, patch_type=PatchType.MERGE)
+
+
+async def delete_pods_bound_to(client: Any, node: str) -> None:
+    """The host is reported off: nothing of these pods runs any more. Deleting them at
+    once (what the pod garbage collector would do some time after the Node is gone)
+    lets their controllers start them elsewhere now."""
+    async for pod in client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": node}):
+        await delete_if_present(client, Pod, pod, grace_period=0)
 
 
 async def delete_if_present(client: Any, resource: Any, obj: Any, **kw: Any) -> None:

@@ -42,6 +42,8 @@ from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node, Pod
 
+from metalmend.kube.writes import delete_exact
+
 log = logging.getLogger("metalmend.lab.hardware")
 
 HEARTBEAT = 1.0  # seconds between Lease renewals (a real kubelet: 10 s, for a 40 s grace)
@@ -440,7 +442,9 @@ class KubeletSim:
         if meta.get("deletionTimestamp"):
             # Its containers stop at once: the kubelet's status manager then deletes it
             # for good, only if it still is this pod.
-            await _delete_exact(self._client, meta["name"], meta["namespace"], uid)
+            await delete_exact(
+                self._client, Pod, meta["name"], uid, namespace=meta["namespace"], grace_period=0
+            )
             self._pods.pop(uid, None)
             return
         if status.get("phase") in ("Succeeded", "Failed"):
@@ -552,26 +556,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list):
         return [_jsonable(v) for v in value]
     return _iso(value) if isinstance(value, dt.datetime) else value
-
-
-async def _delete_exact(client: AsyncClient, name: str, namespace: str, uid: str) -> None:
-    """Delete pod ``namespace/name`` now (grace 0) if it still is the one with ``uid``
-    (lightkube's delete() cannot carry the precondition). Gone already is fine."""
-    options = {
-        "kind": "DeleteOptions",
-        "apiVersion": "v1",
-        "gracePeriodSeconds": 0,
-        "preconditions": {"uid": uid},
-    }
-    generic: Any = client._client
-    request = generic.prepare_request("delete", res=Pod, name=name, namespace=namespace)
-    request.data = options
-    response = await generic.send(generic.build_adapter_request(request))
-    try:
-        generic.handle_response("delete", response, request)
-    except ApiError as error:
-        if error.status.code not in (404, 409):  # gone, or another pod by that name now
-            raise
 
 
 # ---- Redfish hosts: power in sushy-tools, read through Redfish ----------------------------
