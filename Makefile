@@ -36,9 +36,11 @@ tools:
 	    echo "metalmend: ipmitool missing (apt-get install ipmitool); its interoperability test will be skipped"; \
 	  fi; }
 
+# The import contract (policy without I/O, the lab kept out of the controller) is a test.
 lint: venv
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_import_contract.py
 
 bench: venv k8s
 	$(BIN)/python -m benchmarks

@@ -3,7 +3,9 @@
 from benchmarks import (
     controlplane_start,
     detection_latency,
+    error_loops,
     healthcheck_eval,
+    hostile_bmcs,
     reboot_latency,
     remediation_overhead,
     runtime,
@@ -13,5 +15,7 @@ controlplane_start.main()
 healthcheck_eval.main()
 runtime.main()
 reboot_latency.main()
+hostile_bmcs.main()
 detection_latency.main()
 remediation_overhead.main()
+error_loops.main()

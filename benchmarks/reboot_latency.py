@@ -103,17 +103,18 @@ def summary(values: list[float]) -> str:
 async def bare_round_trips(running: lab.RunningLab, count: int = 1000) -> None:
     """The same BMC through metalmend.bmc alone: no controller, no Kubernetes."""
     from metalmend.bmc import BmcPool, BmcTarget, Credentials, parse
+    from metalmend.bmc.settings import BmcSettings
 
     assert running.hardware is not None
     spec = running.hardware.hosts[0]
     bmc = BmcTarget(parse(spec.address), Credentials(spec.username, spec.password))
-    pool = BmcPool(timeout=5)
+    pool = BmcPool(BmcSettings(timeout=5))
     times = []
     for _ in range(count):
         began = time.perf_counter()
         await pool.power_state(bmc)
         times.append((time.perf_counter() - began) * 1000)
-    pool.close()
+    await pool.close()
     print(f"  {'bare IPMI power read':28} {summary(times)}")
 
 

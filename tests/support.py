@@ -6,7 +6,7 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 
-from lightkube import Client
+from lightkube import ApiError, Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
@@ -46,3 +46,23 @@ def grant(
         ),
         namespace=namespace,
     )
+
+
+def bind_bmc_secrets(kube: Client, namespace: str) -> None:
+    """What deploy/rbac/metalmend.yaml asks of every host namespace: a RoleBinding that
+    lets metalmend's ServiceAccount list and watch the BMC Secrets there (and nowhere else).
+    Run metalmend with ``--secret-namespaces`` naming the same namespaces. Idempotent."""
+    binding = RoleBinding(
+        metadata=ObjectMeta(name="metalmend-bmc-credentials"),
+        roleRef=RoleRef(
+            apiGroup="rbac.authorization.k8s.io",
+            kind="ClusterRole",
+            name="metalmend-bmc-credentials",
+        ),
+        subjects=[Subject(kind="ServiceAccount", name="metalmend", namespace="metalmend-system")],
+    )
+    try:
+        kube.create(binding, namespace=namespace)
+    except ApiError as error:
+        if error.status.code != 409:  # already bound
+            raise

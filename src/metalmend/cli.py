@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -13,9 +15,11 @@ from rich.table import Table
 
 from metalmend import __version__
 from metalmend.kube.leader import LeadershipLost
-from metalmend.lab import lab as lab_
-from metalmend.lab.assets import AssetsError
-from metalmend.lab.controlplane import ControlPlaneError
+
+# The lab (and its extras: sushy-tools, bcrypt) is imported inside the lab commands only, so
+# that `metalmend run` works where only the controller's dependencies are installed.
+if TYPE_CHECKING:
+    from metalmend.lab import lab as lab_
 
 # Locals are never shown in tracebacks: they can hold BMC passwords.
 app = typer.Typer(
@@ -23,6 +27,8 @@ app = typer.Typer(
 )
 lab_app = typer.Typer(no_args_is_help=True, help="A real local cluster for demos and tests.")
 app.add_typer(lab_app, name="lab")
+credentials_app = typer.Typer(no_args_is_help=True, help="BMC credential Secrets.")
+app.add_typer(credentials_app, name="credentials")
 out = Console()
 err = Console(stderr=True)
 
@@ -46,6 +52,11 @@ def version() -> None:
     out.print(__version__)
 
 
+# The lab's own default (lab.lab.DEFAULT_CONTROLLERS), written here too so that --help
+# does not load the lab; tests/unit/test_import_contract.py checks that they agree.
+LAB_CONTROLLERS = "node-link,host-power,machine-health-check,metal3-remediation,machine-remediation"
+
+
 @lab_app.command("up")
 def lab_up(
     lab_dir: LabDir = Path(".lab"),
@@ -58,9 +69,11 @@ def lab_up(
     ] = 3.0,
     controllers: Annotated[
         str, typer.Option(help="Controllers 'metalmend run' runs against the lab ('' for none).")
-    ] = lab_.DEFAULT_CONTROLLERS,
+    ] = LAB_CONTROLLERS,
 ) -> None:
     """Start the lab: control plane, CRDs, and (with --hosts) BMCs, hosts and kubelets."""
+    from metalmend.lab import lab as lab_
+
     if bmc not in ("redfish", "ipmi", "mixed"):
         fail(f"--bmc must be redfish, ipmi or mixed, not {bmc!r}", code=2)
     options = lab_.LabOptions(
@@ -89,6 +102,8 @@ def _print_ready(state: lab_.LabState, foreground: bool) -> None:
 @lab_app.command("down")
 def lab_down(lab_dir: LabDir = Path(".lab")) -> None:
     """Stop the lab and every process it started."""
+    from metalmend.lab import lab as lab_
+
     if lab_.down(lab_dir):
         out.print("lab stopped")
     else:
@@ -98,6 +113,8 @@ def lab_down(lab_dir: LabDir = Path(".lab")) -> None:
 @lab_app.command("status")
 def lab_status(lab_dir: LabDir = Path(".lab")) -> None:
     """Show what the lab runs."""
+    from metalmend.lab import lab as lab_
+
     report = lab_.status(lab_dir)
     if not report.running:
         out.print(f"no lab is running in {lab_dir}")
@@ -105,9 +122,10 @@ def lab_status(lab_dir: LabDir = Path(".lab")) -> None:
     readiness = "[green]ok[/green]" if report.apiserver_ready else "[red]not ready[/red]"
     out.print(f"server {report.server}  readyz {readiness}")
     out.print(f"kubeconfig {report.kubeconfig}")
-    table = Table("component", "pid", "running")
+    table = Table("component", "pid", "running", "restarts")
     for c in report.components:
-        table.add_row(c.name, str(c.pid), "yes" if c.running else "[red]no[/red]")
+        running = "yes" if c.running else "[red]no[/red]"
+        table.add_row(c.name, str(c.pid), running, str(c.restarts))
     out.print(table)
     if report.hosts:
         hosts_table = Table(
@@ -133,6 +151,8 @@ def lab_fault(
     lab_dir: LabDir = Path(".lab"),
 ) -> None:
     """Inject a fault into a lab host (a hung kernel, an unreachable or slow BMC...)."""
+    from metalmend.lab import lab as lab_
+
     try:
         lab_.inject_fault(lab_dir, host, kind)
     except ValueError as error:
@@ -172,11 +192,32 @@ def run_command(
     namespace: Annotated[
         str | None, typer.Option(help="Watch only this namespace (default: all).")
     ] = None,
+    secret_namespaces: Annotated[
+        str,
+        typer.Option(
+            help="Without --namespace: comma-separated namespaces whose BMC Secrets may be"
+            " read, one RoleBinding each (default: all, which needs cluster-wide list/watch)."
+        ),
+    ] = "",
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     bmc_ca_bundle: Annotated[
         Path | None, typer.Option(help="CA bundle trusted for Redfish BMCs (besides the system's).")
     ] = None,
     bmc_timeout: Annotated[float, typer.Option(help="Seconds allowed for one BMC call.")] = 30.0,
+    bmc_allow_insecure_http: Annotated[
+        bool,
+        typer.Option(
+            help="Allow redfish+http:// BMC addresses: BMC passwords then cross the network"
+            " in cleartext."
+        ),
+    ] = False,
+    bmc_allowed_network: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A network (CIDR) BMC addresses must lie in, host names resolved; repeat"
+            " for several (default: any address)."
+        ),
+    ] = None,
     soft_power_off_timeout: Annotated[
         float, typer.Option(help="Seconds a soft power-off may take before it is made hard.")
     ] = 180.0,
@@ -206,12 +247,12 @@ def run_command(
     import asyncio
 
     from metalmend import log, runner
-    from metalmend.controllers import REGISTRY, RunOptions
-    from metalmend.controllers import all as _all  # noqa: F401  (registers every controller)
+    from metalmend.controllers import RunOptions, registry
 
-    chosen = list(REGISTRY) if controllers == "all" else [c for c in controllers.split(",") if c]
-    if unknown := runner.unknown_controllers(chosen):
-        known = ", ".join(REGISTRY) or "none yet"
+    everything = list(registry.CONTROLLERS)
+    chosen = everything if controllers == "all" else [c for c in controllers.split(",") if c]
+    if unknown := registry.unknown(chosen):
+        known = ", ".join(everything)
         fail(f"unknown controller(s): {', '.join(unknown)} (known: {known})", code=2)
     if fence not in ("delete-node", "out-of-service-taint"):
         fail(f"--fence must be delete-node or out-of-service-taint, not {fence!r}", code=2)
@@ -223,6 +264,24 @@ def run_command(
         )
     if remediation_retry_base <= 0:
         fail("--remediation-retry-base must be positive", code=2)
+    # Zero or negative waits would spin the BMC loops (a poll every instant, a call that
+    # times out at once); nan and inf parse as floats too, and never compare as intended.
+    positive = {"--bmc-timeout": bmc_timeout, "--power-poll-interval": power_poll_interval}
+    for flag, seconds in positive.items():
+        if not math.isfinite(seconds) or seconds <= 0:
+            fail(f"{flag} must be a positive number of seconds, not {seconds:g}", code=2)
+    if not math.isfinite(soft_power_off_timeout) or soft_power_off_timeout < 0:
+        fail(
+            "--soft-power-off-timeout must be a non-negative number of seconds,"
+            f" not {soft_power_off_timeout:g}",
+            code=2,
+        )
+    bmc_networks = []
+    for cidr in bmc_allowed_network or []:
+        try:
+            bmc_networks.append(ipaddress.ip_network(cidr.strip(), strict=False))
+        except ValueError:
+            fail(f"--bmc-allowed-network must be a CIDR such as 10.20.0.0/16, not {cidr!r}", code=2)
     host, _, port = health_bind.rpartition(":")
     if not host or not port.isdigit():
         fail(f"--health-bind must be host:port, not {health_bind!r}", code=2)
@@ -236,8 +295,11 @@ def run_command(
         health_port=int(port),
         options=RunOptions(
             namespace=namespace,
+            secret_namespaces=tuple(n.strip() for n in secret_namespaces.split(",") if n.strip()),
             bmc_ca_bundle=str(bmc_ca_bundle) if bmc_ca_bundle else None,
             bmc_timeout=bmc_timeout,
+            bmc_allow_insecure_http=bmc_allow_insecure_http,
+            bmc_allowed_networks=tuple(bmc_networks),
             soft_power_off_timeout=soft_power_off_timeout,
             power_poll_interval=power_poll_interval,
             fence_method=fence,  # type: ignore[arg-type]  # checked above
@@ -255,10 +317,59 @@ def run_command(
         fail(f"{error}; exiting so that a fresh replica can stand again", code=1)
 
 
+@credentials_app.command("bind")
+def credentials_bind(
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(help="Kubeconfig; default: in-cluster, $KUBECONFIG, ~/.kube/config."),
+    ] = None,
+    namespace: Annotated[
+        str | None, typer.Option(help="Only the hosts of this namespace (default: all).")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option(help="Say what would change; change nothing.")] = False,
+) -> None:
+    """Label and bind each BMC Secret to the hosts that name it today (migration)."""
+    import httpx2
+    from lightkube import ApiError, Client
+
+    from metalmend.bmc.binding import bind
+    from metalmend.kube.client import FIELD_MANAGER, ClusterUnavailable, load_config
+
+    try:
+        client = Client(load_config(kubeconfig), field_manager=FIELD_MANAGER)
+        bindings = bind(client, namespace, dry_run=dry_run)
+    except ClusterUnavailable as error:
+        fail(str(error), code=2)
+    except ApiError as error:
+        fail(f"cannot list BareMetalHosts: {error.status.code} {error.status.message}", code=2)
+    except (OSError, httpx2.HTTPError) as error:
+        fail(f"cannot reach the API server: {error}", code=2)
+    if not bindings:
+        out.print("no host names a BMC Secret", highlight=False)
+    for binding in bindings:
+        out.print(binding.describe(dry_run), highlight=False, markup=False, soft_wrap=True)
+    if any(b.problem for b in bindings):
+        raise typer.Exit(1)
+
+
+def _lab_errors() -> tuple[type[Exception], ...]:
+    """The lab's expected failures (a missing binary, a control plane that did not start),
+    shown as one line. Only a lab command can raise them, and it has loaded the lab."""
+    if "metalmend.lab.lab" not in sys.modules:
+        return ()
+    from metalmend.lab import lab as lab_
+    from metalmend.lab.assets import AssetsError
+    from metalmend.lab.controlplane import ControlPlaneError
+
+    return (AssetsError, ControlPlaneError, lab_.LabError)
+
+
 def main() -> None:
     try:
         app()
-    except (AssetsError, ControlPlaneError, lab_.LabError) as error:
+    except Exception as error:
+        if not isinstance(error, _lab_errors()):
+            raise
         err.print(f"metalmend: {error}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:

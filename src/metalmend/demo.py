@@ -27,11 +27,12 @@ from metalmend.api.resources import (
     MachineHealthCheck,
 )
 from metalmend.bmc import BmcPool, BmcTarget, Credentials, parse
+from metalmend.bmc.settings import BmcSettings
 from metalmend.kube.crds import crd_name, load_crds
 from metalmend.lab import lab
 from metalmend.lab.assets import find_binaries
-from metalmend.lab.hardware import HostSpec
 from metalmend.lab.hosts import NAMESPACE, fence_health_check
+from metalmend.lab.inventory import HostSpec
 from metalmend.lab.timeline import MILESTONES, PATH, Recorder, Timeline, breakdown, svg, total
 from metalmend.lab.timeline import Settings as TimelineSettings
 
@@ -151,9 +152,9 @@ def bmc_of(spec: HostSpec) -> BmcTarget:
 
 
 async def show_bmcs(running: lab.RunningLab, out: Console) -> None:
-    step(out, "5. metalmend talks to the BMCs directly: Redfish (sushy) and IPMI (pyghmi)")
+    step(out, "5. metalmend talks to the BMCs directly: Redfish (httpx) and IPMI (pyghmi)")
     assert running.hardware is not None
-    bmcs = BmcPool(timeout=10, ca_bundle=str(running.plane.ca.pair.cert))
+    bmcs = BmcPool(BmcSettings(timeout=10, ca_bundle=str(running.plane.ca.pair.cert)))
     for spec in running.hardware.hosts:
         began = time.monotonic()
         state = await bmcs.power_state(bmc_of(spec))
@@ -164,7 +165,7 @@ async def show_bmcs(running: lab.RunningLab, out: Console) -> None:
         await bmcs.power_state(wrong)
     except Exception as error:
         out.print(f"wrong password: {type(error).__name__}: {escape(str(error))}", highlight=False)
-    bmcs.close()
+    await bmcs.close()
 
 
 async def show_remediation(running: lab.RunningLab, client: Client, out: Console) -> Timeline:

@@ -43,6 +43,3 @@ def setup(level: str = "INFO") -> None:
     # httpx logs every request at INFO; that is noise for an operator.
     for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    # sushy logs a failed session login at ERROR before it falls back to basic auth, which
-    # works; the BMC drivers report every real failure themselves, typed and scrubbed.
-    logging.getLogger("sushy").setLevel(logging.CRITICAL)

@@ -1,5 +1,6 @@
-"""``metalmend run``: connect, build the manager from the chosen controllers, serve health,
-and run until SIGTERM/SIGINT (or until the leader lease is lost)."""
+"""``metalmend run``: connect, build the manager from the chosen controllers, check that
+the API server accepts the writes they need, serve health, and run until SIGTERM/SIGINT
+(or until the leader lease is lost)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,16 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from metalmend.controllers import REGISTRY, RunOptions
+import httpx2
+from lightkube import ApiError, AsyncClient
+from lightkube.types import PatchType
+
+from metalmend.api.names import REBOOT_PREFIX
+from metalmend.api.resources import BareMetalHost
+from metalmend.controllers import RunOptions
+from metalmend.controllers.registry import CONTROLLERS
 from metalmend.kube.client import ClusterUnavailable, async_client, load_config, whoami
 from metalmend.kube.health import serving
 from metalmend.kube.leader import LeaseTiming
@@ -34,10 +43,6 @@ class RunConfig:
     health_host: str = "127.0.0.1"
     health_port: int = 8081
     options: RunOptions = field(default_factory=RunOptions)
-
-
-def unknown_controllers(names: list[str]) -> list[str]:
-    return [n for n in names if n not in REGISTRY]
 
 
 def default_lease_namespace() -> str:
@@ -65,7 +70,11 @@ async def run(config: RunConfig) -> None:
         )
     manager = Manager(client, leader_election=election)
     for name in config.controllers:
-        REGISTRY[name](manager, config.options)
+        CONTROLLERS[name](manager, config.options)
+    if "host-power" in config.controllers:
+        problem = await check_reboot_annotation_writes(client, config.options.namespace)
+        if problem:
+            log.warning("start-up check failed: %s", problem)
     # A signal sets an Event; only the manager's task is cancelled, never this one, so
     # that shutting down (health server, client) runs as ordinary code.
     stop = asyncio.Event()
@@ -93,4 +102,45 @@ async def run(config: RunConfig) -> None:
     await client.close()
 
 
-__all__ = ["ClusterUnavailable", "RunConfig", "run", "unknown_controllers"]
+CHECK_ANNOTATION = f"{REBOOT_PREFIX}metalmend-start-up-check"
+
+
+async def check_reboot_annotation_writes(client: AsyncClient, namespace: str | None) -> str | None:
+    """Whether the API server lets us change reboot annotations (host-power removes the
+    suffixless one when a reboot is done): a server-side dry run (nothing is stored, but
+    admission policies run) adding a reboot annotation to one BareMetalHost. Returns a
+    line for the operator when refused, None when allowed or when there is nothing to try
+    on (no host yet; a refusal then shows on the first host as WritesAccepted=False)."""
+    where: str | None = None  # set once a host is found: only the patch is checked here
+    try:
+        host: Any = None
+        async for found in client.list(BareMetalHost, namespace=namespace or "*", chunk_size=1):
+            host = found
+            break
+        if host is None:
+            return None
+        where = f"{host.metadata.namespace}/{host.metadata.name}"
+        await client.patch(
+            BareMetalHost,
+            host.metadata.name,
+            {"metadata": {"annotations": {CHECK_ANNOTATION: ""}}},
+            namespace=host.metadata.namespace,
+            patch_type=PatchType.MERGE,
+            dry_run=True,
+        )
+    except ApiError as error:
+        if where is None or error.status.code not in (403, 422):
+            return None  # not a refusal of the write: the controllers will say what it is
+        message = " ".join(str(error.status.message or "").split())
+        return (
+            f"the API server refuses metalmend's changes to reboot annotations on"
+            f" BareMetalHosts (dry run on {where}: {error.status.code} {message});"
+            " a rebooted host would stay off. Allow metalmend's identity (RBAC, or the"
+            " metalmend-reboot-writers ConfigMap of deploy/policies/)"
+        )
+    except (httpx2.HTTPError, OSError):
+        return None
+    return None
+
+
+__all__ = ["ClusterUnavailable", "RunConfig", "run"]

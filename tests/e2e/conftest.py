@@ -14,7 +14,7 @@ import pytest
 from metalmend.bmc import BmcTarget, Credentials, parse
 from metalmend.lab import lab
 from metalmend.lab.controlplane import free_port
-from metalmend.lab.hardware import HostSpec
+from metalmend.lab.inventory import HostSpec
 
 LAB_GRACE = 6.0  # node-monitor grace period of the e2e lab
 

@@ -1,5 +1,7 @@
 """Each driver against a real protocol server: sushy-tools for Redfish, the lab's pyghmi BMC
-for IPMI; and Debian's ipmitool as an independent client of the lab BMC."""
+for IPMI; and Debian's ipmitool as an independent client of the lab BMC. The IPMI driver's
+process boundary: a stuck or cancelled call is ended by killing its worker, and the
+worker's sockets listen on the address that reaches the BMC only."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from metalmend.bmc import (
     Unreachable,
     parse,
 )
+from metalmend.bmc.errors import BmcError
+from metalmend.bmc.settings import BmcSettings
 from metalmend.lab import lab
 from metalmend.lab.controlplane import free_port
 from tests.e2e.conftest import host, target
@@ -34,9 +38,9 @@ POWER_CHANGE = 20.0
 
 @pytest.fixture
 async def pool(hosts_lab: lab.RunningLab) -> AsyncIterator[BmcPool]:
-    bmcs = BmcPool(timeout=5, ca_bundle=str(hosts_lab.plane.ca.pair.cert))
+    bmcs = BmcPool(BmcSettings(timeout=5, ca_bundle=str(hosts_lab.plane.ca.pair.cert)))
     yield bmcs
-    bmcs.close()
+    await bmcs.close()
 
 
 async def power_becomes(pool: BmcPool, bmc: BmcTarget, state: PowerState) -> None:
@@ -109,14 +113,14 @@ def silent_server(kind: int) -> Iterator[int]:
     ],
 )
 async def test_a_bmc_that_never_answers_times_out(address: str, kind: int) -> None:
-    bmcs = BmcPool(timeout=2)
+    bmcs = BmcPool(BmcSettings(timeout=2))
     with silent_server(kind) as port:
         bmc = BmcTarget(
             parse(address.format(port=port)), Credentials("operator", "not-the-password")
         )
         with pytest.raises(TimedOut):
             await bmcs.power_state(bmc)
-    bmcs.close()
+    await bmcs.close()
 
 
 @pytest.mark.skipif(shutil.which("ipmitool") is None, reason="make test installs ipmitool")
@@ -141,3 +145,83 @@ async def test_ipmitool_reads_and_changes_the_power_of_a_lab_bmc(
     assert await asyncio.to_thread(ipmitool, "power", "status") == "Chassis Power is off"
     await asyncio.to_thread(ipmitool, "power", "on")
     await power_becomes(pool, bmc, PowerState.ON)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def udp_sockets_of(pids: list[int]) -> list[str]:
+    """Local addresses of the UDP sockets ``pids`` hold, as `ss -uanp` lists them."""
+    listing = subprocess.run(["ss", "-uanp"], capture_output=True, text=True, check=True)
+    return [
+        line.split()[3]
+        for line in listing.stdout.splitlines()[1:]
+        if any(f"pid={pid}," in line for pid in pids)
+    ]
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+async def test_ipmi_sockets_listen_only_on_the_address_that_reaches_the_bmc(
+    hosts_lab: lab.RunningLab, pool: BmcPool
+) -> None:
+    bmc = target(host(hosts_lab, "ipmi"))
+    assert await pool.power_state(bmc) == PowerState.ON
+    pids = pool.ipmi_workers.pids()
+    assert pids, "the call ran in a worker process"
+    sockets = udp_sockets_of(pids)
+    assert sockets, "the worker's session socket is listed"
+    wildcard = [s for s in sockets if s.startswith(("0.0.0.0:", "[::]:", "*:"))]
+    assert wildcard == [], f"IPMI sockets listening on every interface: {wildcard}"
+    assert all(s.startswith("127.0.0.1:") for s in sockets), sockets
+
+
+async def test_wrong_ipmi_users_on_one_bmc_do_not_leave_it_busy(hosts_lab: lab.RunningLab) -> None:
+    """Three hosts with wrong IPMI users on one BMC, then deleted: the BMC used to stay
+    "busy with a command that does not end" until metalmend restarted, because pyghmi's
+    login for an unknown user never ended and held pyghmi's process-wide state. Now each
+    call ends at its deadline (its worker killed) and the right user is served at once."""
+    spec = host(hosts_lab, "ipmi")
+    bmcs = BmcPool(BmcSettings(timeout=4))
+    try:
+        for user in ("intruder-1", "intruder-2", "intruder-3"):
+            wrong = BmcTarget(parse(spec.address), Credentials(user, spec.password))
+            with pytest.raises(BmcError) as caught:
+                await bmcs.power_state(wrong)
+            assert spec.password not in str(caught.value)
+        # The hosts are gone; nothing of their calls lives on:
+        assert await bmcs.power_state(target(spec)) == PowerState.ON
+    finally:
+        await bmcs.close()
+
+
+async def test_a_cancelled_ipmi_call_ends_its_worker(hosts_lab: lab.RunningLab) -> None:
+    spec = host(hosts_lab, "ipmi")
+    bmcs = BmcPool(BmcSettings(timeout=60))
+    try:
+        wrong = BmcTarget(parse(spec.address), Credentials("intruder", spec.password))
+        call = asyncio.create_task(bmcs.power_state(wrong))  # a login that does not end
+
+        async def in_a_worker() -> bool:
+            return bool(bmcs.ipmi_workers.pids())
+
+        await until(in_a_worker, within=10)
+        (pid,) = bmcs.ipmi_workers.pids()
+        await asyncio.sleep(0.5)  # let the login get under way inside pyghmi
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+        async def ended() -> bool:
+            return not alive(pid)
+
+        await until(ended, within=5)
+        assert await bmcs.power_state(target(spec)) == PowerState.ON  # on a fresh worker
+        assert pid not in bmcs.ipmi_workers.pids()
+    finally:
+        await bmcs.close()

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from lightkube import Client, KubeConfig
+from lightkube.types import PatchType
 
+from metalmend.api.resources import BareMetalHost
 from metalmend.lab.assets import find_binaries
+from metalmend.lab.inventory import status_path
 from metalmend.lab.lab import LabState, alive
 
 
@@ -170,3 +177,69 @@ def test_lab_with_hosts_reports_them_takes_faults_and_leaves_nothing_behind(
         ["pgrep", "-f", str(lab_dir)], capture_output=True, text=True, check=False
     ).stdout.split()
     assert leftover == [], "no process that names the lab directory is left"
+
+
+def until(condition: Callable[[], bool], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {within:.0f}s: {what}")
+        time.sleep(0.2)
+
+
+def test_a_killed_controller_is_restarted_and_the_lab_stays_up(tmp_path: Path) -> None:
+    """Issue 18: the controller's death tore the whole lab down. Now the supervisor
+    restarts it (as a Deployment would), and the new one reconciles the hosts."""
+    lab_dir = tmp_path / "lab"
+    started = metalmend(
+        "lab", "up", "--detach", "--hosts", "1", "--bmc", "redfish", "--boot-delay", "1",
+        lab_dir=lab_dir,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    state = LabState.read(lab_dir)
+    assert state is not None
+    first = state.components["metalmend"]
+    pids = [state.supervisor_pid, *state.components.values()]
+    try:
+        os.kill(first, signal.SIGKILL)
+
+        def replaced() -> bool:
+            now = LabState.read(lab_dir)
+            return now is not None and now.components["metalmend"] != first
+
+        until(replaced, within=60, what="a new controller process is recorded")
+        state = LabState.read(lab_dir)
+        assert state is not None
+        second = state.components["metalmend"]
+        pids.append(second)
+        assert alive(second)
+        assert not alive(first)
+        assert alive(state.supervisor_pid), "the lab stays up"
+        assert state.restarts == {"metalmend": 1}
+        assert all(alive(pid) for name, pid in state.components.items())
+        report = metalmend("lab", "status", lab_dir=lab_dir)
+        assert report.returncode == 0
+        rows = [re.findall(r"[\w-]+", line) for line in report.stdout.splitlines()]
+        assert ["metalmend", str(second), "yes", "1"] in rows, report.stdout  # restarts: 1
+        log = (lab_dir / "lab.log").read_text()
+        assert f"metalmend (pid {first}) ended with signal SIGKILL" in log
+        assert f"metalmend restarted (pid {second}, restart 1)" in log
+
+        # The new controller reconciles: taking the host offline powers it off.
+        kube = Client(KubeConfig.from_file(lab_dir / "kubeconfig"))
+        kube.patch(
+            BareMetalHost, "worker-0", {"spec": {"online": False}},
+            namespace="metalmend-lab", patch_type=PatchType.MERGE,
+        )  # fmt: skip
+
+        def powered_off() -> bool:
+            host = kube.get(BareMetalHost, "worker-0", namespace="metalmend-lab")
+            hardware = json.loads(status_path(lab_dir).read_text())
+            reported = (host.get("status") or {}).get("poweredOn")
+            return reported is False and hardware["worker-0"]["power"] == "off"
+
+        until(powered_off, within=60, what="worker-0 powered off by the restarted controller")
+    finally:
+        stopped = metalmend("lab", "down", lab_dir=lab_dir)
+    assert stopped.returncode == 0
+    assert descendants_gone(pids)

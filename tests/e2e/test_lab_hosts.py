@@ -12,6 +12,7 @@ from lightkube.resources.core_v1 import Node
 
 from metalmend.api.resources import BareMetalHost, Machine
 from metalmend.bmc import BmcError, BmcPool, PowerState
+from metalmend.bmc.settings import BmcSettings
 from metalmend.lab import lab
 from metalmend.lab.hosts import NAMESPACE
 from tests.e2e.conftest import LAB_GRACE, host, target
@@ -56,7 +57,11 @@ async def test_every_host_has_its_objects_and_a_ready_node(
             return ((m.get("status") or {}).get("nodeRef") or {}).get("name") == name
 
         await until(linked, within=30)  # node-link, running as `metalmend run`
-        await until(lambda name=spec.name: _is(kube, name, "True"), within=30)
+
+        async def ready(name: str = spec.name) -> bool:
+            return await _is(kube, name, "True")
+
+        await until(ready, within=30)
 
 
 async def _is(kube: AsyncClient, name: str, status: str) -> bool:
@@ -80,7 +85,7 @@ async def test_power_off_silences_the_node_and_power_on_brings_it_back(
     hosts_lab: lab.RunningLab, kube: AsyncClient, kind: str
 ) -> None:
     spec = host(hosts_lab, kind)
-    bmcs = BmcPool(timeout=10, ca_bundle=str(hosts_lab.plane.ca.pair.cert))
+    bmcs = BmcPool(BmcSettings(timeout=10, ca_bundle=str(hosts_lab.plane.ca.pair.cert)))
     bmc = target(spec)
     try:
         await until(lambda: _is(kube, spec.name, "True"), within=COMEBACK)
@@ -93,7 +98,7 @@ async def test_power_off_silences_the_node_and_power_on_brings_it_back(
     finally:
         if await bmcs.power_state(bmc) == PowerState.OFF:
             await bmcs.power_on(bmc)
-        bmcs.close()
+        await bmcs.close()
 
 
 async def test_bmc_down_is_reported_and_unreachable_to_the_driver(
@@ -101,7 +106,7 @@ async def test_bmc_down_is_reported_and_unreachable_to_the_driver(
 ) -> None:
     spec = host(hosts_lab, "redfish")
     lab_dir = hosts_lab.plane.workdir.parent
-    bmcs = BmcPool(timeout=3, ca_bundle=str(hosts_lab.plane.ca.pair.cert))
+    bmcs = BmcPool(BmcSettings(timeout=3, ca_bundle=str(hosts_lab.plane.ca.pair.cert)))
     try:
         lab.inject_fault(lab_dir, spec.name, "bmc-down")
         await asyncio.sleep(0.5)
@@ -115,7 +120,7 @@ async def test_bmc_down_is_reported_and_unreachable_to_the_driver(
         assert {h.name: h for h in lab.status(lab_dir).hosts}[spec.name].bmc_reachable
     finally:
         lab.inject_fault(lab_dir, spec.name, "bmc-up")
-        bmcs.close()
+        await bmcs.close()
 
 
 async def test_even_a_brief_power_cycle_cures_a_hang(
@@ -125,7 +130,7 @@ async def test_even_a_brief_power_cycle_cures_a_hang(
     an off shorter than one heartbeat used to leave the host hung)."""
     spec = host(hosts_lab, "ipmi")
     lab_dir = hosts_lab.plane.workdir.parent
-    bmcs = BmcPool(timeout=10)
+    bmcs = BmcPool(BmcSettings(timeout=10))
     bmc = target(spec)
     try:
         await until(lambda: _is(kube, spec.name, "True"), within=COMEBACK)
@@ -136,4 +141,4 @@ async def test_even_a_brief_power_cycle_cures_a_hang(
         await until(lambda: _is(kube, spec.name, "True"), within=COMEBACK)
     finally:
         lab.inject_fault(lab_dir, spec.name, "recover")
-        bmcs.close()
+        await bmcs.close()

@@ -17,10 +17,11 @@ from lightkube.types import PatchType
 from metalmend.api.names import REBOOT
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc import BmcPool, PowerState
+from metalmend.bmc.settings import BmcSettings
 from metalmend.lab import lab
-from metalmend.lab.hardware import HostSpec
 from metalmend.lab.hosts import NAMESPACE
-from metalmend.policy.hostpower import parse_stamp
+from metalmend.lab.inventory import HostSpec
+from metalmend.policy.hostpower import parse_stamp, stamp
 from tests.e2e.conftest import Metalmend, host, target
 from tests.support import until
 
@@ -45,9 +46,9 @@ async def kube(hosts_lab: lab.RunningLab) -> AsyncIterator[AsyncClient]:
 
 @pytest.fixture
 async def bmcs(hosts_lab: lab.RunningLab) -> AsyncIterator[BmcPool]:
-    pool = BmcPool(timeout=10, ca_bundle=str(hosts_lab.plane.ca.pair.cert))
+    pool = BmcPool(BmcSettings(timeout=10, ca_bundle=str(hosts_lab.plane.ca.pair.cert)))
     yield pool
-    pool.close()
+    await pool.close()
 
 
 async def bmh(kube: AsyncClient, name: str) -> Any:
@@ -250,3 +251,26 @@ async def test_bmc_failure_is_reported_in_status_and_cleared_when_it_answers(
 
     # pyghmi holds a session to the lost BMC for ~15 s and errors back off up to 60 s.
     await until(recovered, within=90)
+
+
+async def test_a_power_on_recorded_but_never_sent_is_sent_after_a_restart(
+    hosts_lab: lab.RunningLab, controller: Metalmend, kube: AsyncClient, bmcs: BmcPool
+) -> None:
+    """Issue: a controller killed between recording a power command and sending it left the
+    host off for the 30 s in-flight guard. The record here is from a previous leader whose
+    clock ran ahead (10 minutes): the old guard would hold the host off until then; a
+    restarted controller did not send it itself, reads the BMC (off) and sends it."""
+    spec = host(hosts_lab, "ipmi")
+    await settled(kube, spec, bmcs)
+    controller.stop()
+    await bmcs.power_off(target(spec), hard=True)
+    await until(lambda: _power_is(bmcs, spec, PowerState.OFF), within=10)
+    recorded = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=10)
+    await kube.patch(
+        BareMetalHost.Status, spec.name,
+        {"status": {"poweredOn": False,
+                    "lastPowerCommand": {"action": "on", "at": stamp(recorded)}}},
+        namespace=NAMESPACE, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    controller.start()
+    await until(lambda: _power_is(bmcs, spec, PowerState.ON), within=30)

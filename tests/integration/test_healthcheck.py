@@ -7,16 +7,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from lightkube import ApiError, AsyncClient
+import yaml
+from lightkube import ApiError, AsyncClient, Client
+from lightkube.codecs import from_dict
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node
 from lightkube.types import PatchType
 
 from metalmend.api.resources import (
+    CRD_DIR,
     Machine,
     MachineHealthCheck,
     Metal3Remediation,
@@ -24,6 +28,7 @@ from metalmend.api.resources import (
 )
 from metalmend.controllers import RunOptions
 from metalmend.controllers.healthcheck import setup
+from metalmend.kube.crds import FIELD_MANAGER, install_crds, wait_established
 from metalmend.kube.manager import Manager
 from tests.support import until
 
@@ -246,6 +251,10 @@ async def test_skipped_machines_are_not_targets(
             {"remediationTemplate": {"apiVersion": "remediation.metal3.io/v1alpha1", "kind": "Metal3RemediationTemplate", "name": "nope"}},
             "InvalidSpec", "not found", id="template not found",
         ),
+        pytest.param(
+            {"remediationTemplate": {"apiVersion": "remediation.metal3.io/v1alpha1", "kind": "Metal3RemediationTemplate", "name": "fence", "namespace": "kube-system"}},
+            "InvalidSpec", "must be empty or this check's own namespace", id="template in another namespace",
+        ),
     ],
 )  # fmt: skip
 async def test_bad_specs_are_reported_not_crashed_on(
@@ -301,3 +310,56 @@ async def test_nothing_is_written_when_nothing_changed(
     assert after.metadata.resourceVersion == check.metadata.resourceVersion
     machine_after: Any = await aclient.get(Machine, "m1", namespace=namespace)
     assert (machine_after.get("status") or {}) == (machine.get("status") or {})
+
+
+@pytest.fixture
+def crd_without_duration_limits(kube: Client) -> Iterator[None]:
+    """The MachineHealthCheck CRD as shipped before durations were bounded, under which a
+    check with a 99999999h timeout was stored; the shipped CRD is put back afterwards."""
+    path = CRD_DIR / "cluster.x-k8s.io_machinehealthchecks.yaml"
+    crd = yaml.safe_load(path.read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    timeout = spec["properties"]["unhealthyConditions"]["items"]["properties"]["timeout"]
+    timeout["x-kubernetes-validations"] = [
+        rule for rule in timeout["x-kubernetes-validations"] if "2562047h" not in rule["message"]
+    ]
+    kube.apply(from_dict(crd), field_manager=FIELD_MANAGER, force=True)
+    wait_established(kube, [crd["metadata"]["name"]], 30)
+    try:
+        yield
+    finally:
+        install_crds(kube)
+
+
+async def test_a_check_with_a_beyond_calendar_timeout_works_without_a_traceback(
+    crd_without_duration_limits: None,  # first: changing a CRD ends the watches on it
+    aclient: AsyncClient, namespace: str, pool: Pool, running: Manager,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """Issue 18: a 99999999h timeout (admitted then) raised OverflowError on every event:
+    tracebacks, an empty status, the check silently never working. Now it never expires."""
+    caplog.set_level(logging.WARNING)
+    await pool.machine("m1", healthy=False)
+    await pool.machine("m2")
+    huge = [{"type": "KernelDeadlock", "status": "True", "timeout": "99999999h"}]
+
+    async def created() -> bool:  # the relaxed schema takes effect within moments
+        try:
+            await health_check(aclient, namespace, unhealthyConditions=huge)
+        except ApiError as error:
+            if error.status.code != 422:
+                raise
+            return False
+        return True
+
+    await until(created, within=15)
+    await until(
+        lambda: _status_is(aclient, namespace, expectedMachines=2, currentHealthy=1), within=15
+    )
+    found = await conditions(aclient, MachineHealthCheck, "workers", namespace)
+    assert found["RemediationAllowed"]["status"] == "True"
+    await asyncio.sleep(1)  # more events (the status write) reconcile it again
+    assert "OwnerRemediated" not in await conditions(aclient, Machine, "m1", namespace)
+    failures = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert failures == [], [r.getMessage() for r in failures]
+    assert not any(r.exc_info for r in caplog.records)

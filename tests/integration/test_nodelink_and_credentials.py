@@ -1,4 +1,4 @@
-"""node-link on the real API server, and BMC credentials read from Secrets."""
+"""node-link on the real API server (BMC credentials: tests/integration/test_credentials.py)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,12 @@ import asyncio
 import contextlib
 from typing import Any
 
-import pytest
 from lightkube import ApiError, AsyncClient
 from lightkube.models.core_v1 import NodeSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Node, Secret
+from lightkube.resources.core_v1 import Node
 
-from metalmend.api.resources import Machine
-from metalmend.bmc import CredentialsError
-from metalmend.bmc.credentials import load
+from metalmend.api.resources import BareMetalHost, Machine
 from metalmend.controllers import RunOptions
 from metalmend.controllers.nodelink import setup
 from metalmend.kube.manager import Manager
@@ -33,10 +30,17 @@ async def test_node_link_sets_and_clears_node_ref(aclient: AsyncClient, namespac
     provider = f"metal3://{namespace}/h1"
     node_name = f"{namespace}-n1"
     try:
-        await aclient.create(
+        machine: Any = await aclient.create(
             Machine(
                 metadata=ObjectMeta(name="m1"), spec={"clusterName": "c", "providerID": provider}
             ),
+            namespace=namespace,
+        )
+        # The host the providerID names confirms the Machine as its consumer (api/links.py).
+        consumer = {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine", "name": "m1",
+                    "uid": machine.metadata.uid}  # fmt: skip
+        await aclient.create(
+            BareMetalHost(metadata=ObjectMeta(name="h1"), spec={"consumerRef": consumer}),
             namespace=namespace,
         )
         await aclient.create(
@@ -61,22 +65,3 @@ async def test_node_link_sets_and_clears_node_ref(aclient: AsyncClient, namespac
 
 async def _has(client: AsyncClient, namespace: str, machine: str, node: str | None) -> bool:
     return await node_ref(client, namespace, machine) == node
-
-
-async def test_credentials_come_from_the_hosts_own_namespace(
-    aclient: AsyncClient, namespace: str
-) -> None:
-    await aclient.create(
-        Secret(
-            metadata=ObjectMeta(name="bmc"), stringData={"username": "admin\n", "password": " pw "}
-        ),
-        namespace=namespace,
-    )
-    creds = await load(aclient, namespace, "bmc")
-    assert (creds.username, creds.password) == ("admin", "pw")
-    with pytest.raises(CredentialsError, match="outside the host's namespace"):
-        await load(aclient, namespace, "kube-system/bmc")
-    with pytest.raises(CredentialsError, match=f"Secret {namespace}/missing not found"):
-        await load(aclient, namespace, "missing")
-    with pytest.raises(CredentialsError, match="credentialsName is not set"):
-        await load(aclient, namespace, None)

@@ -1,5 +1,6 @@
 """deploy/policies/ on the real API server: malformed reboot values refused at admission,
-and only named users and groups may touch reboot annotations."""
+only named users and groups may touch reboot annotations, and only named ones may change
+spec.bmc of an existing host."""
 
 from __future__ import annotations
 
@@ -54,6 +55,11 @@ def value_policy(kube: Client, namespace: str) -> Iterator[None]:
 @pytest.fixture
 def writer_policy(kube: Client, namespace: str) -> Iterator[None]:
     yield from scoped(kube, "reboot-annotation-writers.yaml", namespace)
+
+
+@pytest.fixture
+def bmc_policy(kube: Client, namespace: str) -> Iterator[None]:
+    yield from scoped(kube, "bmc-spec-writers.yaml", namespace)
 
 
 def host(name: str, annotations: dict[str, str]) -> Any:
@@ -144,11 +150,65 @@ def test_only_named_writers_touch_reboot_annotations(
     assert final == {"owner": "alice"}
 
 
+def set_bmc(client: Client, namespace: str, name: str, bmc: dict[str, Any]) -> Any:
+    return client.patch(
+        BareMetalHost, name, {"spec": {"bmc": bmc}},
+        namespace=namespace, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+
+
+def test_only_named_users_change_the_bmc_of_an_existing_host(
+    control_plane: ControlPlane, kube: Client, namespace: str, bmc_policy: None
+) -> None:
+    """A tenant who may edit hosts cannot repoint a host (bound to a BMC Secret) at an
+    address of their own; creating hosts and editing the rest of the spec stay as RBAC
+    says."""
+    everyone = Subject(kind="Group", name="system:authenticated")
+    grant(
+        kube, namespace, "edit-hosts", everyone,
+        group="metal3.io", resources=["baremetalhosts"], verbs=["get", "create", "patch"],
+    )  # fmt: skip
+    kube.create(host("probe", {}), namespace=namespace)
+    probes = iter(range(1000))
+    # Enforced? The admin is not a named writer either (a new port each time, see above).
+    refused(
+        lambda: set_bmc(
+            kube, namespace, "probe", {"address": f"ipmi://127.0.0.1:{next(probes) + 2}"}
+        )
+    )
+    alice = Client(KubeConfig.from_file(control_plane.user_kubeconfig("alice", ["tenants"])))
+    ops = Client(
+        KubeConfig.from_file(control_plane.user_kubeconfig("olga", ["metalmend:bmc-admins"]))
+    )
+
+    alice.create(host("h1", {}), namespace=namespace)  # creating stays allowed
+    for change in (
+        {"address": "redfish+https://203.0.113.7/redfish/v1/Systems/1"},
+        {"credentialsName": "someone-elses-bmc"},
+        {"disableCertificateVerification": True},
+    ):
+        with pytest.raises(ApiError) as caught:
+            set_bmc(alice, namespace, "h1", change)
+        assert caught.value.status.code == 403
+        assert (
+            "alice may not change spec.bmc of existing BareMetalHost h1 (its BMC address and"
+            " credentials); see ConfigMap metalmend-system/metalmend-bmc-writers"
+        ) in str(caught.value.status.message)
+    alice.patch(
+        BareMetalHost, "h1", {"spec": {"online": False}},
+        namespace=namespace, patch_type=PatchType.MERGE,
+    )  # fmt: skip  # the rest of the spec: as RBAC says
+    set_bmc(ops, namespace, "h1", {"address": "ipmi://127.0.0.1:2", "credentialsName": "bmc"})
+    final: Any = kube.get(BareMetalHost, "h1", namespace=namespace)
+    assert final["spec"]["bmc"] == {"address": "ipmi://127.0.0.1:2", "credentialsName": "bmc"}
+    assert final["spec"]["online"] is False
+
+
 def test_policies_are_valid_admission_objects(kube: Client) -> None:
     kinds = [
         obj.kind
         for file in sorted(POLICIES.glob("*.yaml"))
         for obj in codecs.load_all_yaml(file.read_text())
     ]
-    assert kinds.count("ValidatingAdmissionPolicy") == 2
-    assert kinds.count("ValidatingAdmissionPolicyBinding") == 2
+    assert kinds.count("ValidatingAdmissionPolicy") == 3
+    assert kinds.count("ValidatingAdmissionPolicyBinding") == 3

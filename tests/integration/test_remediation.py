@@ -19,9 +19,11 @@ from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
 
 from metalmend.api import names
+from metalmend.api.reboot import is_reboot_annotation
 from metalmend.api.resources import BareMetalHost, Machine, MachineHealthCheck, Metal3Remediation
 from metalmend.controllers import RunOptions, healthcheck, machineremediation, nodelink, remediation
 from metalmend.kube.manager import Manager
+from metalmend.policy.fencing import POWERED_OFF_FOR
 from metalmend.policy.hostpower import stamp
 from tests.support import until
 
@@ -31,9 +33,9 @@ Setup = Callable[[Manager, RunOptions], None]
 class Controllers:
     """Managers started (and killed) by a test, as `metalmend run` would run them."""
 
-    def __init__(self, client: AsyncClient, namespace: str) -> None:
+    def __init__(self, client: AsyncClient, namespace: str | None) -> None:
         self.client = client
-        self.namespace = namespace
+        self.namespace = namespace  # None: all namespaces
         self.tasks: list[asyncio.Task[None]] = []
 
     async def start(self, *setups: Setup, **options: Any) -> None:
@@ -64,15 +66,19 @@ class World:
         self.client = client
         self.ns = namespace
         self.nodes: list[str] = []
+        self.host_of: dict[str, str] = {}  # machine -> host
 
     def provider_id(self, machine: str) -> str:
-        return f"test://{self.ns}/{machine}"  # node-link pairs Machine and Node by it
+        # node-link pairs Machine and Node by it: CAPM3's form, metal3://<ns>/<host>/<name>,
+        # which names the Machine's host (api/links.py) and differs per Machine.
+        return f"metal3://{self.ns}/{self.host_of.get(machine, f'host-{machine}')}/{machine}"
 
     def node_name(self, machine: str) -> str:
         return f"{self.ns}-{machine}"
 
     async def machine(self, name: str, host: str | None = None, **annotations: str) -> Any:
         host = host or f"host-{name}"
+        self.host_of[name] = host
         annotations[names.MACHINE_HOST] = f"{self.ns}/{host}"
         machine: Any = await self.client.create(
             Machine(
@@ -81,9 +87,13 @@ class World:
             ),
             namespace=self.ns,
         )
-        with contextlib.suppress(ApiError):  # several Machines may name one host
-            await self.client.create(
-                BareMetalHost(metadata=ObjectMeta(name=host), spec={"online": True}),
+        consumer = {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine", "name": name,
+                    "namespace": self.ns, "uid": machine.metadata.uid}  # fmt: skip
+        with contextlib.suppress(ApiError):  # several Machines may name one host: the first
+            await self.client.create(  # is its consumer
+                BareMetalHost(
+                    metadata=ObjectMeta(name=host), spec={"online": True, "consumerRef": consumer}
+                ),
                 namespace=self.ns,
             )
             await self.power(host, on=True)
@@ -127,14 +137,23 @@ class World:
         await self.client.create(pod, namespace=self.ns)
 
     async def power(self, host: str, on: bool, for_reboot: bool = True) -> None:
-        """Report the host's power as host-power would: off for a pending reboot (pending
-        later than lastPoweredOn) or, with for_reboot=False, an old "off"."""
+        """Report the host's power as host-power would: off for the reboot keys on the host
+        now (listed in poweredOffFor) or, with for_reboot=False, an old "off" (read before
+        any of them was added: none listed)."""
         now = dt.datetime.now(dt.UTC)
         hour = dt.timedelta(hours=1)
         provisioning = {"state": "provisioned", "lastPoweredOn": stamp(now - hour)}
+        listed = None
         if not on:
             provisioning["pendingRebootSince"] = stamp(now if for_reboot else now - 2 * hour)
-        status = {"poweredOn": on, "operationalStatus": "OK", "provisioning": provisioning}
+            keys = [k for k in await self.host_annotations(host) if is_reboot_annotation(k)]
+            listed = sorted(k for k in keys if k != names.REBOOT) if for_reboot else None
+        status = {
+            "poweredOn": on,
+            "operationalStatus": "OK",
+            "provisioning": provisioning,
+            POWERED_OFF_FOR: listed or None,
+        }
         await self.client.patch(
             BareMetalHost.Status,
             host,
@@ -355,7 +374,9 @@ async def test_out_of_service_taint_instead_of_deletion(
     assert names.OUT_OF_SERVICE_TAINT not in [t.key for t in node.spec.taints or []]
 
 
-async def test_seed_001_flow_from_annotations_alone(world: World, controllers: Controllers) -> None:
+async def test_annotation_based_remediation_from_annotations_alone(
+    world: World, controllers: Controllers
+) -> None:
     await controllers.start(machineremediation.setup, nodelink.setup)
     await world.machine("m1")
     await world.pod_on("m1", "db-0")

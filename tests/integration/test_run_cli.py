@@ -18,6 +18,8 @@ from metalmend.kube.health import serving
 from metalmend.kube.manager import Manager
 from metalmend.kube.workqueue import Backoff
 from metalmend.lab.controlplane import ControlPlane, free_port
+from metalmend.lab.proxies import TcpProxy
+from tests.support import bind_bmc_secrets, until
 
 
 def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -105,12 +107,14 @@ def test_run_with_the_shipped_rbac_serves_health_leads_and_stops_on_sigterm(
     """As in a real cluster: the ServiceAccount of deploy/rbac/, nothing more."""
     for obj in codecs.load_all_yaml(RBAC.read_text()):
         kube.apply(obj, force=True)
+    bind_bmc_secrets(kube, "metalmend-system")  # the per-namespace Secret grant
     account = control_plane.service_account_kubeconfig("metalmend-system", "metalmend")
     port = free_port()
     process = subprocess.Popen(
         [
             sys.executable, "-m", "metalmend", "run", "--kubeconfig", str(account),
             "--leader-elect", "--leader-election-namespace", "metalmend-system",
+            "--secret-namespaces", "metalmend-system",
             "--health-bind", f"127.0.0.1:{port}",
         ],
         stdout=subprocess.PIPE,
@@ -160,3 +164,66 @@ async def test_readyz_is_false_while_a_watch_is_forbidden(
         run_task.cancel()
         await asyncio.gather(run_task, return_exceptions=True)
         await nobody.close()
+
+
+async def test_readyz_and_healthz_follow_the_api_server_connection(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    """Issue: /readyz stayed ok while the API server was unreachable and /healthz was a
+    constant ok. Out of reach: not ready at once, not live after api_lost_after; back:
+    both ok again."""
+    proxy = TcpProxy("127.0.0.1", control_plane.ports.apiserver)
+    port = await proxy.start()
+    via = control_plane.kubeconfig_via(f"https://127.0.0.1:{port}", tmp_path / "via-proxy")
+    client = AsyncClient(KubeConfig.from_file(via))
+    manager = Manager(client)
+    manager.api_lost_after = 2.0
+    manager.informer(ConfigMap, namespace=namespace).backoff = Backoff(0.05, 0.5)
+    run_task = asyncio.create_task(manager.run())
+    try:
+        async with (
+            serving(manager, "127.0.0.1", 0) as health,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{health}") as http,
+        ):
+
+            async def answers(path: str, code: int) -> bool:
+                return (await http.get(path)).status_code == code
+
+            await until(lambda: answers("/readyz", 200), within=10)
+            proxy.cut()
+            await until(lambda: answers("/readyz", 503), within=10)
+            assert "API server out of reach" in (await http.get("/readyz")).text
+            await until(lambda: answers("/healthz", 503), within=10)
+            assert "API server out of reach for" in (await http.get("/healthz")).text
+            proxy.restore()
+            await until(lambda: answers("/readyz", 200), within=15)
+            assert (await http.get("/healthz")).text == "ok"
+    finally:
+        run_task.cancel()
+        await asyncio.gather(run_task, return_exceptions=True)
+        await client.close()
+        await proxy.stop()
+
+
+def test_health_binds_on_ipv6(control_plane: ControlPlane) -> None:
+    """Issue: health binds failed on IPv6 (`[::1]:port`)."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "metalmend", "run", "--kubeconfig", str(control_plane.kubeconfig),
+         "--health-bind", f"[::1]:{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline, answer = time.monotonic() + 30, None
+        while time.monotonic() < deadline and answer is None:
+            try:
+                answer = httpx.get(f"http://[::1]:{port}/healthz", timeout=1)
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert answer is not None
+        assert answer.text == "ok"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=15)
+    assert process.returncode == 0, stderr
+    assert f"[::1]:{port}" in stderr

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from metalmend.bmc import BadAddress, parse
-from metalmend.bmc.errors import POWER_MANAGEMENT_ERROR, REGISTRATION_ERROR, TimedOut, scrub
+from metalmend.bmc.errors import POWER_MANAGEMENT_ERROR, REGISTRATION_ERROR, TimedOut
 
 
 @pytest.mark.parametrize(
@@ -61,6 +63,14 @@ def test_addresses(
         ),
         pytest.param("ipmi://10.0.0.1:notaport", "bad port", id="bad port"),
         pytest.param("redfish:///redfish/v1", "no host", id="no host"),
+        pytest.param(
+            "redfish://[not-an-address/redfish/v1/Systems/1",
+            "malformed BMC address",
+            id="unclosed IPv6 bracket is a message, not a ValueError",
+        ),
+        pytest.param("ipmi://[::1", "malformed BMC address", id="unclosed IPv6 bracket, ipmi"),
+        pytest.param("redfish://%zz/redfish/v1", "bad host", id="percent in host"),
+        pytest.param("ipmi://bmc 1", "bad host", id="space in host"),
     ],
 )
 def test_bad_addresses_are_registration_errors(address: str, says: str) -> None:
@@ -79,5 +89,53 @@ def test_power_errors_are_power_management_errors() -> None:
     assert TimedOut("x").error_type == POWER_MANAGEMENT_ERROR
 
 
-def test_scrub_hides_every_secret() -> None:
-    assert scrub("login p4ss failed for p4ss", "p4ss", "") == "login *** failed for ***"
+@pytest.mark.parametrize(
+    ("address", "says"),
+    [
+        pytest.param("redfish://h/redfish/v1/Systems/../Managers/1", "'.' or '..'", id="dot-dot"),
+        pytest.param(
+            "redfish://h/redfish/v1/Systems/%2e%2e/x", "'.' or '..'", id="encoded dot-dot"
+        ),
+        pytest.param("redfish://h/redfish/v1/Systems/a%2Fb", "encoded slash", id="encoded slash"),
+        pytest.param("redfish://h/redfish/v1/Systems//1", "empty segment", id="double slash"),
+        pytest.param(
+            "redfish://h/Systems/1", "under /redfish/v1/", id="not under the service root"
+        ),
+        pytest.param("redfish://h/redfish/v2/Systems/1", "under /redfish/v1/", id="other version"),
+        pytest.param("redfish://h/redfish/v1/Systems/1?$expand=*", "query", id="query"),
+        pytest.param("redfish://h/redfish/v1/Systems/1#x", "query or fragment", id="fragment"),
+        pytest.param("redfish://h/redfish/v1/Systems/1?", "query", id="empty query"),
+        pytest.param("redfish://h/redfish/v1/Systems/é", "non-ASCII", id="non-ascii"),
+        pytest.param("redfish://h/redfish/v1/Systems/a\\b", "backslash", id="backslash"),
+    ],
+)
+def test_a_system_path_must_be_a_plain_path_under_the_service_root(address: str, says: str) -> None:
+    with pytest.raises(BadAddress, match=re.escape(says)) as caught:
+        parse(address)
+    assert caught.value.error_type == REGISTRATION_ERROR
+
+
+@pytest.mark.parametrize("path", ["", "/", "/redfish/v1", "/redfish/v1/"])
+def test_the_service_root_names_no_system(path: str) -> None:
+    assert parse(f"redfish://h{path}").system_path == ""
+
+
+def test_hosts_on_one_endpoint_share_its_key_but_not_their_system_key() -> None:
+    a = parse("redfish://chassis:8443/redfish/v1/Systems/A")
+    b = parse("redfish://chassis:8443/redfish/v1/Systems/B")
+    assert a.key == b.key  # one BMC: its commands are serialized
+    assert a.system_key != b.system_key  # two systems: never one driver
+    assert a.system_key == parse("idrac-redfish://chassis:8443/redfish/v1/Systems/A/").system_key
+
+
+def test_the_system_key_tells_http_from_https() -> None:
+    https = parse("redfish+https://h:8000/redfish/v1/Systems/1")
+    http = parse("redfish+http://h:8000/redfish/v1/Systems/1")
+    assert https.key == http.key
+    assert https.system_key != http.system_key  # an https driver never serves an http host
+
+
+def test_a_default_port_written_out_is_the_same_bmc() -> None:
+    assert parse("redfish://h").key == parse("redfish://h:443").key
+    assert parse("redfish+http://h").key == parse("redfish+http://h:80").key
+    assert parse("ipmi://h").system_key == parse("h:623").system_key

@@ -1,73 +1,283 @@
-"""BmcPool's limits, with a driver that only counts (no BMC needed)."""
+"""BmcPool's limits and routing, with fake async drivers (pure asyncio, no BMC, no I/O)."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 
 import pytest
 
 from metalmend.bmc import BmcPool, BmcTarget, Credentials, PowerState, TimedOut, parse
-from metalmend.bmc.driver import PowerAction
+from metalmend.bmc import pool as pool_module
+from metalmend.bmc.driver import PowerAction, PowerDriver
+from metalmend.bmc.errors import BmcError, Busy, Refused, cap
+from metalmend.bmc.settings import BmcSettings
 
 
-class CountingDriver:
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.active = 0
-        self.most = 0
-        self._lock = threading.Lock()
+class FakeDriver:
+    """Counts what it is asked; a call waits for ``gate`` (open by default)."""
 
-    def power_state(self) -> PowerState:
-        with self._lock:
-            self.active += 1
-            self.most = max(self.most, self.active)
-        time.sleep(self.seconds)
-        with self._lock:
-            self.active -= 1
+    def __init__(self, target: BmcTarget) -> None:
+        self.target = target
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.started = asyncio.Event()
+        self.actions: list[PowerAction] = []
+        self.reads = 0
+        self.cancelled = 0
+        self.closed = False
+        self.fail_with: BmcError | None = None
+
+    async def _enter(self) -> None:
+        self.started.set()
+        try:
+            await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        if self.fail_with is not None:
+            raise self.fail_with
+
+    async def power_state(self) -> PowerState:
+        await self._enter()
+        self.reads += 1
         return PowerState.ON
 
-    def act(self, action: PowerAction) -> None:
-        self.power_state()
+    async def act(self, action: PowerAction) -> None:
+        await self._enter()
+        self.actions.append(action)
 
-    def close(self) -> None:
-        pass
-
-
-def target(port: int) -> BmcTarget:
-    return BmcTarget(parse(f"ipmi://127.0.0.1:{port}"), Credentials("u", "p"))
+    async def close(self) -> None:
+        self.closed = True
 
 
-async def test_one_command_at_a_time_per_bmc_but_bmcs_in_parallel() -> None:
-    pool = BmcPool(timeout=5)
-    drivers = {1: CountingDriver(0.05), 2: CountingDriver(0.05)}
-    pool._driver = lambda t: drivers[t.address.port]  # type: ignore[method-assign]
-    await asyncio.gather(*(pool.power_state(target(p)) for p in (1, 2) for _ in range(4)))
-    assert drivers[1].most == 1
-    assert drivers[2].most == 1
-    pool.close()
+class Drivers:
+    """The pool's driver factory: remembers every driver it made, per target."""
+
+    def __init__(self) -> None:
+        self.made: list[FakeDriver] = []
+        self.stuck: set[str] = set()  # addresses whose drivers start with a closed gate
+        self.new = asyncio.Event()  # set whenever a driver is made
+
+    def __call__(self, target: BmcTarget, vetted_ip: str | None) -> PowerDriver:
+        driver = FakeDriver(target)
+        if str(target.address) in self.stuck:
+            driver.gate.clear()
+        self.made.append(driver)
+        self.new.set()
+        return driver
+
+    def of(self, target: BmcTarget) -> list[FakeDriver]:
+        return [d for d in self.made if d.target == target]
+
+
+def ipmi(port: int, namespace: str = "tenant-a", user: str = "u") -> BmcTarget:
+    return BmcTarget(parse(f"ipmi://127.0.0.1:{port}"), Credentials(user, "p"), namespace=namespace)
+
+
+def redfish(system: str, namespace: str = "tenant-a") -> BmcTarget:
+    address = parse(f"redfish+https://127.0.0.1:8443/redfish/v1/Systems/{system}")
+    return BmcTarget(address, Credentials("u", "p"), namespace=namespace)
+
+
+def pool_with(drivers: Drivers, **settings: float) -> BmcPool:
+    return BmcPool(BmcSettings(**settings), driver_factory=drivers)  # type: ignore[arg-type]
+
+
+async def started(pool: BmcPool, drivers: Drivers, target: BmcTarget) -> asyncio.Task[PowerState]:
+    """A power read for ``target`` that is stuck inside its driver."""
+    drivers.stuck.add(str(target.address))
+    task = asyncio.create_task(pool.power_state(target))
+    while not drivers.of(target):
+        drivers.new.clear()
+        await drivers.new.wait()
+    await drivers.of(target)[-1].started.wait()
+    return task
+
+
+async def test_a_busy_bmc_answers_busy_at_once_and_other_bmcs_go_ahead() -> None:
+    drivers = Drivers()
+    pool = pool_with(drivers)
+    stuck = await started(pool, drivers, ipmi(1))
+    with pytest.raises(Busy, match="its BMC is busy") as busy:
+        await pool.power_off(ipmi(1), hard=True)  # same BMC: not queued behind the stuck call
+    assert busy.value.retry_after > 0
+    assert await pool.power_state(ipmi(2)) == PowerState.ON  # another BMC is served
+    assert drivers.of(ipmi(1))[0].actions == [], "never two calls in flight on one BMC"
+    drivers.of(ipmi(1))[0].gate.set()
+    assert await stuck == PowerState.ON
+    await pool.close()
+
+
+async def test_calls_to_one_bmc_in_quick_succession_all_go_through() -> None:
+    drivers = Drivers()
+    pool = pool_with(drivers)
+    states = await asyncio.gather(*(pool.power_state(ipmi(1)) for _ in range(3)))
+    assert states == [PowerState.ON] * 3
+    assert sum(d.reads for d in drivers.of(ipmi(1))) == 3
+    await pool.close()
+
+
+async def test_one_tenant_gets_its_share_of_slots_and_no_more() -> None:
+    drivers = Drivers()
+    pool = pool_with(drivers, max_in_flight_per_namespace=2, max_in_flight=16)
+    held = [await started(pool, drivers, ipmi(port, "greedy")) for port in (1, 2)]
+    with pytest.raises(Busy, match="namespace 'greedy' already has 2 BMC calls in flight"):
+        await pool.power_state(ipmi(3, "greedy"))
+    assert await pool.power_state(ipmi(4, "quiet")) == PowerState.ON
+    for driver in drivers.made:
+        driver.gate.set()
+    await asyncio.gather(*held)
+    assert await pool.power_state(ipmi(3, "greedy")) == PowerState.ON
+    await pool.close()
 
 
 async def test_global_limit() -> None:
-    pool = BmcPool(timeout=5, max_in_flight=2)
-    shared = CountingDriver(0.05)
-    pool._driver = lambda t: shared  # type: ignore[method-assign]
-    await asyncio.gather(*(pool.power_state(target(p)) for p in range(6)))
-    assert shared.most == 2
-    pool.close()
+    drivers = Drivers()
+    pool = pool_with(drivers, max_in_flight=2, max_in_flight_per_namespace=8)
+    held = [await started(pool, drivers, ipmi(port, f"ns{port}")) for port in (1, 2)]
+    with pytest.raises(Busy, match="all 2 BMC call slots are in use"):
+        await pool.power_state(ipmi(3, "ns3"))
+    for driver in drivers.made:
+        driver.gate.set()
+    await asyncio.gather(*held)
+    await pool.close()
 
 
-async def test_a_timed_out_command_keeps_its_bmc_busy_until_it_really_ends() -> None:
-    pool = BmcPool(timeout=0.2)
-    stuck = CountingDriver(0.6)
-    pool._driver = lambda t: stuck  # type: ignore[method-assign]
-    with pytest.raises(TimedOut, match=r"did not answer in 0\.2s"):
-        await pool.power_state(target(1))
-    with pytest.raises(TimedOut, match="busy"):
-        await pool.power_off(target(1), hard=True)  # waits for the slot, in vain
-    assert stuck.most == 1, "never two commands in flight on one BMC"
-    await asyncio.sleep(0.5)
-    stuck.seconds = 0.0
-    assert await pool.power_state(target(1)) == PowerState.ON
-    pool.close()
+async def test_a_call_past_its_deadline_is_ended_and_frees_its_bmc_at_once() -> None:
+    drivers = Drivers()
+    drivers.stuck.add(str(ipmi(1).address))
+    pool = pool_with(drivers, timeout=0.2)
+    with pytest.raises(TimedOut, match=r"did not answer within 0\.2s; the call was ended"):
+        await pool.power_state(ipmi(1))
+    first = drivers.of(ipmi(1))[0]
+    assert first.cancelled == 1, "the driver's work was cancelled, not left running"
+    assert first.closed, "and the driver dropped"
+    drivers.stuck.clear()
+    assert await pool.power_state(ipmi(1)) == PowerState.ON  # no "busy" left behind
+    assert len(drivers.of(ipmi(1))) == 2, "a fresh driver"
+    await pool.close()
+
+
+async def test_a_cancelled_caller_ends_the_call_and_leaves_no_slot_taken() -> None:
+    drivers = Drivers()
+    pool = pool_with(drivers, max_in_flight=1)
+    task = await started(pool, drivers, ipmi(1))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert drivers.of(ipmi(1))[0].cancelled == 1
+    drivers.stuck.clear()
+    assert await pool.power_state(ipmi(2)) == PowerState.ON  # the only slot is free again
+    await pool.close()
+    assert drivers.of(ipmi(1))[0].closed
+
+
+async def test_hosts_sharing_an_endpoint_each_drive_their_own_system() -> None:
+    drivers = Drivers()
+    pool = pool_with(drivers)
+    await pool.power_off(redfish("A"), hard=True)
+    await pool.power_on(redfish("B"))
+    assert await pool.power_state(redfish("B")) == PowerState.ON
+    (a,), (b,) = drivers.of(redfish("A")), drivers.of(redfish("B"))
+    assert a is not b
+    assert a.target.address.system_path.endswith("/A")
+    assert (a.actions, a.reads) == ([PowerAction.HARD_OFF], 0)
+    assert (b.actions, b.reads) == ([PowerAction.ON], 1)
+    await pool.close()
+
+
+async def test_hosts_sharing_an_endpoint_still_take_turns_on_it() -> None:
+    drivers = Drivers()
+    pool = pool_with(drivers)
+    stuck = await started(pool, drivers, redfish("A"))
+    with pytest.raises(Busy):
+        await pool.power_state(redfish("B"))
+    drivers.of(redfish("A"))[0].gate.set()
+    await stuck
+    await pool.close()
+
+
+async def test_other_credentials_get_another_driver() -> None:
+    drivers = Drivers()
+    pool = pool_with(drivers)
+    await pool.power_state(ipmi(1, user="alice"))
+    await pool.power_state(ipmi(1, user="alice"))
+    await pool.power_state(ipmi(1, user="bob"))
+    assert len(drivers.made) == 2
+    await pool.close()
+
+
+async def test_a_refused_address_never_gets_a_driver() -> None:
+    drivers = Drivers()
+    pool = pool_with(drivers)
+    cleartext = BmcTarget(
+        parse("redfish+http://127.0.0.1:8000/redfish/v1/Systems/1"), Credentials("u", "p")
+    )
+    with pytest.raises(Refused):
+        await pool.power_state(cleartext)
+    assert drivers.made == []
+    await pool.close()
+
+
+async def test_a_failed_call_drops_its_driver() -> None:
+    drivers = Drivers()
+    pool = pool_with(drivers)
+    await pool.power_state(ipmi(1))
+    drivers.of(ipmi(1))[0].fail_with = BmcError("ipmi://127.0.0.1:1: no")
+    with pytest.raises(BmcError, match="no"):
+        await pool.power_state(ipmi(1))
+    assert drivers.of(ipmi(1))[0].closed
+    await pool.power_state(ipmi(1))
+    assert len(drivers.of(ipmi(1))) == 2
+    await pool.close()
+
+
+async def test_a_short_password_does_not_mangle_messages() -> None:
+    """The old scrubber replaced every 'p' with *** ("htt***://"): no scrubbing now, the
+    drivers never put a secret into a text."""
+    drivers = Drivers()
+    pool = pool_with(drivers)
+    message = "http://127.0.0.1:8443/redfish/v1/Systems/A: the BMC reported an internal problem"
+    await pool.power_state(ipmi(1))
+    drivers.of(ipmi(1))[0].fail_with = BmcError(message)
+    with pytest.raises(BmcError) as caught:
+        await pool.power_state(ipmi(1))
+    assert str(caught.value) == message
+    await pool.close()
+
+
+async def test_a_3_mb_bmc_message_is_capped_to_its_start() -> None:
+    drivers = Drivers()
+    pool = pool_with(drivers, max_message_chars=500)
+    await pool.power_state(ipmi(1))
+    drivers.of(ipmi(1))[0].fail_with = BmcError("BMC says: " + "x" * 3_000_000)
+    with pytest.raises(BmcError) as caught:
+        await pool.power_state(ipmi(1))
+    text = str(caught.value)
+    assert len(text) <= 500
+    assert text.startswith("BMC says: xxx")
+    assert "[cut: " in text
+    await pool.close()
+
+
+@pytest.mark.parametrize("limit", [10, 60, 500])
+def test_cap_keeps_the_start_and_says_how_much_was_cut(limit: int) -> None:
+    text = "Connection refused by 10.0.0.9 " + "detail " * 1000
+    capped = cap(text, limit)
+    assert len(capped) <= limit
+    assert capped.startswith(text[: max(limit - 40, 0)])
+    assert capped.endswith(("more characters]", "…"))
+    assert cap("short", limit) == "short"
+
+
+async def test_a_driver_left_unused_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hosts come and go: the driver of a deleted host must not keep its connection."""
+    monkeypatch.setattr(pool_module, "DRIVER_IDLE", -1.0)  # everything not in use is idle
+    drivers = Drivers()
+    pool = pool_with(drivers)
+    await pool.power_state(ipmi(1))
+    await pool.power_state(ipmi(2))
+    await asyncio.sleep(0)  # the closing runs on its own
+    assert drivers.of(ipmi(1))[0].closed
+    assert not drivers.of(ipmi(2))[0].closed, "the driver in use is kept"
+    await pool.close()

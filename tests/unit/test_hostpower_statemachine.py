@@ -4,7 +4,7 @@ changes land late, get ignored (soft) or fail, controller crashes between the st
 reconcile, and deprovisioning. The controller's act step is modelled exactly as
 controllers/hostpower.py carries a decision out: status, then annotations, then command.
 
-Invariants (DESIGN.md): 2 (online, no annotation -> ends up on), 3 (a keyed annotation
+Invariants (docs/design.md): 2 (online, no annotation -> ends up on), 3 (a keyed annotation
 holds a fenced host off), 4 (lastPoweredOn moves only when power was restored), 6 (only
 the suffixless form, or everything on deprovisioning, is removed by the controller), and:
 every reboot request sees the host off before lastPoweredOn passes it.

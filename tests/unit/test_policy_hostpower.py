@@ -1,5 +1,5 @@
-"""The host power decisions, one case (at least) per rule of seed 000 and of our power
-handling. Each id reads as the rule it proves."""
+"""The host power decisions, one case (at least) per rule of metal3's reboot interface
+design and of our power handling. Each id reads as the rule it proves."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ CASES = [
      host(provisioning_state="externally provisioned", annotations={KEYED: ""}), ("soft off", {"pendingRebootSince": NOW}, [])),
     ("any client asking hard makes it hard",
      host(annotations={KEYED: '{"mode":"soft"}', OTHER: '{"mode":"hard"}'}), ("hard off", {"pendingRebootSince": NOW}, [])),
-    ("the single-quoted form of the seeds' examples is accepted",
+    ("the single-quoted form of metal3's examples is accepted",
      host(annotations={REBOOT: "{'mode':'hard'}"}), ("hard off", {"pendingRebootSince": NOW}, [])),
     ("a malformed value is the default mode",
      host(annotations={KEYED: "{mode: hard"}), ("soft off", {"pendingRebootSince": NOW}, [])),

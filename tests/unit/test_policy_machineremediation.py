@@ -1,4 +1,5 @@
-"""Seed 001's truth table, one test per row (and the row the seed omits)."""
+"""The truth table of metal3's annotation-based remediation design ("Annotation for Power
+Cycling and Deleting Failed Nodes"), one test per row (and the row the design omits)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from metalmend.policy.machineremediation import TRUTH_TABLE, Action, Observed, decide
 
 A = Action
-SEED_ROWS = [  # node ref, needs remediation, powered on, reboot annotation -> action
+DESIGN_ROWS = [  # node ref, needs remediation, powered on, reboot annotation -> action
     ((0, 1, 1, 0), A.ADD_REBOOT_ANNOTATION),
     ((1, 1, 1, 0), A.ADD_REBOOT_ANNOTATION),
     ((1, 1, 0, 1), A.DELETE_NODE),
@@ -29,21 +30,21 @@ SEED_ROWS = [  # node ref, needs remediation, powered on, reboot annotation -> a
 
 
 @pytest.mark.parametrize(
-    ("row", "action"), SEED_ROWS, ids=["".join(map(str, r)) for r, _ in SEED_ROWS]
+    ("row", "action"), DESIGN_ROWS, ids=["".join(map(str, r)) for r, _ in DESIGN_ROWS]
 )
-def test_seed_row(row: tuple[int, int, int, int], action: Action) -> None:
+def test_truth_table_row(row: tuple[int, int, int, int], action: Action) -> None:
     node_ref, needs, powered_on, reboot = row
     observed = Observed(bool(node_ref), bool(needs), bool(powered_on), bool(reboot))
     assert decide(observed) is action
 
 
-def test_the_row_the_seed_omits_does_nothing() -> None:
+def test_the_row_the_design_omits_does_nothing() -> None:
     assert decide(Observed(False, False, False, False)) is A.NOTHING
 
 
 def test_table_covers_every_combination_once() -> None:
     assert sorted(TRUTH_TABLE) == sorted(itertools.product((0, 1), repeat=4))
-    assert len(SEED_ROWS) == 15
+    assert len(DESIGN_ROWS) == 15
 
 
 def test_node_deleted_only_while_host_off_and_held() -> None:

@@ -7,7 +7,13 @@ from dataclasses import replace
 from typing import Any
 
 from metalmend.policy import remediation as r
-from metalmend.policy.fencing import HostPower, other_remediation, reported_off
+from metalmend.policy.fencing import (
+    HostPower,
+    host_power,
+    other_remediation,
+    reported_off,
+    withdrawal_unseen,
+)
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 UID = "u-1"
@@ -19,19 +25,11 @@ def sec(n: float) -> dt.timedelta:
 
 
 OFF_FOR_US = HostPower(
-    holds_key=True,
-    powered_on=False,
-    pending_reboot_since=T0 + sec(1),
-    last_powered_on=T0 - sec(3600),
-    power_on_in_flight=False,
+    holds_key=True, powered_on=False, acknowledged=True, power_on_in_flight=False
 )
-ON = HostPower(
-    holds_key=False,
-    powered_on=True,
-    pending_reboot_since=None,
-    last_powered_on=T0 - sec(3600),
-    power_on_in_flight=False,
-)
+ON = HostPower(holds_key=False, powered_on=True, acknowledged=False, power_on_in_flight=False)
+# our key gone, but host-power has not seen it removed: still listed in poweredOffFor
+WITHDRAWAL_UNSEEN = replace(OFF_FOR_US, holds_key=False)
 
 
 def host(power: HostPower = ON, **kw: Any) -> r.HostView:
@@ -84,14 +82,25 @@ def progress_of(decision: r.Decision) -> r.Progress:
 # ---- the evidence that the host is off --------------------------------------------------------
 
 
-def test_reported_off_needs_a_pending_reboot_not_yet_completed() -> None:
+def test_reported_off_needs_host_power_to_have_read_off_for_our_own_key() -> None:
     assert reported_off(OFF_FOR_US)
-    stale = replace(OFF_FOR_US, pending_reboot_since=T0 - sec(7200))  # before lastPoweredOn
-    assert not reported_off(stale)
-    assert not reported_off(replace(OFF_FOR_US, pending_reboot_since=None))
+    # off, but read for another key (or before ours was added): not for us
+    assert not reported_off(replace(OFF_FOR_US, acknowledged=False))
     assert not reported_off(replace(OFF_FOR_US, holds_key=False))
     assert not reported_off(replace(OFF_FOR_US, power_on_in_flight=True))
     assert not reported_off(replace(OFF_FOR_US, powered_on=None))
+
+
+def test_host_power_reads_our_key_in_powered_off_for() -> None:
+    other = "reboot.metal3.io/machine-remediation"
+    status: dict[str, Any] = {"poweredOn": False, "poweredOffFor": [other]}
+    assert not reported_off(host_power(status, {KEY: "", other: ""}, KEY))  # not ours
+    status["poweredOffFor"] = [KEY]
+    assert reported_off(host_power(status, {KEY: ""}, KEY))
+    assert withdrawal_unseen(host_power(status, {}, KEY))
+    in_flight = {**status, "lastPowerCommand": {"action": "on", "at": "2026-03-01T12:00:00Z"}}
+    assert not reported_off(host_power(in_flight, {KEY: ""}, KEY))
+    assert not reported_off(host_power({"poweredOffFor": "garbage"}, {KEY: ""}, KEY))
 
 
 def test_other_remediation_keys() -> None:
@@ -128,6 +137,26 @@ def test_another_remediation_on_the_host_waits() -> None:
     assert progress_of(decision).phase == ""
 
 
+def test_a_key_still_listed_from_before_is_added_again_only_once_host_power_saw_it_go() -> None:
+    # The previous attempt's key was removed and host-power has not reconciled since: its
+    # acknowledgement would count for the new request at once.
+    decision = r.decide(observed(progress=r.Progress(), host=host(WITHDRAWAL_UNSEEN)), T0)
+    assert "RequestPowerOff" not in kinds(decision)
+    assert "host-power" in progress_of(decision).message
+    assert progress_of(decision).phase == ""
+    seen = r.decide(observed(progress=r.Progress(), host=host(ON)), T0)  # listing dropped
+    assert kinds(seen) == ["SetProgress", "RequestPowerOff"]
+
+
+def test_power_off_does_not_put_back_a_key_still_acknowledged_from_before() -> None:
+    decision = r.decide(observed(r.POWER_OFF, host=host(WITHDRAWAL_UNSEEN)), T0 + sec(5))
+    assert kinds(decision) == []  # waits (host-power's status write wakes it), no fencing
+    fencing = r.decide(observed(r.FENCING, host=host(WITHDRAWAL_UNSEEN)), T0 + sec(5))
+    assert "RequestPowerOff" not in kinds(fencing)
+    assert "DeleteNode" not in kinds(fencing)
+    assert progress_of(fencing).phase == r.POWER_OFF
+
+
 def test_no_host_fails_with_a_message() -> None:
     decision = r.decide(observed(host=None, host_problem="host ns/h1 not found"), T0)
     assert progress_of(decision).phase == r.FAILED
@@ -146,8 +175,8 @@ def test_power_off_re_asserts_the_key_after_a_crash() -> None:
     assert decision.requeue_at == T0 + sec(60)
 
 
-def test_an_old_off_report_is_not_trusted() -> None:
-    stale = replace(OFF_FOR_US, pending_reboot_since=T0 - sec(7200))
+def test_an_off_report_not_for_our_key_is_not_trusted() -> None:
+    stale = replace(OFF_FOR_US, acknowledged=False)
     decision = r.decide(observed(r.POWER_OFF, host=host(stale)), T0 + sec(5))
     assert kinds(decision) == []
 

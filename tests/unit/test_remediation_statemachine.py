@@ -4,14 +4,18 @@ The world: one or two hosts whose BMCs land power changes late (and fail), hosts
 after a delay and hang, a kubelet that registers a *new* Node (new uid, fewer labels and
 annotations than the original had) whenever a running host has none, a node monitor, node-link
 (Machine nodeRef follows the Node), a health check played by rules (it creates and deletes
-Metal3Remediation objects and sets and removes the seed-001 annotation), the garbage
+Metal3Remediation objects and sets and removes the annotation-based flow's annotation), the garbage
 collector, Nodes deleted by others, and ``spec.online`` flips. Optionally a second Machine
-names the first host (and Node), so that two remediations compete for one host.
+names the first host (and Node), so that two remediations compete for one host. Optionally
+the two hosts' systems sit behind one shared BMC endpoint (a chassis manager, a Redfish
+aggregator): each host's ``spec.bmc.address`` names the endpoint and its own system.
 
 The controllers run their real code where it is pure: ``policy.hostpower.decide`` (the host
 controller), ``policy.remediation.decide`` with ``RemediationController.observe``
 (metal3-remediation) and ``policy.machineremediation.decide`` with ``host_is_on`` and
-``machine_for`` (seed 001). Their writes are modelled as the controllers carry them out:
+``machine_for`` (the annotation-based flow). Every BMC reading and command of the host controller goes
+through the real ``BmcPool`` (its driver cache and its slots) from the host's address, with
+drivers that reach the simulated system their address names. Their writes are modelled as the controllers carry them out:
 status patches carry the resourceVersion decided on (409 otherwise), a reboot key is added
 only if the host is unchanged since observed, DeleteNode has a uid precondition, a patch
 that changes nothing sends nothing, and a failed write ends the reconcile. A reconcile is
@@ -20,35 +24,47 @@ else, and a crash (or a restart of everything) can drop the rest at any point. C
 keep no state: everything is read from the modelled API objects.
 
 Invariants:
-1. (DESIGN.md 1) A Node is deleted or tainted out-of-service by remediation only while the
+1. (docs/design.md, invariant 1) A Node is deleted or tainted out-of-service by remediation only while the
    host is off (the simulated BMC, ground truth) and after the host controller read it off
-   from the BMC since the remediation began (object created / seed-001 reboot key added).
-2. (DESIGN.md 2) After a settle phase (faults healed, remediation objects deleted, requests
+   from the BMC since the current attempt began (object created, and the remediation's
+   reboot key last added; annotation-based flow: its reboot key last added).
+2. (docs/design.md, invariant 2) After a settle phase (faults healed, remediation objects deleted, requests
    withdrawn, everything run until quiet), every online host is on and no remediation key
    remains.
 3. Labels and annotations of a Node fenced by metal3-remediation are on its successor when
    the object reaches ``waiting`` or goes away, unless a Warning ``NodeLabelsNotRestored``
    said they were not (counted), or the Machine is gone.
 4. Never two remediation reboot keys on one host.
+9. (docs/design.md safety invariant 9) Every BMC command and power reading reached the
+   system its host names, never another behind the same endpoint.
 
-Three policy bugs this model found are replayed step by step at the end of this file:
+Four policy bugs this model found are replayed step by step at the end of this file:
 A. (fixed in policy.hostpower) an "on" in flight was forgotten when a reboot key arrived
    before it landed, so a host that powers on was reported off (invariant 1, ground truth);
 B. (fixed in policy.remediation) a retry reset ``fencedNodeUID`` and deletion then dropped
    the label backup without a Warning (invariant 3);
-C. (open; strict xfail) an off report written for an earlier, withdrawn reboot request counts
-   for a later remediation (invariant 1, evidence). The state machine counts it instead of
-   failing (``tolerate_known_bugs``; see ``pytest --hypothesis-show-statistics``), recognised
-   by a narrow predicate so that any other violation of invariant 1 still fails.
+C. (fixed in policy.hostpower and policy.fencing: ``status.poweredOffFor``) an off report
+   written for an earlier, withdrawn reboot request counted for a later remediation
+   (invariant 1, evidence);
+D. (fixed in policy.hostpower) an "on" not obeyed within ``command_retry`` was forgotten
+   while the host was held off, although a slow BMC still carried it out, after fencing
+   (invariant 1, ground truth).
 
-Mutation check (done by hand, not committed): with ``policy.fencing.reported_off`` weakened to
+Mutation checks (done by hand, not committed): with ``policy.fencing.reported_off`` weakened to
 ``powered_on is False`` (in policy.remediation and controllers.machineremediation), the
-state machine finds an invariant-1 violation within its 500 examples.
+state machine finds an invariant-1 violation within its 500 examples; with it ignoring
+``acknowledged``, or with host-power forgetting an unobeyed "on" after ``command_retry``
+again, the replays of C and D fail. With ``BmcPool``'s
+drivers keyed by endpoint only (``bmc.pool._driver_key`` returning ``address.key``, as before
+the fix: the first host's driver, and so its system, served every host on the endpoint), it
+finds an invariant-9 violation at once (a shared endpoint, a power reading of h2 reached A).
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -58,7 +74,6 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
@@ -67,7 +82,9 @@ from lightkube.resources.core_v1 import Node
 
 from metalmend.api import names
 from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
-from metalmend.bmc.driver import PowerState
+from metalmend.bmc import BmcPool, BmcTarget, Credentials, parse
+from metalmend.bmc.driver import PowerAction, PowerDriver, PowerState
+from metalmend.bmc.errors import BadAddress
 from metalmend.controllers import RunOptions
 from metalmend.controllers import hostpower as hostpower_controller
 from metalmend.controllers import machineremediation as mr_controller
@@ -77,7 +94,7 @@ from metalmend.kube.writes import merge_patch
 from metalmend.policy import hostpower as hostpower_policy
 from metalmend.policy import machineremediation as mr_policy
 from metalmend.policy import remediation as policy
-from metalmend.policy.fencing import is_remediation_key, other_remediation, reported_off
+from metalmend.policy.fencing import is_remediation_key, other_remediation
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 NS = "metal3"
@@ -97,6 +114,7 @@ WORKERS = (
 CONTENDERS = ("metal3-remediation/m1", "metal3-remediation/m3", "machine-remediation/h1")
 LANDING_DELAYS = [0, 1, 3, 11, 40]  # seconds until the BMC obeys a power command
 BOOT_DELAYS = [0, 5, 30, 90]  # seconds from power-on until the kubelet runs
+SYSTEMS = {"h1": "A", "h2": "B"}  # the Redfish system of each host on its endpoint
 
 
 def node_of_host(host: str) -> str:
@@ -225,6 +243,34 @@ class Bmc:
     broken: bool = False
 
 
+class WorldDriver:
+    """A Redfish driver of the simulated world, made (like the real one) for the system its
+    host's address names when it is created: it reaches that system and only that one."""
+
+    def __init__(self, world: RemediationWorld, target: BmcTarget) -> None:
+        self.world = world
+        self.system = (target.address.key, target.address.system_path)
+
+    def _reach(self, what: str) -> Bmc:
+        bmc = self.world.systems.get(self.system)
+        if bmc is None:  # never a fallback to another system
+            raise BadAddress(f"no system {self.system[1]} at {self.system[0]}")
+        self.world.reached.append((self.system, what))
+        return bmc
+
+    async def power_state(self) -> PowerState:
+        return PowerState.ON if self._reach("power reading").on else PowerState.OFF
+
+    async def act(self, action: PowerAction) -> None:
+        bmc = self._reach(f"{action} command")
+        delay, boot = self.world.landing_delays
+        now = self.world.now
+        bmc.landing = (action == PowerAction.ON, now + dt.timedelta(seconds=delay), boot, now)
+
+    async def close(self) -> None:
+        pass
+
+
 @dataclass
 class Reconcile:
     """One reconcile in flight: what it decided on, and its copy of the object it writes."""
@@ -249,20 +295,24 @@ Step = Callable[[], None]
 
 
 class RemediationWorld(RuleBasedStateMachine):
-    tolerate_known_bugs = True  # KNOWN BUG C (replayed at the end): counted, not failed
-
     def __init__(self) -> None:
         super().__init__()
         self.now = T0
         self.version = 0
         self.uids = 0
-        self.bmcs: dict[str, Bmc] = {}
+        self.bmcs: dict[str, Bmc] = {}  # host -> the system its address names (ground truth)
+        self.systems: dict[tuple[str, str], Bmc] = {}  # (endpoint key, system path) -> system
+        self.reached: list[tuple[tuple[str, str], str]] = []  # what BMC calls reached
+        self.landing_delays: tuple[float, float] = (0, 0)  # of the command being sent
+        self.loop = asyncio.new_event_loop()
+        self.pool = BmcPool(driver_factory=self.driver_for)
         self.inflight: dict[str, list[Step]] = {}
         self.violations: list[str] = []
         self.off_read: dict[str, dt.datetime] = {}  # host -> last BMC read that said off
         self.created_at: dict[str, dt.datetime] = {}  # remediation uid -> creation
         self.key_added_at: dict[tuple[str, str], dt.datetime] = {}  # (host, reboot key)
         self.debts: dict[str, Debt] = {}  # remediation uid -> labels owed
+        self.sent: dict[str, hostpower_policy.LastCommand] = {}  # host-power's memory
 
     # ---- set-up ---------------------------------------------------------------------------------
 
@@ -270,14 +320,22 @@ class RemediationWorld(RuleBasedStateMachine):
         fence=st.sampled_from(["delete-node", "delete-node", "out-of-service-taint"]),
         two_hosts=st.booleans(),
         shared_host=st.sampled_from([True, True, False]),
+        shared_endpoint=st.booleans(),
         first=st.sampled_from(["metal3", "seed-001", "both", "all"]),
         starts=st.tuples(*[st.sampled_from(["on", "off", "powering on"])] * len(HOSTS)),
     )
     def build(
-        self, fence: str, two_hosts: bool, shared_host: bool, first: str, starts: tuple[str, ...]
+        self,
+        fence: str,
+        two_hosts: bool,
+        shared_host: bool,
+        first: str,
+        starts: tuple[str, ...],
+        shared_endpoint: bool = False,
     ) -> None:
         """The world at T0. A host starts on; or off (spec.online false, its Node NotReady);
-        or powering on (the host controller's "on" sent a second ago, landing in 5s)."""
+        or powering on (the host controller's "on" sent a second ago, landing in 5s). Its
+        system is behind an endpoint of its own, or behind the endpoint both hosts share."""
         manager: Any = FakeManager(lambda: self.now)
         options = RunOptions(namespace=NS, fence_method=fence)  # type: ignore[arg-type]
         self.fence = fence
@@ -290,7 +348,11 @@ class RemediationWorld(RuleBasedStateMachine):
         hosts = HOSTS if two_hosts else HOSTS[:1]
         hour_ago = T0 - dt.timedelta(hours=1)
         for h, start in zip(hosts, starts, strict=False):
+            endpoint = "chassis-1.bmc.example" if shared_endpoint else f"bmc-{h}.bmc.example"
+            address = f"redfish://{endpoint}/redfish/v1/Systems/{SYSTEMS[h]}"
             bmc = self.bmcs[h] = Bmc(booted_at=hour_ago)
+            parsed = parse(address)
+            self.systems[(parsed.key, parsed.system_path)] = bmc
             status: dict[str, Any] = {
                 "poweredOn": True,
                 "operationalStatus": "OK",
@@ -305,7 +367,7 @@ class RemediationWorld(RuleBasedStateMachine):
                 sent = T0 - dt.timedelta(seconds=1)
                 bmc.landing = (True, T0 + dt.timedelta(seconds=5), 30, sent)
                 status["lastPowerCommand"] = {"action": "on", "at": hostpower_policy.stamp(sent)}
-            spec = {"online": start != "off"}
+            spec = {"online": start != "off", "bmc": {"address": address}}
             self.put(self.hosts, Obj(h, f"uid-{h}", body={"spec": spec, "status": status}))
             name = node_of_host(h)
             node = NodeObj(
@@ -417,6 +479,30 @@ class RemediationWorld(RuleBasedStateMachine):
 
         self.changed(store, obj, mark)
 
+    # ---- helpers: the BMCs, through the real BmcPool --------------------------------------------
+
+    def driver_for(self, target: BmcTarget, vetted_ip: str | None) -> PowerDriver:
+        return WorldDriver(self, target)
+
+    def bmc_call(self, host: Any, call: str, **args: Any) -> Any:
+        """``BmcPool.<call>`` for ``host`` as the host controller makes it, from its address;
+        then invariant 9: what the call reached is the system the host names."""
+        target = BmcTarget(
+            parse(host.body["spec"]["bmc"]["address"]), Credentials("admin", "pw"), namespace=NS
+        )
+        self.reached.clear()
+        result = self.loop.run_until_complete(getattr(self.pool, call)(target, **args))
+        named = (target.address.key, target.address.system_path)
+        for system, what in self.reached:
+            if system != named:
+                self.violate(
+                    f"invariant 9: a {what} for host {host.metadata.name} reached system"
+                    f" {system[1]} at {system[0]}, not {named[1]}"
+                )
+        if not self.reached:
+            self.violate(f"invariant 9: a BMC call for {host.metadata.name} reached no system")
+        return result
+
     def violate(self, message: str) -> None:
         self.violations.append(f"t={(self.now - T0).total_seconds():.3f}s {message}")
 
@@ -482,7 +568,7 @@ class RemediationWorld(RuleBasedStateMachine):
         self, what: str, m: str, strategy: str, retries: int, off_timeout: int, on_timeout: int
     ) -> None:
         """The MachineHealthCheck (and the garbage collector): remediation objects created
-        and deleted, the seed-001 annotation set and removed, at random moments."""
+        and deleted, the annotation-based flow's annotation set and removed, at random moments."""
         if what == "create":
             self.mhc_creates_remediation(m, strategy, retries, off_timeout, on_timeout)
         elif what == "delete":
@@ -724,6 +810,7 @@ class RemediationWorld(RuleBasedStateMachine):
     @rule()
     def restart(self) -> None:
         self.inflight.clear()
+        self.sent.clear()  # host-power's memory of the commands it sent
 
     # ---- host power: controllers/hostpower.py --------------------------------------------------
 
@@ -735,24 +822,29 @@ class RemediationWorld(RuleBasedStateMachine):
         now, bmc = self.now, self.bmcs[h]
         if bmc.broken:
             return [functools.partial(self.host_power_failed, ctx, now, False)]
-        if not bmc.on:
+        power = self.bmc_call(host, "power_state")
+        if power == PowerState.OFF:
             self.off_read[h] = now
-        power = PowerState.ON if bmc.on else PowerState.OFF
+        if bmc.landing is not None and bmc.landing[0] and not bmc.on:
+            note("host-power reads a host off while a power-on is still to land")
+            if (now - bmc.landing[3]).total_seconds() >= POWER.command_retry:
+                note("... sent command_retry or longer ago")
         view = hostpower_controller._view(host, power)
+        # as HostPowerController._attempt: "confirmed" is "this process sent it itself"
+        view = dataclasses.replace(view, command_confirmed=view.last_command == self.sent.get(h))
         decision = hostpower_policy.decide(view, now, POWER)
-        steps: list[Step] = [functools.partial(self.host_power_status, ctx, decision)]
+        steps: list[Step] = [functools.partial(self.host_power_status, ctx, decision.status)]
         if decision.remove_annotations:
             removals: dict[str, str | None] = {k: None for k in decision.remove_annotations}
             steps.append(functools.partial(self.host_power_annotations, ctx, removals))
         if decision.command is not None:
-            command = decision.command
             steps.append(
-                functools.partial(self.host_power_command, h, ctx, command, now, delay, boot)
+                functools.partial(self.host_power_command, h, ctx, decision, now, delay, boot)
             )
         return steps
 
-    def host_power_status(self, ctx: Reconcile, decision: hostpower_policy.Decision) -> None:
-        status = hostpower_controller._with_changes(ctx.obj.get("status") or {}, decision.status)
+    def host_power_status(self, ctx: Reconcile, changes: dict[str, Any]) -> None:
+        status = hostpower_controller._with_changes(ctx.obj.get("status") or {}, changes)
         if status.get("errorType") or status.get("operationalStatus") == "error":
             status.update(errorType="", errorMessage="", errorCount=0, operationalStatus="OK")
         status.setdefault("operationalStatus", "OK")
@@ -762,13 +854,26 @@ class RemediationWorld(RuleBasedStateMachine):
         ctx.obj = self.patch_map(self.hosts, ctx.obj, "annotations", removals) or ctx.obj
 
     def host_power_command(
-        self, h: str, ctx: Reconcile, command: str, now: dt.datetime, delay: float, boot: float
+        self,
+        h: str,
+        ctx: Reconcile,
+        decision: hostpower_policy.Decision,
+        now: dt.datetime,
+        delay: float,
+        boot: float,
     ) -> None:
-        bmc = self.bmcs[h]
-        if bmc.broken:
+        bmc, command = self.bmcs[h], decision.command
+        if bmc.broken:  # unreachable: nothing sent, the command is forgotten
             self.host_power_failed(ctx, now, True)
             raise Conflict("BMC error")
-        bmc.landing = (command == "on", self.now + dt.timedelta(seconds=delay), boot, self.now)
+        self.landing_delays = (delay, boot)
+        if command == "on":
+            self.bmc_call(ctx.obj, "power_on")
+        else:
+            self.bmc_call(ctx.obj, "power_off", hard=command == "hard off")
+        recorded = decision.status.get("lastPowerCommand") or {}
+        assert command is not None
+        self.sent[h] = hostpower_policy.LastCommand(command, recorded.get("at", now))
         self.tick(0)
 
     def host_power_failed(self, ctx: Reconcile, now: dt.datetime, forget: bool) -> None:
@@ -818,8 +923,10 @@ class RemediationWorld(RuleBasedStateMachine):
                     self.rems, ctx.obj, "annotations", backup, require_version=True
                 )
                 ctx.obj = new or ctx.obj
-            case policy.Event(reason=reason):
-                if reason == names.REASON_WAITING_FOR_HOST:
+            case policy.Event(reason=reason, message=message):
+                if reason == names.REASON_WAITING_FOR_HOST and "host-power" in message:
+                    note("metal3-remediation waits: host-power has not seen its key withdrawn")
+                elif reason == names.REASON_WAITING_FOR_HOST:
                     note("metal3-remediation waits: another remediation holds the host")
             case policy.RequestPowerOff():
                 if ctx.host is None:
@@ -890,7 +997,7 @@ class RemediationWorld(RuleBasedStateMachine):
 
         ctx.obj = self.changed(self.rems, live, set_finalizers)
 
-    # ---- seed 001: controllers/machineremediation.py -------------------------------------------
+    # ---- annotation-based flow: controllers/machineremediation.py -------------------------------------------
 
     def plan_seed001(self, h: str) -> list[Step]:
         key = f"{NS}/{h}"
@@ -918,6 +1025,9 @@ class RemediationWorld(RuleBasedStateMachine):
             if other_remediation(annotations, MR_KEY):
                 note("machine-remediation waits: another remediation holds the host")
                 return []  # an Event: the host is busy
+            if mr_controller.withdrawal_pending(host):
+                note("machine-remediation waits: host-power has not seen its key withdrawn")
+                return []  # an Event; host-power's status write wakes it
             return [
                 functools.partial(
                     self.patch_map,
@@ -946,7 +1056,7 @@ class RemediationWorld(RuleBasedStateMachine):
         node = self.nodes.get(name)
         uid = node_ref.get("uid") or (node.metadata.uid if node is not None else None)
         if uid and node is not None and node.metadata.uid == uid:
-            # The seed-001 flow is keyed by host: its request is its reboot key (a Machine
+            # The annotation-based flow is keyed by host: its request is its reboot key (a Machine
             # asking while the key is held joins that request).
             since = self.key_added_at[(ctx.host_name, MR_KEY)]
             self.check_fence(ctx.obj, MR_KEY, since, f"deleted Node {name}")
@@ -957,30 +1067,21 @@ class RemediationWorld(RuleBasedStateMachine):
 
     def check_fence(self, seen: Any, key: str, since: dt.datetime, what: str) -> None:
         """Invariant 1, against ground truth, when a Node is deleted or tainted. ``seen``: the
-        host as the fencing decision observed it; ``key``: the fencing remediation's."""
+        host as the fencing decision observed it; ``key``: the fencing remediation's. The
+        evidence must be a BMC reading taken after ``since`` (the remediation began) and
+        after this key was last added (the current attempt)."""
         h = seen.metadata.name
         flow = f"{key.removeprefix(names.REBOOT_PREFIX)} {what}"
         bmc, read = self.bmcs[h], self.off_read.get(h)
         if bmc.on:
             self.violate(f"invariant 1: {flow} while host {h} is powered on")
+        added = self.key_added_at.get((h, key))
+        since = max(since, added) if added is not None else since
         if read is None or read < since:
-            # The report it fenced on was written for a reboot requested before this key.
-            power = m3_controller.host_view(seen, key).power
-            pending = power.pending_reboot_since
-            added = self.key_added_at.get((h, key))
-            older = (
-                reported_off(power)
-                and pending is not None
-                and added is not None
-                and pending < added
-            )
-            if older and self.tolerate_known_bugs:
-                note("KNOWN BUG C: fenced on an off report older than this remediation")
-                return
             when = (since - T0).total_seconds()
             self.violate(
-                f"invariant 1: {flow}: the host controller has not read {h} off since the"
-                f" remediation began (t={when:.3f}s)"
+                f"invariant 1: {flow}: the host controller has not read {h} off since this"
+                f" attempt began (t={when:.3f}s)"
             )
 
     def check_restored(self, ctx: Reconcile, moment: str) -> None:
@@ -1082,9 +1183,13 @@ class RemediationWorld(RuleBasedStateMachine):
         return True
 
     def teardown(self) -> None:
-        if not self.violations:
-            self.settle()
-            assert not self.violations, "\n".join(self.violations)
+        try:
+            if not self.violations:
+                self.settle()
+                assert not self.violations, "\n".join(self.violations)
+        finally:
+            self.loop.run_until_complete(self.pool.close())
+            self.loop.close()
 
 
 RemediationWorld.TestCase.settings = settings(
@@ -1096,16 +1201,12 @@ RemediationWorld.TestCase.settings = settings(
 test_remediation_state_machine = RemediationWorld.TestCase
 
 
-# ---- known bugs, replayed step by step --------------------------------------------------------
-# The state machine above counts these (hypothesis statistics: "KNOWN BUG ...") instead of
-# failing on them. Each replay below fails while the bug is there; once it is fixed, the
-# strict xfail turns into a failure: then remove the marker, and the tolerance in
-# RemediationWorld (``tolerate_known_bugs``) for that bug.
+# ---- bugs this model found, replayed step by step ----------------------------------------------
+# Each replay failed before its fix; the state machine above fails on any of them.
 
 
 def strict_world(first: str, start: str) -> RemediationWorld:
     world = RemediationWorld()
-    world.tolerate_known_bugs = False
     world.build(
         fence="delete-node", two_hosts=False, shared_host=False, first=first, starts=(start, "on")
     )
@@ -1154,20 +1255,64 @@ def test_fixed_bug_b_a_retry_remembers_the_deleted_node_and_deletion_keeps_its_l
     assert not world.violations, world.violations
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN BUG C: an older off report is accepted")
-def test_known_bug_c_an_off_report_older_than_the_remediation_is_accepted() -> None:
-    """pendingRebootSince of a withdrawn reboot request stays later than lastPoweredOn while
-    the host stays off, and a later remediation's key makes it "reported off" at once: the
-    Node is deleted on a BMC read older than the remediation (here the host is still off;
-    had it been powered on from outside meanwhile, a read after the key would have shown it)."""
+def test_fencing_never_trusts_an_off_report_older_than_its_own_request() -> None:
+    """Found by this model, fixed (it was "bug C"): "reported off" meant pendingRebootSince
+    later than lastPoweredOn. A withdrawn reboot request leaves that true while the host
+    stays off, so a later remediation's key made the host "reported off" at once, on a BMC
+    reading older than its request (a host powered on from outside meanwhile would have
+    been fenced running). Now host-power lists each key it read the host off for
+    (status.poweredOffFor) and fencing waits for its own key there."""
     world = strict_world(first="metal3", start="off")  # spec.online false, host off
     m3 = "metal3-remediation/m1"
     reconcile(world, m3, m3)  # finalizer; reboot key added
-    reconcile(world, "host-power/h1")  # reads off: pendingRebootSince
+    reconcile(world, "host-power/h1")  # reads off: pendingRebootSince, poweredOffFor [key]
     world.mhc_deletes_remediation("m1")
     reconcile(world, m3)  # key removed, finalizer removed
     world.time_passes(130)
     world.mhc_creates_remediation("m1", "reboot", 3, 30, 60)
-    reconcile(world, m3, m3, m3)  # finalizer; key; reported off at once -> fencing
-    reconcile(world, m3)  # Node deleted; the host controller has not read the BMC since
+    reconcile(world, m3, m3, m3)  # finalizer; key; was "reported off" at once -> fencing
+    reconcile(world, m3)  # was: Node deleted; the host controller has not read the BMC since
+    assert not world.violations, world.violations
+    rem = world.rems.get(f"{NS}/m1")
+    assert rem is not None
+    assert rem.body["status"]["phase"] == policy.POWER_OFF
+    assert world.nodes.get("node-h1") is not None  # nothing fenced on the old reading
+    reconcile(world, "host-power/h1")  # reads off while the new key is there: acknowledged
+    reconcile(world, m3, m3)  # reported off -> fencing; Node deleted
+    assert world.nodes.get("node-h1") is None
+    assert not world.violations, world.violations
+
+
+def test_fencing_never_trusts_an_off_report_while_a_power_on_may_still_land() -> None:
+    """Found by this model, fixed: host-power forgot a power-on it had sent once
+    ``command_retry`` passed without the BMC obeying it, even while a reboot key held the
+    host off; a slow BMC then carried the "on" out after metal3-remediation, seeing the host
+    off and no "on" in flight, had fenced: a Node deleted while its server runs. Here the
+    annotation-based flow powers h1 off and releases it, host-power sends "on" to a BMC that takes
+    11 s, and a Metal3Remediation asks for h1 meanwhile. Now an unobeyed "on" stays on
+    record until the host is read on, and the key is listed only after it was powered off
+    again."""
+    world = strict_world(first="seed-001", start="on")  # m1 asks by annotation
+    mr, hp, m3 = "machine-remediation/h1", "host-power/h1", "metal3-remediation/m1"
+    reconcile(world, mr)  # the annotation-based flow's reboot key
+    reconcile(world, hp, hp)  # hard off (lands at once); reads off: key listed
+    reconcile(world, mr)  # reported off: Node deleted
+    world.link("m1")  # nodeRef gone
+    reconcile(world, mr, mr)  # remediation request removed; reboot key removed
+    reconcile(world, hp, delay=11)  # no key: "on" sent, the BMC carries it out in 11 s
+    world.mhc_creates_remediation("m1", "reboot", 3, 30, 60)
+    reconcile(world, m3, m3)  # finalizer; its reboot key added: the host must stay off
+    world.time_passes(10)  # command_retry (10 s here) passes, the "on" not obeyed yet
+    reconcile(world, hp)  # reads off; was: the "on" forgotten. Now kept on record
+    reconcile(world, hp)  # was: reads off, nothing on record: the new key listed
+    reconcile(world, m3)  # was: reported off -> fencing
+    world.time_passes(2)  # the "on" lands, the host boots...
+    world.kubelet("h1")  # ...and its kubelet registers a Node, where pods may run
+    world.link("m1")  # the Machine's nodeRef names it
+    reconcile(world, m3)  # was: that Node deleted while its server runs
+    assert not world.violations, world.violations
+    assert world.nodes.get("node-h1") is not None
+    reconcile(world, hp, hp)  # reads on: held off, hard off; reads off: the key listed
+    reconcile(world, m3, m3)  # reported off -> fencing: Node deleted, its server off
+    assert world.nodes.get("node-h1") is None
     assert not world.violations, world.violations

@@ -3,15 +3,19 @@ that a grep finds every user of a name."""
 
 from __future__ import annotations
 
-# Reboot API (seeds 000, 004)
+# Reboot API (metal3's reboot interface design, and the reboot annotation page of its user guide)
 REBOOT = "reboot.metal3.io"  # the suffixless form
 REBOOT_PREFIX = "reboot.metal3.io/"  # the keyed form: reboot.metal3.io/{key}
 
-# Linking Machines and hosts (DESIGN.md)
+# Linking Machines and hosts (docs/design.md, interfaces)
 MACHINE_HOST = "metal3.io/BareMetalHost"  # on a Machine: "<namespace>/<host>"
+# Tenancy (api/links.py, docs/security.md): conditions on a Machine whose link is refused
+CONDITION_HOST_LINK = "HostLinkValid"  # metal3.io/BareMetalHost: own namespace only
+CONDITION_NODE_LINK = "NodeLinkValid"  # node-link: a Node only through a confirmed host
+CONDITION_NODE_FENCING = "NodeFencingAllowed"  # machine-remediation: the Node is its host's
 
 # BareMetalHost provisioning states that honour reboot annotations, and those that mean the
-# host was (or is being) deprovisioned, which clears them (seed 000).
+# host was (or is being) deprovisioned, which clears them (metal3's reboot interface design).
 PROVISIONED = "provisioned"
 EXTERNALLY_PROVISIONED = "externally provisioned"
 DEPROVISIONED_STATES = frozenset({"deprovisioning", "available", "ready"})
@@ -29,8 +33,9 @@ REASON_INVALID_REBOOT = "InvalidRebootAnnotation"
 REASON_SOFT_TIMEOUT = "SoftPowerOffTimedOut"
 REASON_BMC_ERROR = "BMCError"
 REASON_BMC_RECOVERED = "BMCRecovered"
+REASON_WRITE_REFUSED = "WriteRefused"  # the API server refused one of our writes
 
-# MachineHealthCheck (Cluster API v1beta1, seed 002)
+# MachineHealthCheck (Cluster API v1beta1, its machine health checking proposal)
 SKIP_REMEDIATION = "cluster.x-k8s.io/skip-remediation"
 PAUSED = "cluster.x-k8s.io/paused"
 NODE_REF_LOST_AT = "metalmend.dev/node-ref-lost-at"  # set by node-link when it clears nodeRef
@@ -44,15 +49,16 @@ REASON_INVALID_SPEC = "InvalidSpec"
 REASON_OVERLAPPING = "OverlappingHealthChecks"
 REASON_TEMPLATE_NOT_FOUND = "RemediationTemplateNotFound"
 
-# Remediation (seeds 001 and 002)
-EXTERNAL_REMEDIATION = "host.metal3.io/external-remediation"  # on a Machine (seed 001)
-MACHINE_REMEDIATION_REBOOT = "reboot.metal3.io/machine-remediation"  # seed 001's reboot key
+# Remediation (metal3's annotation-based remediation and remediation controller designs)
+# On a Machine: the request of the annotation-based flow
+EXTERNAL_REMEDIATION = "host.metal3.io/external-remediation"
+MACHINE_REMEDIATION_REBOOT = "reboot.metal3.io/machine-remediation"  # and its reboot key
 METAL3_REMEDIATION_REBOOT_PREFIX = "reboot.metal3.io/metal3-remediation-"  # + object uid
 REMEDIATION_FINALIZER = "remediation.metal3.io"
 NODE_LABELS_BACKUP = "remediation.metal3.io/node-labels-backup"  # as CAPM3 names them
 NODE_ANNOTATIONS_BACKUP = "remediation.metal3.io/node-annotations-backup"
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
-# On a MachineHealthCheck: "annotation" requests remediation the seed-001 way.
+# On a MachineHealthCheck: "annotation" requests remediation the annotation-based way.
 REQUEST_REMEDIATION_BY = "metalmend.dev/request-remediation-by"
 REASON_POWER_OFF_REQUESTED = "PowerOffRequested"
 REASON_HOST_POWERED_OFF = "HostPoweredOff"

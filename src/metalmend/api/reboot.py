@@ -1,6 +1,8 @@
-"""Reboot annotation values: a JSON map with ``mode`` hard or soft (seed 004).
+"""Reboot annotation values: a JSON map with ``mode`` hard or soft, as metal3's reboot
+interface design defines them (and the reboot annotation page of metal3's user guide,
+https://book.metal3.io/bmo/reboot_annotation.html, repeats).
 
-The seeds' own examples write ``{'mode':'hard'}`` with single quotes, which is not JSON;
+The examples in both write ``{'mode':'hard'}`` with single quotes, which is not JSON;
 it is accepted. An empty value means the default, soft. Anything else is malformed: the
 caller reports it and uses the default, so one bad value never stops a reboot.
 """
@@ -36,13 +38,15 @@ def parse_value(key: str, value: str) -> RebootRequest:
     text = value.strip()
     if not text:
         return RebootRequest(key, "soft")
+    # RecursionError: nesting deeper than the json module allows ("[[[[..."), which any
+    # annotation writer can send; it is just another value that is not a JSON map.
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         try:
             data = json.loads(text.replace("'", '"'))
-        except ValueError:
-            return RebootRequest(key, "soft", f"{text!r} is not a JSON map")
+        except (ValueError, RecursionError):
+            return RebootRequest(key, "soft", f"{text[:80]!r} is not a JSON map")
     if not isinstance(data, dict):
         return RebootRequest(key, "soft", f"{text!r} is not a JSON map")
     mode = data.get("mode", "soft")

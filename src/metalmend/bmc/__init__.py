@@ -1,8 +1,11 @@
 """Power control of bare-metal servers through their BMCs, with no Ironic in between.
 
 ``BmcPool`` is the one async entry point: power state, power on, power off (soft or hard),
-with at most one command in flight per BMC, a global limit, and a timeout on every call.
-The driver is chosen by the BareMetalHost's ``spec.bmc.address`` (``address.parse``).
+one driver per system (never another system behind the same endpoint), at most one call
+in flight per BMC endpoint, a share per namespace and a global limit, ``Busy`` instead of
+waiting behind a busy BMC, and a deadline that really ends every call. The driver is
+chosen by the BareMetalHost's ``spec.bmc.address`` (``address.parse``); ``BmcSettings``
+holds every limit.
 """
 
 from metalmend.bmc.address import BmcAddress, parse
@@ -11,12 +14,15 @@ from metalmend.bmc.errors import (
     AuthenticationFailed,
     BadAddress,
     BmcError,
+    Busy,
     CredentialsError,
+    Refused,
     TimedOut,
     Unreachable,
     Unsupported,
 )
 from metalmend.bmc.pool import BmcPool, BmcTarget, Credentials
+from metalmend.bmc.settings import BmcSettings
 
 __all__ = [
     "AuthenticationFailed",
@@ -24,10 +30,13 @@ __all__ = [
     "BmcAddress",
     "BmcError",
     "BmcPool",
+    "BmcSettings",
     "BmcTarget",
+    "Busy",
     "Credentials",
     "CredentialsError",
     "PowerState",
+    "Refused",
     "TimedOut",
     "Unreachable",
     "Unsupported",

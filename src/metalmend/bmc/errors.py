@@ -1,6 +1,17 @@
 """What can go wrong talking to a BMC, typed so the host controller can report it as
-upstream metal3 does (``status.errorType``), and scrubbed so a password never travels
-inside a message."""
+upstream metal3 does (``status.errorType``).
+
+Secrets never enter a message: drivers build their texts from the address, the error's
+kind and what the BMC or the protocol library said, never from the credentials (neither
+httpx, under the Redfish driver, nor pyghmi puts the password into an error text; pyghmi's
+login errors are fixed phrases such as "Incorrect password provided", and the password
+crosses to the IPMI worker process only inside its request, never back). So nothing has
+to be scrubbed afterwards: replacing every occurrence of a password text mangled messages
+when the password was short (a password ``p`` turned ``http`` into ``htt***``) and
+revealed where it occurred. What a BMC says is its own text, and is capped (``cap``)
+before it is kept anywhere: a BMC answering a 3 MB message must not make a 3 MB status,
+Event or log line.
+"""
 
 from __future__ import annotations
 
@@ -44,9 +55,33 @@ class Unsupported(BmcError):
     """The BMC does not offer the requested power action."""
 
 
-def scrub(text: str, *secrets: str) -> str:
-    """``text`` with every non-empty secret replaced by ***."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
+CUT_MARKER = "… [cut: {dropped} more characters]"
+
+
+def cap(text: str, limit: int) -> str:
+    """The start of ``text`` (what went wrong comes first in a message, the detail after),
+    at most ``limit`` characters in all, with a visible marker saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    keep = limit - len(CUT_MARKER.format(dropped=len(text)))
+    if keep < limit // 2:  # a limit too small for the marker: one character says it
+        return text[: max(limit - 1, 0)] + "…"
+    return text[:keep] + CUT_MARKER.format(dropped=len(text) - keep)
+
+
+class Refused(BmcError):
+    """metalmend's own policy refuses to talk to this address (cleartext HTTP, a network
+    outside the allowed BMC networks). Nothing was sent."""
+
+    error_type = REGISTRATION_ERROR
+
+
+class Busy(Exception):
+    """The host's BMC (or its tenant's share of BMC slots) is busy with other calls right
+    now. Not a BMC failure and not counted as one: the caller tries again after
+    ``retry_after`` seconds instead of waiting, so a busy BMC never blocks a worker that
+    could serve another BMC."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -1,15 +1,39 @@
-"""IPMI through pyghmi: chassis power status and chassis control."""
+"""IPMI through pyghmi, in worker processes that a deadline or a cancellation can end.
+
+pyghmi is blocking and keeps process-wide session state; a call stuck inside it cannot be
+ended from a thread. So pyghmi runs only in ``ipmi_worker`` child processes, and a call
+that passes its deadline or is cancelled kills (SIGKILL) its worker: its threads, sockets
+and half-open sessions end with it, and a fresh worker takes over on the next call.
+
+Workers: a fixed, small number (``IpmiWorkers.size``, 2 by default), started on first use,
+each BMC endpoint pinned to one of them by a stable hash of its address. Why not one per
+BMC: a worker is a Python interpreter with pyghmi and cryptography loaded, about 35 MB;
+sixteen hostile BMCs would cost over 500 MB. Why not one for all: a kill would cut every
+BMC's call. With two, a kill cuts at most the calls of the BMCs pinned to the same worker,
+and those are sent again once, on the fresh worker, within their own deadline (reading
+power and chassis on/off are idempotent). Most hostile BMCs never reach a worker at all:
+the preflight probe runs here, asynchronously, before a session is opened, and tells "no
+BMC there" (ECONNREFUSED: Unreachable) and "nobody answers" (TimedOut) apart at once.
+
+Workers are started as fresh interpreters (``python -m metalmend.bmc.ipmi_worker``,
+fork immediately followed by exec, as multiprocessing's 'spawn' does): the controller is
+asyncio with threads, where a plain fork would copy locks held by other threads.
+
+Sessions are reused per (BMC, user) inside the worker, as pyghmi wants. The UDP sockets
+are bound to the local address that routes to the BMC (found by the preflight's connected
+socket), never to every interface.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
+import json
+import logging
 import socket
-import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
-
-from pyghmi import exceptions as ipmi_errors
-from pyghmi.ipmi import command as ipmi_command
+import sys
+from typing import Any
 
 from metalmend.bmc.address import BmcAddress
 from metalmend.bmc.driver import PowerAction, PowerState
@@ -19,106 +43,230 @@ from metalmend.bmc.errors import (
     TimedOut,
     Unreachable,
     Unsupported,
-    scrub,
+    cap,
 )
+from metalmend.bmc.settings import BmcSettings
 
-T = TypeVar("T")
+log = logging.getLogger(__name__)
 
-_COMMANDS: dict[tuple[str, str, bytes], Any] = {}
-_COMMANDS_LOCK = threading.Lock()
-
-# Our vocabulary -> IPMI chassis control, as pyghmi names it.
-CHASSIS_CONTROL = {
+OPERATION = {
     PowerAction.ON: "on",
     PowerAction.SOFT_OFF: "shutdown",  # ACPI soft shutdown
     PowerAction.HARD_OFF: "off",
 }
-
-_AUTH_MARKERS = ("unauthorized", "password", "insufficient privilege", "username")
-
-
-class IpmiDriver:
-    def __init__(
-        self, address: BmcAddress, username: str, password: str, timeout: float = 10.0
-    ) -> None:
-        self.address = address
-        self._timeout = timeout
-        self._username = username
-        self._password = password
-        self._session: Any = None
-
-    def power_state(self) -> PowerState:
-        answer = self._call(lambda c: c.get_power())
-        return PowerState.OFF if answer.get("powerstate") == "off" else PowerState.ON
-
-    def act(self, action: PowerAction) -> None:
-        self._call(lambda c: c.set_power(CHASSIS_CONTROL[action], wait=False))
-
-    def _preflight(self) -> None:
-        # Before pyghmi logs in: pyghmi keeps process-wide session state, and a login to a
-        # BMC that is not there lingers in it; ask first whether anyone answers.
-        answer = probe(self.address.host, self.address.port or 623, min(self._timeout, 3.0))
-        if answer == "refused":
-            raise Unreachable(f"cannot reach {self.address}: nothing listens on that port")
-        if answer == "silent":
-            raise TimedOut(f"{self.address} did not answer")
-
-    def close(self) -> None:
-        self._session = None
-
-    def _command(self) -> Any:
-        """pyghmi shares one session per BMC and user across the whole process, and a
-        second Command for a live session waits on it forever; so Commands are kept in
-        one process-wide table too, and replaced only when their session broke."""
-        key = (self.address.key, self._username, hashlib.sha256(self._password.encode()).digest())
-        with _COMMANDS_LOCK:
-            command = _COMMANDS.get(key)
-            session = getattr(command, "ipmi_session", None)
-            if command is None or session is None or session.broken or not session.logged:
-                self._preflight()
-                command = ipmi_command.Command(
-                    bmc=self.address.host,
-                    userid=self._username,
-                    password=self._password,
-                    port=self.address.port,
-                )
-                _COMMANDS[key] = command
-            return command
-
-    def _call(self, work: Callable[[Any], T]) -> T:
-        try:
-            if self._session is None:
-                self._session = self._command()
-            return work(self._session)
-        except BmcError:
-            raise
-        except ipmi_errors.IpmiException as error:
-            self.close()
-            text = scrub(str(error), self._password)
-            lowered = text.lower()
-            if any(marker in lowered for marker in _AUTH_MARKERS):
-                raise AuthenticationFailed(f"{self.address} refused the credentials") from None
-            if "timeout" in lowered or "timed out" in lowered or "no response" in lowered:
-                raise TimedOut(f"{self.address} did not answer") from None
-            if getattr(error, "ipmicode", 0) in (0xC1, 0xCC):
-                raise Unsupported(f"{self.address} refused the command: {text}") from None
-            raise BmcError(f"{self.address}: {text}") from None
-        except Exception as error:  # pyghmi raises more than IpmiException
-            self.close()
-            text = scrub(str(error), self._password)
-            raise BmcError(f"{self.address}: {type(error).__name__}: {text}") from None
-
+PROBE_WAIT = 3.0
+"""Longest the preflight waits for the BMC's answer (a LAN BMC answers in milliseconds;
+pyghmi's own first retransmission comes after 0.5-1 s)."""
+ANSWER_LIMIT = 1 << 16  # one answer line of a worker; anything longer is a broken worker
 
 # IPMI 2.0 "Get Channel Authentication Capabilities", sent outside any session: every BMC
 # answers it before a login (it is how clients discover what the BMC supports).
 _AUTH_CAPABILITIES = bytes.fromhex("0600ff07000000000000000000092018c88100388e04b5")
 
 
-def probe(host: str, port: int, wait: float) -> str:
-    """ "answers", "refused" (nothing listens: ICMP port unreachable) or "silent".
+class _WorkerGone(Exception):
+    """The worker ended (killed for another BMC's stuck call, or crashed) before it
+    answered this call."""
 
-    On a connected UDP socket a closed port comes back as ECONNREFUSED, which tells
-    "no BMC there" apart from "a BMC that does not answer"."""
+
+class _Worker:
+    """One worker process and the calls it has in hand."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.killed = False  # set at once by kill(): the process is reaped only later
+        self._ids = 0
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    @classmethod
+    async def start(cls) -> _Worker:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "metalmend.bmc.ipmi_worker",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            limit=ANSWER_LIMIT,
+        )  # fmt: skip
+        return cls(process)
+
+    @property
+    def alive(self) -> bool:
+        return not self.killed and self.process.returncode is None and not self._reader.done()
+
+    async def call(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self._ids += 1
+        request = {**request, "id": self._ids}
+        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.pending[self._ids] = answer
+        try:
+            self.process.stdin.write(json.dumps(request).encode() + b"\n")
+            await self.process.stdin.drain()
+            return await answer
+        except (ConnectionError, BrokenPipeError):
+            raise _WorkerGone from None
+        finally:
+            self.pending.pop(request["id"], None)
+
+    async def _read(self) -> None:
+        assert self.process.stdout is not None
+        try:
+            while line := await self.process.stdout.readline():
+                answer = json.loads(line)
+                future = self.pending.get(answer.get("id"))
+                if future is not None and not future.done():
+                    future.set_result(answer)
+        except (ValueError, asyncio.LimitOverrunError) as error:
+            log.warning("an IPMI worker answered nonsense (%s); replacing it", type(error).__name__)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL: whatever pyghmi was doing ends now, in every thread."""
+        self.killed = True
+        with contextlib.suppress(ProcessLookupError):
+            if self.process.returncode is None:
+                self.process.kill()
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(_WorkerGone())
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+
+    async def wait(self) -> None:
+        await self.process.wait()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
+class IpmiWorkers:
+    """The worker processes of one BmcPool; endpoints are pinned to a worker by hash."""
+
+    def __init__(self, size: int = 2) -> None:
+        self.size = size
+        self._workers: dict[int, _Worker] = {}
+        self._starting: dict[int, asyncio.Lock] = {}
+
+    def slot(self, endpoint: str) -> int:
+        return int.from_bytes(hashlib.sha256(endpoint.encode()).digest()[:4]) % self.size
+
+    async def worker(self, endpoint: str) -> _Worker:
+        slot = self.slot(endpoint)
+        async with self._starting.setdefault(slot, asyncio.Lock()):
+            worker = self._workers.get(slot)
+            if worker is None or not worker.alive:  # a killed one is reaped by asyncio
+                worker = self._workers[slot] = await _Worker.start()
+            return worker
+
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers.values() if w.alive]
+
+    async def close(self) -> None:
+        workers = list(self._workers.values())
+        self._workers.clear()
+        for worker in workers:
+            worker.kill()
+        for worker in workers:
+            with contextlib.suppress(Exception):
+                await worker.wait()
+
+
+class IpmiDriver:
+    def __init__(
+        self,
+        address: BmcAddress,
+        username: str,
+        password: str,
+        settings: BmcSettings,
+        workers: IpmiWorkers,
+        connect_to: str | None = None,
+    ) -> None:
+        self.address = address
+        self._username = username
+        self._password = password
+        self._settings = settings
+        self._workers = workers
+        self._connect_to = connect_to  # vetted IP, when the address policy resolved one
+        self._route: tuple[str, str] | None = None  # (BMC IP, our local IP), once probed
+
+    async def power_state(self) -> PowerState:
+        answer = await self._call("state")
+        return PowerState.OFF if answer.get("power") == "off" else PowerState.ON
+
+    async def act(self, action: PowerAction) -> None:
+        await self._call(OPERATION[action])
+
+    async def close(self) -> None:
+        # The session lives in the worker, which keeps it alive for the next driver of
+        # this (BMC, user); a broken one is dropped there on its first failure.
+        self._route = None
+
+    async def _call(self, operation: str) -> dict[str, Any]:
+        if self._route is None:
+            self._route = await self._preflight()
+        bmc_ip, local_ip = self._route
+        request = {
+            "op": operation,
+            "host": bmc_ip,
+            "port": self.address.port or 623,
+            "local": local_ip,
+            "username": self._username,
+            "password": self._password,
+        }
+        for attempt in (1, 2):
+            worker = await self._workers.worker(self.address.key)
+            try:
+                answer = await worker.call(request)
+            except _WorkerGone:
+                if attempt == 2:
+                    raise BmcError(
+                        f"{self.address}: the IPMI worker ended twice during the call"
+                    ) from None
+                continue  # killed for another BMC's stuck call: once more, on a fresh one
+            except BaseException:
+                # Deadline passed or caller cancelled: pyghmi may be stuck inside this
+                # call; end it for certain.
+                worker.kill()
+                raise
+            break
+        if "error" in answer:
+            raise self._error(answer["error"], str(answer.get("message", "")))
+        return answer
+
+    def _error(self, kind: str, message: str) -> BmcError:
+        said = cap(message, self._settings.max_message_chars)
+        if kind == "auth":
+            return AuthenticationFailed(f"{self.address} refused the credentials: {said}")
+        if kind == "timeout":
+            return TimedOut(f"{self.address} did not answer: {said}")
+        if kind == "unsupported":
+            return Unsupported(f"{self.address} refused the command: {said}")
+        return BmcError(f"{self.address}: {said}")
+
+    async def _preflight(self) -> tuple[str, str]:
+        """Is anyone there, before pyghmi opens a session (whose failures linger in its
+        state)? Returns the BMC's IP and our local IP on the route to it."""
+        host = self._connect_to or await _resolve(self.address.host, self.address.port or 623)
+        port = self.address.port or 623
+        wait = min(self._settings.timeout, PROBE_WAIT)
+        answer, local = await probe(host, port, wait)
+        if answer == "refused":
+            raise Unreachable(f"cannot reach {self.address}: nothing listens on that port")
+        if answer == "silent":
+            raise TimedOut(f"{self.address} did not answer within {wait:g}s")
+        return host, local
+
+
+async def _resolve(host: str, port: int) -> str:
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except socket.gaierror as error:
+        raise Unreachable(f"cannot resolve {host!r}: {error.strerror}") from None
+    return str(infos[0][4][0])
+
+
+def probe_blocking(host: str, port: int, wait: float) -> str:
+    """``probe``'s answer, blocking: for tools outside an event loop (``metalmend lab
+    status``), never for the controller."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as sock:
         sock.settimeout(wait)
@@ -131,3 +279,29 @@ def probe(host: str, port: int, wait: float) -> str:
         except OSError:
             return "silent"
     return "answers"
+
+
+async def probe(host: str, port: int, wait: float) -> tuple[str, str]:
+    """("answers" | "refused" | "silent", the local IP on the route to ``host``).
+
+    On a connected UDP socket a closed port comes back as ECONNREFUSED, which tells
+    "no BMC there" apart from "a BMC that does not answer"; connecting also makes the
+    kernel pick the local address that routes to the BMC."""
+    loop = asyncio.get_running_loop()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.setblocking(False)
+        try:
+            sock.connect((host, port))
+        except OSError as error:
+            raise Unreachable(f"cannot reach {host}:{port}: {error.strerror}") from None
+        local = str(sock.getsockname()[0])
+        try:
+            await loop.sock_sendall(sock, _AUTH_CAPABILITIES)
+            async with asyncio.timeout(wait):
+                await loop.sock_recv(sock, 512)
+        except ConnectionRefusedError:
+            return "refused", local
+        except (TimeoutError, OSError):
+            return "silent", local
+    return "answers", local

@@ -1,32 +1,58 @@
-"""BmcPool: the async face of the drivers, with the limits that keep BMCs healthy.
+"""BmcPool: the one door to the BMCs, with the limits that keep them and us healthy.
 
-- At most one command in flight per BMC: BMCs are small computers that mishandle
-  concurrent sessions. A command that times out keeps its BMC's slot until its thread
-  really finishes, so a timeout never lets a second command overlap a stuck one.
-- At most ``max_in_flight`` commands in flight overall.
-- Every call has a timeout; drivers are blocking and run in a thread pool.
-- Drivers (and so Redfish sessions) are kept per BMC and credentials, and dropped on error.
+- One driver per (BMC endpoint, system, credentials, certificate check): a driver drives
+  exactly one system, so two hosts whose addresses share an endpoint (a chassis manager,
+  a Redfish aggregator, sushy-tools) never drive each other's server.
+- Before a driver is created the address passes ``address.check_allowed`` (cleartext
+  HTTP, allowed BMC networks): on refusal nothing is sent.
+- Slots: at most one call in flight per BMC endpoint (BMCs are small computers that
+  mishandle concurrent sessions), at most ``max_in_flight_per_namespace`` per namespace
+  (one tenant's broken or hostile BMCs cannot take every slot) and ``max_in_flight``
+  overall.
+- No head-of-line blocking: a call that cannot get its slots within ``SLOT_WAIT`` raises
+  ``Busy`` with a ``retry_after`` instead of waiting, so the caller requeues the host and
+  serves other hosts meanwhile; a worker never sits behind a stuck BMC.
+- Every call runs under ``asyncio.timeout(settings.timeout)`` and is really ended there:
+  drivers are asynchronous and stop all work when cancelled (the IPMI driver kills its
+  worker process), so a slot is free again as soon as the deadline passes.
+- A driver is dropped (and closed) after any failure, so the next call starts afresh, and
+  after ``DRIVER_IDLE`` seconds unused (its host deleted, or its address changed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
-import threading
-from collections.abc import Callable
+import logging
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from metalmend.bmc import address as bmc_address
 from metalmend.bmc.address import BmcAddress
 from metalmend.bmc.driver import PowerAction, PowerDriver, PowerState
-from metalmend.bmc.errors import BmcError, TimedOut, scrub
-from metalmend.bmc.ipmi import IpmiDriver
+from metalmend.bmc.errors import BmcError, Busy, TimedOut, cap
+from metalmend.bmc.ipmi import IpmiDriver, IpmiWorkers
 from metalmend.bmc.redfish import RedfishDriver
+from metalmend.bmc.settings import BmcSettings
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-U = TypeVar("U")
+
+SLOT_WAIT = 0.05
+"""Longest a call waits for a slot before ``Busy``: long enough to ride out the gap
+between two quick calls to one BMC, far too short to hold a worker behind a stuck one."""
+
+MIN_RETRY_AFTER = 0.1
+DRIVER_IDLE = 600.0
+"""A driver unused this long is closed: hosts come and go, and their connections must not
+stay behind (a host is read at least every poll interval, well under this)."""
+CLOSE_WAIT = 2.0
+"""Longest spent closing a dropped driver (a Redfish logout to a BMC that stopped
+answering must not delay the error the host is waiting for)."""
 
 
 @dataclass(frozen=True)
@@ -42,21 +68,44 @@ class BmcTarget:
     address: BmcAddress
     credentials: Credentials
     verify_certificates: bool = True
+    namespace: str = ""
+    """The host's namespace: the tenant whose share of the BMC slots the call takes. Tools
+    and tests that act for no tenant share the tenant ""."""
+
+
+DriverFactory = Callable[[BmcTarget, str | None], PowerDriver]
+"""Makes the driver of a target; the second argument is the vetted IP address to connect
+to, when ``check_allowed`` resolved one (so a DNS answer cannot change between the check
+and the connection)."""
+
+
+@dataclass
+class _Call:
+    endpoint: str
+    namespace: str
+    driver_key: tuple[str, ...]
+    started: float
+    deadline: float
+
+    def retry_after(self, now: float) -> float:
+        """When a newcomer should try again: a call that has run for t seconds is, as a
+        rule, not done before another t (quick calls come back quickly, stuck ones are
+        not polled hard), and it is over by its deadline."""
+        return max(MIN_RETRY_AFTER, min(now - self.started, self.deadline - now))
 
 
 class BmcPool:
     def __init__(
-        self,
-        *,
-        timeout: float = 30.0,
-        max_in_flight: int = 16,
-        ca_bundle: str | None = None,
+        self, settings: BmcSettings | None = None, *, driver_factory: DriverFactory | None = None
     ) -> None:
-        self.timeout = timeout
-        self.ca_bundle = ca_bundle
-        self._global = asyncio.Semaphore(max_in_flight)
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._drivers: dict[tuple[str, str], PowerDriver] = {}
+        self.settings = settings or BmcSettings()
+        self._make_driver = driver_factory or self._driver_for
+        self.ipmi_workers = IpmiWorkers()
+        self._drivers: dict[tuple[str, ...], PowerDriver] = {}
+        self._last_used: dict[tuple[str, ...], float] = {}
+        self._calls: list[_Call] = []
+        self._freed = asyncio.Event()  # set (and replaced) whenever a call ends
+        self._closing: set[asyncio.Task[None]] = set()
 
     async def power_state(self, target: BmcTarget) -> PowerState:
         return await self._run(target, lambda d: d.power_state())
@@ -68,96 +117,145 @@ class BmcPool:
         action = PowerAction.HARD_OFF if hard else PowerAction.SOFT_OFF
         await self._run(target, lambda d: d.act(action))
 
-    def close(self) -> None:
-        for driver in self._drivers.values():
-            driver.close()
-        self._drivers.clear()
+    async def close(self) -> None:
+        drivers, self._drivers = list(self._drivers.values()), {}
+        await asyncio.gather(*(_close(d) for d in drivers))
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+        await self.ipmi_workers.close()
 
-    async def _run(self, target: BmcTarget, work: Callable[[PowerDriver], T]) -> T:
-        lock = self._locks.setdefault(target.address.key, asyncio.Lock())
-        await self._acquire(lock, target)
+    # -- one call ---------------------------------------------------------------------
+
+    async def _run(self, target: BmcTarget, work: Callable[[PowerDriver], Awaitable[T]]) -> T:
+        timeout = self.settings.timeout
+        key = _driver_key(target)
+        call = await self._take_slots(target, key)
+        self._last_used[key] = call.started
+        self._expire_idle(call.started)
         try:
-            await self._acquire(self._global, target)
-        except BaseException:
-            lock.release()
-            raise
-        driver = self._driver(target)
-        future = _in_daemon_thread(work, driver)
-
-        def release(_: object) -> None:
-            self._global.release()
-            lock.release()
-
-        future.add_done_callback(release)  # only when the thread is really done
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), self.timeout)
+            async with asyncio.timeout(timeout):
+                driver = self._drivers.get(key)
+                if driver is None:
+                    driver = await self._new_driver(target)
+                    self._drivers[key] = driver
+                return await work(driver)
         except TimeoutError:
-            self._forget(target)
-            raise TimedOut(f"{target.address} did not answer in {self.timeout:g}s") from None
+            await self._forget(key)
+            raise TimedOut(
+                f"{target.address} did not answer within {timeout:g}s; the call was ended"
+            ) from None
         except BmcError as error:
-            self._forget(target)
-            raise type(error)(scrub(str(error), target.credentials.password)) from None
+            await self._forget(key)
+            limit = self.settings.max_message_chars
+            if len(str(error)) > limit:  # drivers cap BMC texts; this is the last guard
+                raise type(error)(cap(str(error), limit)) from None
+            raise
+        except asyncio.CancelledError:
+            # The caller gave up: the driver was cut mid-call, so it is not reused. Closing
+            # it must not delay the cancellation; it runs on its own.
+            self._forget_later(key)
+            raise
+        except Exception:
+            await self._forget(key)
+            raise
+        finally:
+            self._release(call)
 
-    async def _acquire(self, lock: asyncio.Lock | asyncio.Semaphore, target: BmcTarget) -> None:
-        try:
-            await asyncio.wait_for(lock.acquire(), self.timeout)
-        except TimeoutError:
-            raise TimedOut(f"{target.address} is busy with a command that does not end") from None
+    async def _new_driver(self, target: BmcTarget) -> PowerDriver:
+        # Refused raises here, before anything is sent to the address.
+        vetted = await bmc_address.check_allowed(target.address, self.settings)
+        return self._make_driver(target, vetted)
 
-    def _driver(self, target: BmcTarget) -> PowerDriver:
-        key = (target.address.key, _fingerprint(target))
-        driver = self._drivers.get(key)
-        if driver is None:
-            creds = target.credentials
-            if target.address.protocol == "ipmi":
-                driver = IpmiDriver(target.address, creds.username, creds.password, self.timeout)
-            else:
-                verify: bool | str = target.verify_certificates and (self.ca_bundle or True)
-                driver = RedfishDriver(
-                    target.address, creds.username, creds.password, verify, self.timeout
-                )
-            self._drivers[key] = driver
-        return driver
+    def _driver_for(self, target: BmcTarget, vetted_ip: str | None) -> PowerDriver:
+        creds, settings = target.credentials, self.settings
+        if target.address.protocol == "ipmi":
+            return IpmiDriver(
+                target.address, creds.username, creds.password, settings, self.ipmi_workers,
+                vetted_ip,
+            )  # fmt: skip
+        verify: bool | str = target.verify_certificates and (settings.ca_bundle or True)
+        return RedfishDriver(
+            target.address, creds.username, creds.password, verify, settings, vetted_ip
+        )
 
-    def _forget(self, target: BmcTarget) -> None:
-        driver = self._drivers.pop((target.address.key, _fingerprint(target)), None)
+    # -- slots ------------------------------------------------------------------------
+
+    async def _take_slots(self, target: BmcTarget, key: tuple[str, ...]) -> _Call:
+        endpoint, namespace = target.address.key, target.namespace
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + SLOT_WAIT
+        while (blocker := self._blocker(endpoint, namespace)) is not None:
+            left = give_up - loop.time()
+            if left <= 0:
+                why, busy = blocker
+                now = time.monotonic()
+                retry_after = min(c.retry_after(now) for c in busy)
+                raise Busy(f"{target.address}: {why}; trying again shortly", retry_after)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._freed.wait()
+        now = time.monotonic()
+        call = _Call(endpoint, namespace, key, now, now + self.settings.timeout)
+        self._calls.append(call)
+        return call
+
+    def _blocker(self, endpoint: str, namespace: str) -> tuple[str, list[_Call]] | None:
+        """Why a call for ``endpoint`` in ``namespace`` cannot start now, and the calls
+        it waits for; None when it can."""
+        same_bmc = [c for c in self._calls if c.endpoint == endpoint]
+        if same_bmc:
+            return "its BMC is busy with another call", same_bmc
+        same_tenant = [c for c in self._calls if c.namespace == namespace]
+        if len(same_tenant) >= self.settings.max_in_flight_per_namespace:
+            return (
+                f"namespace {namespace!r} already has"
+                f" {len(same_tenant)} BMC calls in flight, its share",
+                same_tenant,
+            )
+        if len(self._calls) >= self.settings.max_in_flight:
+            return f"all {len(self._calls)} BMC call slots are in use", list(self._calls)
+        return None
+
+    def _release(self, call: _Call) -> None:
+        # Synchronous: a cancellation arriving now cannot leave the slot taken.
+        self._calls.remove(call)
+        freed, self._freed = self._freed, asyncio.Event()
+        freed.set()
+
+    # -- dropping drivers -------------------------------------------------------------
+
+    def _expire_idle(self, now: float) -> None:
+        in_use = {c.driver_key for c in self._calls}
+        for key, used in list(self._last_used.items()):
+            if now - used > DRIVER_IDLE and key not in in_use:
+                self._forget_later(key)
+
+    async def _forget(self, key: tuple[str, ...]) -> None:
+        self._last_used.pop(key, None)
+        driver = self._drivers.pop(key, None)
         if driver is not None:
-            _in_daemon_thread(lambda d: d.close(), driver)
+            await _close(driver)
+
+    def _forget_later(self, key: tuple[str, ...]) -> None:
+        self._last_used.pop(key, None)
+        driver = self._drivers.pop(key, None)
+        if driver is not None:
+            task = asyncio.get_running_loop().create_task(_close(driver))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
 
-def _in_daemon_thread(work: Callable[[U], T], argument: U) -> asyncio.Future[T]:
-    """Run blocking ``work`` in a daemon thread of its own. Not an executor: a BMC that
-    never answers would hold an executor's thread, and the process could not exit until
-    it did; a daemon thread dies with the process."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(outcome: Callable[[], None]) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed while we worked
-            loop.call_soon_threadsafe(outcome)
-
-    def finish(result: T | None, failure: BaseException | None) -> None:
-        if future.done():  # the caller gave up waiting (timed out, cancelled)
-            return
-        if failure is not None:
-            future.set_exception(failure)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
-
-    def run() -> None:
-        try:
-            result = work(argument)
-        except BaseException as failure:
-            settle(functools.partial(finish, None, failure))
-        else:
-            settle(functools.partial(finish, result, None))
-
-    threading.Thread(target=run, name="bmc", daemon=True).start()
-    return future
+async def _close(driver: PowerDriver) -> None:
+    try:
+        async with asyncio.timeout(CLOSE_WAIT):
+            await driver.close()
+    except Exception as error:  # close never raises by contract; a broken one must not either
+        log.debug("closing a BMC driver: %s", type(error).__name__)
 
 
-def _fingerprint(target: BmcTarget) -> str:
-    # Keyed by a digest so that the password is not kept as a dictionary key.
+def _driver_key(target: BmcTarget) -> tuple[str, ...]:
+    """One driver per endpoint, system, credentials and certificate check. The credentials
+    enter as a digest so that the password is not kept as a dictionary key."""
     creds = target.credentials
     material = f"{creds.username}\0{creds.password}\0{target.verify_certificates}"
-    return hashlib.sha256(material.encode()).hexdigest()
+    return (target.address.system_key, hashlib.sha256(material.encode()).hexdigest())

@@ -1,16 +1,52 @@
-"""Redfish through sushy. Reading this is reading Redfish: a ComputerSystem's PowerState,
-and its Reset action with a ResetType."""
+"""Redfish power control: reading this is reading Redfish.
+
+The service root (``/redfish/v1/``) links the Systems collection; its members are the
+ComputerSystems the BMC serves. One driver drives exactly one of them: the system the
+address names, or the BMC's only system when the address names none. A system path that
+the BMC does not serve, and a BMC with several systems when none is named, are errors
+naming the systems it has, never a fallback to another system (for fencing, powering off
+the wrong server is split brain). The ComputerSystem's ``PowerState`` is the power state;
+its ``#ComputerSystem.Reset`` action (``target``, with the reset types it allows in
+``ResetType@Redfish.AllowableValues`` or its ``@Redfish.ActionInfo``) changes it.
+
+The client is httpx's asyncio client, not sushy: sushy is blocking, so a call to a BMC
+that answers slowly forever could only be abandoned in a thread that lives on, holding
+its connection and the BMC's slot. Here a call is a coroutine: cancelling it (the pool's
+deadline, or this driver's own) closes the connection at once.
+
+What a BMC says is never trusted for size or shape: every answer is read as a stream and
+dropped past ``max_response_bytes``; an answer that is not the JSON expected is an error
+saying so; any text of the BMC put into a message is cut to ``max_message_chars`` (its
+start kept). Links the BMC gives are followed only if they are plain paths under
+``/redfish/v1/`` of the same endpoint, and redirects are not followed: the credentials
+go nowhere but the address the host names. HTTP basic authentication is sent with each
+request over TLS: no Redfish session is created, so a cancelled call or a dropped driver
+never leaves a session behind on a BMC (BMCs allow only a handful at a time). The
+password is only ever inside the ``Authorization`` header, never in any text.
+"""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
-from typing import Any, TypeVar
+import asyncio
+import errno
+import json
+import re
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+from urllib.parse import unquote
 
-import sushy
-from sushy import exceptions as sushy_errors
+import httpx
 
-from metalmend.bmc.address import BmcAddress
+from metalmend.bmc.address import (
+    REDFISH_ROOT,
+    BmcAddress,
+    check_allowed,
+    redfish_path_problem,
+    refuse_cleartext,
+)
 from metalmend.bmc.driver import PowerAction, PowerState
 from metalmend.bmc.errors import (
     AuthenticationFailed,
@@ -19,97 +55,585 @@ from metalmend.bmc.errors import (
     TimedOut,
     Unreachable,
     Unsupported,
-    scrub,
+    cap,
 )
+from metalmend.bmc.settings import BmcSettings
 
 T = TypeVar("T")
 
-# Our vocabulary -> Redfish ComputerSystem.Reset ResetType.
-RESET_TYPE = {
-    PowerAction.ON: sushy.ResetType.ON,
-    PowerAction.SOFT_OFF: sushy.ResetType.GRACEFUL_SHUTDOWN,
-    PowerAction.HARD_OFF: sushy.ResetType.FORCE_OFF,
+RESET_TYPES: Final[dict[PowerAction, str]] = {
+    PowerAction.ON: "On",
+    PowerAction.SOFT_OFF: "GracefulShutdown",
+    PowerAction.HARD_OFF: "ForceOff",
 }
+"""Our power vocabulary -> the ResetType of Redfish's ComputerSystem.Reset action."""
+
+RESET_ACTION = "#ComputerSystem.Reset"
+COMPUTER_SYSTEM_TYPE = "#ComputerSystem."
+"""Start of a ComputerSystem's ``@odata.type`` (``#ComputerSystem.v1_20_0.ComputerSystem``)."""
+
+MAX_COLLECTION_PAGES = 16
+"""Pages of a Systems collection followed (``Members@odata.nextLink``); BMCs serve one."""
+
+SYSTEMS_SHOWN = 5
+"""Systems named in an error message; more are counted."""
+
+# A Redfish error whose MessageId says the ResetType is not one the system takes.
+_UNSUPPORTED_MESSAGE_IDS = ("ActionParameterValueNotInList", "ActionParameterNotSupported")
+_NEXT_LINK_QUERY = re.compile(r"[A-Za-z0-9$=&_.\-]{1,64}")
+_UNPRINTABLE = {c: " " for c in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)}
+_CLOSING: set[asyncio.Task[None]] = set()  # clients being closed after a cancellation
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A BMC's HTTP answer as read (never more than ``max_response_bytes`` of it)."""
+
+    status: int
+    body: bytes
+    complete: bool
+    """False: the answer was larger than the cap and ``body`` is only its start."""
 
 
 class RedfishDriver:
+    """Power of the one ComputerSystem the address names, through its BMC's Redfish
+    service. ``verify`` is False (no certificate check: the host's
+    ``disableCertificateVerification``), True (the system's CAs) or the path of a CA bundle
+    trusted besides them. ``connect_to`` is the IP address vetted by
+    ``address.check_allowed``: when given, the driver connects there (TLS still checks the
+    certificate against the host name of the address)."""
+
     def __init__(
         self,
         address: BmcAddress,
         username: str,
         password: str,
         verify: bool | str,
-        timeout: float,
+        settings: BmcSettings,
+        connect_to: str | None = None,
     ) -> None:
         self.address = address
-        self._username = username
-        self._password = password
+        self._auth = httpx.BasicAuth(username, password)
         self._verify = verify
-        self._timeout = timeout
-        self._root: sushy.Sushy | None = None
+        self._settings = settings
+        self._connect_to = connect_to
+        self._client: httpx.AsyncClient | None = None
+        self._base = ""
+        self._headers: dict[str, str] = {}
+        self._extensions: dict[str, Any] = {}
+        self._system_path: str | None = None  # found once, forgotten on any error
 
-    def power_state(self) -> PowerState:
-        state = self._call(lambda: self._system().power_state)  # refreshed on each get
-        return PowerState.OFF if state == sushy.PowerState.OFF else PowerState.ON
+    # ---- the driver interface -----------------------------------------------------
 
-    def act(self, action: PowerAction) -> None:
-        reset_type = RESET_TYPE[action]
+    async def power_state(self) -> PowerState:
+        return await self._guarded(self._read_power_state)
 
-        def reset() -> None:
-            system = self._system()
-            allowed = system.get_allowed_reset_system_values()
-            if allowed and reset_type not in allowed:
-                names = ", ".join(sorted(v.value for v in allowed))
-                raise Unsupported(f"{self.address} does not offer {reset_type.value} ({names})")
-            system.reset_system(reset_type)
+    async def act(self, action: PowerAction) -> None:
+        async def reset() -> None:
+            await self._reset(RESET_TYPES[action])
 
-        self._call(reset)
+        await self._guarded(reset)
 
-    def close(self) -> None:
-        if self._root is not None:
-            # A dead BMC's session cannot be logged out; there is nothing more to do.
-            with contextlib.suppress(Exception):
-                self._root.close()
-            self._root = None
+    async def close(self) -> None:
+        await self._drop()
 
-    def _system(self) -> Any:
-        if self._root is None:
-            self._root = sushy.Sushy(
-                self.address.endpoint,
-                verify=self._verify,
-                auth=sushy.auth.SessionOrBasicAuth(self._username, self._password),
-                read_timeout=self._timeout,
-                connect_timeout=self._timeout,
-                server_side_retries=1,  # our own retries and timeouts govern
-                server_side_retries_delay=0,
+    # ---- Redfish ------------------------------------------------------------------
+
+    async def _read_power_state(self) -> PowerState:
+        path, system = await self._system()
+        if "PowerState" not in system:
+            raise BmcError(f"{self.address}: the system {path} does not report its PowerState")
+        state = system["PowerState"]
+        if state == "Off":
+            return PowerState.OFF
+        if state is None or isinstance(state, str):
+            # On, PoweringOn, PoweringOff, Paused, or unknown (null): not definitely off.
+            return PowerState.ON
+        raise BmcError(
+            self._with_bmc_text(
+                f"{self.address}: PowerState of {path} is not a Redfish power state: ",
+                json.dumps(state)[:1000],
             )
-        system = self._root.get_system(self.address.system_path or None)
-        return system
+        )
 
-    def _call(self, work: Callable[[], T]) -> T:
+    async def _reset(self, reset_type: str) -> None:
+        _, system = await self._system()
+        actions = system.get("Actions")
+        reset = actions.get(RESET_ACTION) if isinstance(actions, dict) else None
+        if not isinstance(reset, dict):
+            raise Unsupported(f"{self.address}: the system offers no {RESET_ACTION} action")
+        target = self._checked_link(reset.get("target"), f"the target of {RESET_ACTION}")
+        allowed = await self._allowed_reset_types(reset)
+        if allowed is not None and reset_type not in allowed:
+            offered = ", ".join(sorted(allowed)) or "none"
+            raise Unsupported(
+                self._with_bmc_text(
+                    f"{self.address} does not offer ResetType {reset_type}; it offers: ",
+                    offered,
+                )
+            )
+        answer = await self._send("POST", target, {"ResetType": reset_type})
+        if 200 <= answer.status < 300:
+            return
+        if answer.status == 400 and any(
+            marker in answer.body.decode("utf-8", "replace") for marker in _UNSUPPORTED_MESSAGE_IDS
+        ):
+            raise Unsupported(
+                self._with_bmc_text(
+                    f"{self.address} refused ResetType {reset_type}: ",
+                    redfish_message(answer),
+                )
+            )
+        raise self._status_error(answer, "POST", target)
+
+    async def _allowed_reset_types(self, reset: dict[str, Any]) -> set[str] | None:
+        """The reset types the system takes, or None when it does not say."""
+        values = reset.get("ResetType@Redfish.AllowableValues")
+        if isinstance(values, list):
+            return {v for v in values if isinstance(v, str)}
+        info_link = reset.get("@Redfish.ActionInfo")
+        if not isinstance(info_link, str):
+            return None
+        info_path = self._checked_link(info_link, "the @Redfish.ActionInfo of the reset action")
+        answer = await self._send("GET", info_path)
+        if answer.status == 404:
+            return None
+        info = self._document(answer, "GET", info_path)
+        parameters = info.get("Parameters")
+        for parameter in parameters if isinstance(parameters, list) else []:
+            if isinstance(parameter, dict) and parameter.get("Name") == "ResetType":
+                values = parameter.get("AllowableValues")
+                if isinstance(values, list):
+                    return {v for v in values if isinstance(v, str)}
+        return None
+
+    async def _system(self) -> tuple[str, dict[str, Any]]:
+        """The system's path and its ComputerSystem resource, as read now."""
+        if self._system_path is None:
+            return await self._discover()
+        path = self._system_path
+        answer = await self._send("GET", path)
+        if answer.status == 404:
+            # Gone since we found it: find it again, so the error names what the BMC has.
+            self._system_path = None
+            return await self._discover()
+        system = self._document(answer, "GET", path)
+        self._check_computer_system(path, system)
+        return path, system
+
+    async def _discover(self) -> tuple[str, dict[str, Any]]:
+        """Service root -> Systems collection -> the one system this driver is for."""
+        wanted = self.address.system_path
+        if wanted:
+            problem = redfish_path_problem(wanted)
+            if problem is not None:
+                raise BadAddress(f"{self.address}: the system path is not usable: {problem}")
+        answer = await self._send("GET", REDFISH_ROOT)
+        if answer.status == 404:
+            raise BadAddress(f"{self.address.endpoint} serves no Redfish service ({REDFISH_ROOT})")
+        root = self._document(answer, "GET", REDFISH_ROOT)
+        systems = self._checked_link(
+            _odata_id(root.get("Systems")), f"the Systems link of {REDFISH_ROOT}"
+        )
+        members, unusable = await self._members(systems)
+        listing = _listing(members, unusable)
+        if wanted:
+            path = next((m for m in members if _same_path(m, wanted)), None)
+            if path is None:
+                raise BadAddress(
+                    self._with_bmc_text(
+                        f"the BMC at {self.address.endpoint} serves no system {wanted}: ",
+                        listing,
+                    )
+                )
+        elif len(members) == 1 and not unusable:
+            path = members[0]
+        else:
+            raise BadAddress(
+                self._with_bmc_text(
+                    f"the BMC at {self.address.endpoint} serves {len(members) + unusable}"
+                    " systems and the address names none; name one in spec.bmc.address: ",
+                    listing,
+                )
+            )
+        answer = await self._send("GET", path)
+        if answer.status == 404:
+            raise BadAddress(
+                self._with_bmc_text(
+                    f"the BMC at {self.address.endpoint} lists {path} but does not serve it"
+                    " (404): ",
+                    listing,
+                )
+            )
+        system = self._document(answer, "GET", path)
+        self._check_computer_system(path, system)
+        self._system_path = path
+        return path, system
+
+    async def _members(self, collection: str) -> tuple[list[str], int]:
+        """The member paths of a collection (all pages), and how many members were not
+        usable paths: those are never driven, but still count as systems the BMC has (a
+        BMC with one usable and one broken entry does not have exactly one system)."""
+        members: list[str] = []
+        unusable = 0
+        page: str | None = collection
+        for _ in range(MAX_COLLECTION_PAGES):
+            if page is None:
+                return members, unusable
+            document = self._document(await self._send("GET", page), "GET", page)
+            listed = document.get("Members")
+            if not isinstance(listed, list):
+                raise BmcError(f"{self.address}: the collection {collection} has no Members list")
+            for member in listed:
+                link = _odata_id(member)
+                if isinstance(link, str) and redfish_path_problem(link) is None:
+                    members.append(link)
+                else:
+                    unusable += 1
+            page = self._next_page(document.get("Members@odata.nextLink"), collection)
+        if page is not None:
+            raise BmcError(
+                f"{self.address}: the collection {collection} has more than"
+                f" {MAX_COLLECTION_PAGES} pages"
+            )
+        return members, unusable
+
+    def _next_page(self, link: object, collection: str) -> str | None:
+        if link is None:
+            return None
+        path, _, query = link.partition("?") if isinstance(link, str) else ("", "", "")
+        checked = self._checked_link(path, f"the next page of {collection}")
+        if query and not _NEXT_LINK_QUERY.fullmatch(query):
+            raise BmcError(
+                self._with_bmc_text(
+                    f"{self.address}: the next page link of {collection} is not usable: ",
+                    str(link),
+                )
+            )
+        return f"{checked}?{query}" if query else checked
+
+    def _check_computer_system(self, path: str, system: dict[str, Any]) -> None:
+        kind = system.get("@odata.type")
+        if not (isinstance(kind, str) and kind.startswith(COMPUTER_SYSTEM_TYPE)):
+            raise BadAddress(
+                self._with_bmc_text(
+                    f"{path} at the BMC {self.address.endpoint} is not a ComputerSystem;"
+                    " its @odata.type is ",
+                    json.dumps(kind)[:1000],
+                )
+            )
+
+    def _checked_link(self, link: object, what: str) -> str:
+        """``link`` if it is a plain path under /redfish/v1/ (never another host)."""
+        if not isinstance(link, str):
+            raise BmcError(f"{self.address}: {what} is missing or not a string")
+        problem = redfish_path_problem(link)
+        if problem is not None:
+            raise BmcError(
+                self._with_bmc_text(f"{self.address}: {what} is not followed ({problem}): ", link)
+            )
+        return link
+
+    # ---- HTTP ---------------------------------------------------------------------
+
+    async def _guarded(self, work: Callable[[], Awaitable[T]]) -> T:
+        """Run ``work`` under this driver's own deadline, typing every failure; after any
+        failure or cancellation the connection is closed and the system found again."""
         try:
-            return work()
+            async with asyncio.timeout(self._settings.timeout):
+                return await work()
         except BmcError:
+            await self._drop()
             raise
-        except sushy_errors.AccessError:
-            self.close()
-            raise AuthenticationFailed(f"{self.address} refused the credentials") from None
-        except sushy_errors.ResourceNotFoundError:
-            raise BadAddress(f"no Redfish system at {self.address}") from None
-        except sushy_errors.ConnectionError as error:
-            self.close()
-            text = scrub(str(error), self._password)
-            if "timed out" in text.lower() or "timeout" in text.lower():
-                raise TimedOut(f"{self.address} did not answer in {self._timeout:g}s") from None
-            raise Unreachable(f"cannot reach {self.address}: {_reason(text)}") from None
-        except Exception as error:  # sushy and requests raise more than SushyError
-            self.close()
-            text = scrub(str(error), self._password)
-            raise BmcError(f"{self.address}: {type(error).__name__}: {text}") from None
+        except TimeoutError:  # our own deadline
+            await self._drop()
+            raise self._timed_out() from None
+        except httpx.HTTPError as error:
+            await self._drop()
+            raise self._transport_error(error) from None
+        except asyncio.CancelledError:
+            # The caller's deadline: stop here, the connection really closed.
+            await self._drop()
+            raise
+        except Exception as error:  # a bug or a library surprise: still one clear line
+            await self._drop()
+            raise BmcError(
+                self._with_bmc_text(f"{self.address}: {type(error).__name__}: ", str(error))
+            ) from None
+
+    async def _http(self) -> httpx.AsyncClient:
+        if self._client is not None:
+            return self._client
+        refuse_cleartext(self.address, self._settings)
+        if self._connect_to is None and self._settings.allowed_networks:
+            # The pool vets the address and passes the vetted IP; never connect by name
+            # to a restricted network without it.
+            self._connect_to = await check_allowed(self.address, self._settings)
+        address = self.address
+        host = self._connect_to or address.host
+        bracketed = f"[{host}]" if ":" in host else host
+        self._base = f"{address.scheme}://{bracketed}:{address.effective_port}"
+        self._headers = {}
+        self._extensions = {}
+        if self._connect_to is not None and self._connect_to != address.host:
+            # Connect to the vetted IP, but speak to (and check the certificate of) the
+            # host the address names.
+            named = f"[{address.host}]" if ":" in address.host else address.host
+            self._headers["Host"] = f"{named}:{address.port}" if address.port else named
+            if address.scheme == "https":
+                self._extensions["sni_hostname"] = address.host
+        self._client = httpx.AsyncClient(
+            auth=self._auth,
+            verify=self._tls() if address.scheme == "https" else False,
+            timeout=httpx.Timeout(self._settings.timeout),
+            follow_redirects=False,  # the credentials go to the address named, nowhere else
+            trust_env=False,  # no proxy from the environment: BMCs are reached directly
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            headers={
+                "Accept": "application/json",
+                "Accept-Encoding": "identity",  # a compressed answer could hide its size
+                "OData-Version": "4.0",
+                "User-Agent": "metalmend",
+            },
+        )
+        return self._client
+
+    def _tls(self) -> ssl.SSLContext | bool:
+        if self._verify is False:
+            return False
+        context = ssl.create_default_context()
+        if isinstance(self._verify, str):
+            try:
+                context.load_verify_locations(cafile=self._verify)
+            except (OSError, ssl.SSLError) as error:
+                raise BmcError(
+                    f"cannot load the BMC CA bundle {self._verify}:"
+                    f" {getattr(error, 'strerror', None) or error}"
+                ) from None
+        return context
+
+    async def _send(self, method: str, path: str, payload: Any = None) -> Answer:
+        """One request; the answer read as a stream, at most ``max_response_bytes``."""
+        client = await self._http()
+        request = client.build_request(
+            method,
+            self._base + path,
+            json=payload,
+            headers=self._headers,
+            extensions=self._extensions,
+        )
+        limit = self._settings.max_response_bytes
+        response = await client.send(request, stream=True)
+        try:
+            encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                raise BmcError(
+                    self._with_bmc_text(
+                        f"{self.address}: {method} {path} answered in an encoding not asked for: ",
+                        encoding,
+                    )
+                )
+            declared = response.headers.get("Content-Length", "")
+            if declared.isdigit() and int(declared) > limit and response.is_success:
+                return Answer(response.status_code, b"", False)  # an error's start is read
+            body = bytearray()
+            async for chunk in response.aiter_raw():
+                body += chunk
+                if len(body) > limit:
+                    return Answer(response.status_code, bytes(body[:limit]), False)
+            return Answer(response.status_code, bytes(body), True)
+        finally:
+            # Unread, the rest of a large answer is not drained: the connection is closed.
+            await response.aclose()
+
+    def _document(self, answer: Answer, method: str, path: str) -> dict[str, Any]:
+        """The JSON object of a successful answer, or the error it is."""
+        if not 200 <= answer.status < 300:
+            raise self._status_error(answer, method, path)
+        if not answer.complete:
+            raise self._too_large(method, path)
+        try:
+            document = json.loads(answer.body)
+        except (ValueError, RecursionError):  # RecursionError: a hostile deep nesting
+            raise BmcError(
+                self._with_bmc_text(
+                    f"{self.address}: {method} {path} answered something that is not JSON: ",
+                    answer.body[:2000].decode("utf-8", "replace"),
+                )
+            ) from None
+        if not isinstance(document, dict):
+            raise BmcError(
+                f"{self.address}: {method} {path} answered JSON that is not an object"
+                f" ({type(document).__name__})"
+            )
+        return document
+
+    def _status_error(self, answer: Answer, method: str, path: str) -> BmcError:
+        status = answer.status
+        said = redfish_message(answer)
+        if status in (401, 403):
+            return AuthenticationFailed(
+                self._with_bmc_text(
+                    f"{self.address} refused the credentials (HTTP {status} on {method} {path})"
+                    + (": " if said else ""),
+                    said,
+                )
+            )
+        if 300 <= status < 400:
+            return BmcError(
+                f"{self.address}: {method} {path} answered HTTP {status}, a redirect; not"
+                " followed (credentials go only to the address the host names)"
+            )
+        if not answer.complete:
+            return BmcError(
+                self._with_bmc_text(
+                    f"{self.address}: HTTP {status} on {method} {path}, with an answer larger"
+                    f" than {self._settings.max_response_bytes} bytes starting: ",
+                    said,
+                )
+            )
+        return BmcError(
+            self._with_bmc_text(
+                f"{self.address}: HTTP {status} on {method} {path}" + (": " if said else ""),
+                said,
+            )
+        )
+
+    def _too_large(self, method: str, path: str) -> BmcError:
+        return BmcError(
+            f"{self.address}: {method} {path}: answer larger than"
+            f" {self._settings.max_response_bytes} bytes; not read"
+        )
+
+    def _timed_out(self) -> TimedOut:
+        return TimedOut(f"{self.address} did not answer in {self._settings.timeout:g}s")
+
+    def _transport_error(self, error: httpx.HTTPError) -> BmcError:
+        if isinstance(error, httpx.TimeoutException):
+            return self._timed_out()
+        cause = _root_cause(error)
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return BmcError(
+                self._with_bmc_text(
+                    f"{self.address}: the BMC's TLS certificate is not trusted (give its CA"
+                    " in the BMC CA bundle, or set spec.bmc.disableCertificateVerification): ",
+                    cause.verify_message or str(cause),
+                )
+            )
+        if isinstance(cause, ssl.SSLEOFError):
+            # The other end closed the connection (a cut line, a BMC restarting): a network
+            # fault, not a TLS disagreement for the operator to fix.
+            reason = "the connection was closed during TLS"
+            if isinstance(error, httpx.ConnectError):
+                return Unreachable(f"cannot reach {self.address}: {reason}")
+            return Unreachable(f"{self.address} dropped the connection: {reason}")
+        if isinstance(cause, ssl.SSLError):
+            return BmcError(
+                self._with_bmc_text(f"{self.address}: TLS failed: ", cause.reason or str(cause))
+            )
+        if isinstance(error, httpx.ConnectError):
+            return Unreachable(f"cannot reach {self.address}: {_network_reason(cause, error)}")
+        if isinstance(error, httpx.ReadError | httpx.WriteError):
+            return Unreachable(
+                f"{self.address} dropped the connection: {_network_reason(cause, error)}"
+            )
+        if isinstance(error, httpx.RemoteProtocolError):
+            return BmcError(
+                self._with_bmc_text(f"{self.address} broke the HTTP protocol: ", str(error))
+            )
+        return BmcError(
+            self._with_bmc_text(f"{self.address}: {type(error).__name__}: ", str(error))
+        )
+
+    def _with_bmc_text(self, prefix: str, text: str) -> str:
+        """``prefix`` (ours) and the start of ``text`` (the BMC's), at most
+        ``max_message_chars`` in all when the prefix leaves room."""
+        limit = self._settings.max_message_chars
+        room = max(limit - len(prefix), min(limit, 40))  # a long address still gets a word in
+        return prefix + cap(text.translate(_UNPRINTABLE), room)
+
+    async def _drop(self) -> None:
+        """Close the connection and forget the system; never raises."""
+        client, self._client = self._client, None
+        self._system_path = None
+        if client is None:
+            return
+        # Shielded: a second cancellation while closing must not leave the socket open.
+        task = asyncio.get_running_loop().create_task(_close_quietly(client))
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
+        await asyncio.shield(task)
 
 
-def _reason(text: str) -> str:
-    for marker in ("Connection refused", "No route to host", "Name or service not known"):
-        if marker in text:
-            return marker
-    return text[-200:]
+def redfish_message(answer: Answer) -> str:
+    """What a Redfish error answer says: its @Message.ExtendedInfo messages, else its
+    error.message, else the start of its body as text (uncapped: the caller caps)."""
+    if answer.complete:
+        try:
+            document = json.loads(answer.body)
+        except (ValueError, RecursionError):
+            document = None
+        error = document.get("error") if isinstance(document, dict) else None
+        if isinstance(error, dict):
+            infos = error.get("@Message.ExtendedInfo")
+            texts = [
+                info["Message"]
+                for info in (infos if isinstance(infos, list) else [])
+                if isinstance(info, dict) and isinstance(info.get("Message"), str)
+            ]
+            if not texts and isinstance(error.get("message"), str):
+                texts = [error["message"]]
+            if texts:
+                return "; ".join(texts)
+    return answer.body[:4000].decode("utf-8", "replace").strip()
+
+
+def _odata_id(reference: object) -> object:
+    return reference.get("@odata.id") if isinstance(reference, dict) else None
+
+
+def _same_path(a: str, b: str) -> bool:
+    return unquote(a).rstrip("/") == unquote(b).rstrip("/")
+
+
+def _listing(members: list[str], unusable: int = 0) -> str:
+    broken = f" ({unusable} more listed with unusable paths)" if unusable else ""
+    if not members:
+        return f"it serves none{broken}"
+    shown = ", ".join(members[:SYSTEMS_SHOWN])
+    more = f" and {len(members) - SYSTEMS_SHOWN} more" if len(members) > SYSTEMS_SHOWN else ""
+    return f"it serves {shown}{more}{broken}"
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    seen: set[int] = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        following = error.__cause__ or error.__context__
+        if following is None:
+            break
+        error = following
+    return error
+
+
+def _network_reason(cause: BaseException, error: httpx.HTTPError) -> str:
+    """One short reason, not a traceback."""
+    if isinstance(cause, socket.gaierror):
+        return f"cannot resolve the host name ({cause.strerror or 'unknown'})"
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(cause, ConnectionResetError):
+        return "connection reset"
+    if isinstance(cause, OSError) and cause.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return "no route to host"
+    text = str(error) or str(cause) or type(cause).__name__
+    if "refused" in text.lower():
+        return "connection refused"
+    return cap(text.translate(_UNPRINTABLE), 200)
+
+
+async def _close_quietly(client: httpx.AsyncClient) -> None:
+    try:
+        await client.aclose()
+    except Exception:  # a connection already broken cannot be closed any better
+        return

@@ -4,7 +4,8 @@ Nodes), asks policy.healthcheck for verdicts, and carries them out:
 - remediation by conditions on the Machine (HealthCheckSucceeded=False, OwnerRemediated=False),
   or, with ``remediationTemplate``, by creating an external remediation object (same name
   and namespace as the Machine, ownerReference to it, kind = template kind without
-  "Template") and deleting it once the Node is healthy again (seed 002);
+  "Template") and deleting it once the Node is healthy again (Cluster API's machine
+  health checking proposal, external remediation);
 - the check's status (expectedMachines, currentHealthy, remediationsAllowed, targets,
   conditions) written only when it changed;
 - a requeue at the exact next timeout expiry.
@@ -24,7 +25,7 @@ from lightkube.resources.core_v1 import Node
 from metalmend.api import names
 from metalmend.api.resources import Machine, MachineHealthCheck, Metal3Remediation
 from metalmend.api.selector import matches
-from metalmend.controllers import REGISTRY, RunOptions
+from metalmend.controllers import RunOptions
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
@@ -32,11 +33,11 @@ from metalmend.kube.writes import patch_annotations, patch_status
 from metalmend.policy.healthcheck import (
     Check,
     Evaluation,
+    InvalidSpec,
     NodeCondition,
     Target,
-    UnhealthyCondition,
+    check_from_spec,
     evaluate,
-    parse_duration,
 )
 from metalmend.policy.hostpower import parse_stamp, stamp
 
@@ -81,20 +82,7 @@ class HealthCheckController:
     def target(self, machine: Any, existing: set[str] | None) -> Target:
         node_name = next(iter(node_of(machine)), None)
         node = self.nodes.store.get(node_name) if node_name else None
-        conditions: dict[str, NodeCondition] = {}
-        for c in (node.status.conditions if node is not None and node.status else None) or []:
-            since = c.lastTransitionTime or c.lastHeartbeatTime or self.clock.now()
-            conditions[c.type] = NodeCondition(c.status, since)
-        lost = (machine.metadata.annotations or {}).get(names.NODE_REF_LOST_AT)
-        return Target(
-            machine=object_key(machine),
-            created=machine.metadata.creationTimestamp or self.clock.now(),
-            node_ref=node_name,
-            node_ref_lost=parse_stamp(lost),
-            node_exists=node is not None,
-            conditions=conditions,
-            remediating=self._remediating(machine, existing),
-        )
+        return target_of(machine, node, self.clock.now(), self._remediating(machine, existing))
 
     def _remediating(self, machine: Any, existing: set[str] | None) -> bool:
         """``existing``: names of the external remediation objects in the Machine's
@@ -117,11 +105,22 @@ class HealthCheckController:
         spec = check.get("spec") or {}
         try:
             rules = parse_check(spec)
-        except ValueError as error:
+        except InvalidSpec as error:
             await self._write_status(check, None, str(error), [])
             await self.events.warning(check, names.REASON_INVALID_SPEC, str(error))
             return DONE
         template = spec.get("remediationTemplate")
+        elsewhere = (template or {}).get("namespace")
+        if elsewhere and elsewhere != check.metadata.namespace:
+            # As Cluster API's webhook: a check may not copy another namespace's template
+            # (the CRD cannot say so; its rules do not see metadata.namespace).
+            message = (
+                f"remediationTemplate.namespace {elsewhere!r} must be empty or this check's"
+                f" own namespace {check.metadata.namespace!r}"
+            )
+            await self._write_status(check, None, message, [])
+            await self.events.warning(check, names.REASON_INVALID_SPEC, message)
+            return DONE
         external = await self._template(check, template) if template else None
         if template and external is None:
             message = (
@@ -133,7 +132,7 @@ class HealthCheckController:
         machines = [m for m in self.selected(check) if not skipped(m)]
         overlaps = self._overlapping(check, machines)
         by_annotation = not template and self._requests_by_annotation(check)
-        if by_annotation:  # seed 001: the Machines that carry the request
+        if by_annotation:  # metal3's annotation-based remediation: Machines carry the request
             existing: set[str] | None = {
                 m.metadata.name
                 for m in machines
@@ -167,7 +166,8 @@ class HealthCheckController:
         return (chosen or self.default_request) == "annotation"
 
     async def _annotate(self, check: Any, machine: Any, verdict: Evaluation) -> None:
-        """Seed 001: the machine remediation controller acts on this annotation."""
+        """The machine remediation controller acts on this annotation (metal3's annotation-based
+        remediation design)."""
         await patch_annotations(self.client, Machine, machine, {names.EXTERNAL_REMEDIATION: ""})
         reason = verdict.verdicts[object_key(machine)]
         await self.events.normal(
@@ -185,7 +185,10 @@ class HealthCheckController:
         )
 
     async def _template(self, check: Any, ref: dict[str, Any]) -> Any | None:
-        resource = generic(ref.get("apiVersion", ""), ref.get("kind", ""))
+        try:
+            resource = generic(ref.get("apiVersion", ""), ref.get("kind", ""))
+        except ValueError:  # lightkube cannot model it (the CRD now refuses such references)
+            return None
         namespace = ref.get("namespace") or check.metadata.namespace
         try:
             return await self.client.get(resource, ref.get("name", ""), namespace=namespace)
@@ -264,7 +267,7 @@ class HealthCheckController:
         try:
             await self.client.create(obj)
         except ApiError as error:
-            if error.status.code != 409:  # created before: nothing more to do (seed 002)
+            if error.status.code != 409:  # created before: nothing more to do
                 raise
 
     async def _withdraw(self, check: Any, machine: Any, ref: dict[str, Any]) -> None:
@@ -289,8 +292,8 @@ class HealthCheckController:
         for key, result in verdict.verdicts.items():
             if result.kind != "healthy" or key not in machines:
                 continue
-            # Seed 002: a passing check after a failed one does not update the conditions
-            # of a Machine its owner is remediating.
+            # Cluster API's machine health checking proposal: a passing check after a failed
+            # one does not update the conditions of a Machine its owner is remediating.
             if external is None and self._remediating(machines[key], None):  # conditions
                 continue
             await self._set_machine_conditions(
@@ -390,17 +393,36 @@ def merge_conditions(
 
 
 def parse_check(spec: dict[str, Any]) -> Check:
-    """The spec as policy.healthcheck reads it; ValueError says what is wrong."""
-    rules = tuple(
-        UnhealthyCondition(c["type"], c["status"], parse_duration(c["timeout"]) or 0.0)
-        for c in spec.get("unhealthyConditions") or []
+    """The spec as policy.healthcheck reads it; InvalidSpec says what is wrong."""
+    return check_from_spec(spec)
+
+
+def target_of(machine: Any, node: Any | None, now: dt.datetime, remediating: bool) -> Target:
+    """What policy.healthcheck reads of a Machine and its Node (None: not found)."""
+    conditions: dict[str, NodeCondition] = {}
+    for c in (node.status.conditions if node is not None and node.status else None) or []:
+        since = c.lastTransitionTime or c.lastHeartbeatTime or now
+        conditions[c.type] = NodeCondition(c.status, since)
+    lost = (machine.metadata.annotations or {}).get(names.NODE_REF_LOST_AT)
+    return Target(
+        machine=object_key(machine),
+        created=machine.metadata.creationTimestamp or now,
+        node_ref=next(iter(node_of(machine)), None),
+        node_ref_lost=lost_at(lost),
+        node_exists=node is not None,
+        conditions=conditions,
+        remediating=remediating,
     )
-    return Check(
-        unhealthy_conditions=rules,
-        max_unhealthy=spec.get("maxUnhealthy"),
-        unhealthy_range=spec.get("unhealthyRange"),
-        node_startup_timeout=parse_duration(spec.get("nodeStartupTimeout")),
-    )
+
+
+def lost_at(annotation: str | None) -> dt.datetime | None:
+    """When the Machine lost its nodeRef, from our annotation. Anyone may edit annotations:
+    one that does not parse is ignored (startup then counts from creation) rather than
+    failing the whole check's reconcile."""
+    try:
+        return parse_stamp(annotation)
+    except (ValueError, OverflowError):
+        return None
 
 
 def generic(api_version: str, kind: str) -> Any:
@@ -431,6 +453,3 @@ def setup(manager: Manager, options: RunOptions) -> None:
     runner.watch(controller.machines, for_machine)
     runner.watch(controller.nodes, for_node)
     runner.watch(controller.remediations, for_machine)
-
-
-REGISTRY["machine-health-check"] = setup

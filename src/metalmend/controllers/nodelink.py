@@ -1,4 +1,5 @@
-"""node-link: keeps ``Machine.status.nodeRef`` true where no Cluster API runs."""
+"""node-link: keeps ``Machine.status.nodeRef`` true where no Cluster API runs, linking a
+Machine only to a Node of a host it legitimately has (policy.nodelink, api/links.py)."""
 
 from __future__ import annotations
 
@@ -6,18 +7,20 @@ from typing import Any
 
 from lightkube.resources.core_v1 import Node
 
-from metalmend.api import names
-from metalmend.api.resources import Machine
-from metalmend.controllers import REGISTRY, RunOptions
+from metalmend.api import links, names
+from metalmend.api.resources import BareMetalHost, Machine
+from metalmend.controllers import RunOptions
+from metalmend.controllers.tenancy import report
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
 from metalmend.kube.writes import patch_annotations, patch_status
 from metalmend.policy.hostpower import stamp
-from metalmend.policy.nodelink import desired_node_ref
+from metalmend.policy.nodelink import NodeFacts, desired_node_ref
 
 BY_PROVIDER_ID = "providerID"
 BY_NAME = "name"
+BY_HOST = "confirming-host"  # (an informer shared with other controllers: own name)
 
 
 def node_provider_id(node: Any) -> list[str]:
@@ -29,37 +32,81 @@ def machine_provider_id(machine: Any) -> list[str]:
     return [provider] if provider else []
 
 
+def machine_host_key(machine: Any) -> list[str]:
+    """Index function: the host that confirms this Machine's Node (annotation or providerID)."""
+    provider = (machine.get("spec") or {}).get("providerID")
+    identity = links.machine_identity(machine)
+    key = links.host_key_for_link(identity, links.host_link_of(machine), provider)
+    return [key] if key else []
+
+
+def node_facts(node: Any) -> NodeFacts:
+    provider = node.spec.providerID if node.spec else None
+    return NodeFacts(name=node.metadata.name, uid=node.metadata.uid, provider_id=provider or None)
+
+
 def setup(manager: Manager, options: RunOptions) -> None:
     machines = manager.informer(
         Machine,
         namespace=options.namespace,
-        indexes={BY_PROVIDER_ID: machine_provider_id, BY_NAME: lambda m: [m.metadata.name]},
+        indexes={
+            BY_PROVIDER_ID: machine_provider_id,
+            BY_NAME: lambda m: [m.metadata.name],
+            BY_HOST: machine_host_key,
+        },
     )
     nodes = manager.informer(Node, indexes={BY_PROVIDER_ID: node_provider_id})
+    hosts = manager.informer(BareMetalHost, namespace=options.namespace)
 
     async def reconcile(key: str) -> Result:
         machine = machines.store.get(key)
         if machine is None:
             return DONE
         provider = (machine.get("spec") or {}).get("providerID")
+        identity = links.machine_identity(machine)
+        link = links.host_link_of(machine)
+        host_key = links.host_key_for_link(identity, link, provider)
+        found_host = hosts.store.get(host_key) if host_key else None
+        known = {host_key: links.host_facts(found_host)} if found_host is not None else {}
         by_provider = {
-            p: n for p in [provider] if p for n in nodes.store.by_index(BY_PROVIDER_ID, p)
+            p: node_facts(n)
+            for p in [provider]
+            if p
+            for n in nodes.store.by_index(BY_PROVIDER_ID, p)
         }
         named = nodes.store.get(machine.metadata.name)
-        by_name = {machine.metadata.name: named} if named is not None else {}
-        wanted = desired_node_ref(provider, machine.metadata.name, by_provider, by_name)
+        verdict = desired_node_ref(
+            identity,
+            provider,
+            link,
+            known,
+            by_provider,
+            node_facts(named) if named is not None else None,
+        )
+        machine = await _report(machine, link, verdict.refusal, verdict.reason)
+        wanted = verdict.node_ref
         status = dict(machine.get("status") or {})
         if wanted == status.get("nodeRef"):
             return DONE
         if wanted is None:
             status.pop("nodeRef", None)
-            # When it was lost, for the health check's nodeStartupTimeout (seed 002).
+            # When it was lost, for the health check's nodeStartupTimeout
+            # (Cluster API's machine health checking proposal).
             lost = {names.NODE_REF_LOST_AT: stamp(manager.clock.now())}
             machine = await patch_annotations(manager.client, Machine, machine, lost) or machine
         else:
             status["nodeRef"] = wanted
         await patch_status(manager.client, Machine, machine, status)
         return DONE
+
+    async def _report(machine: Any, link: links.HostLink, refusal: str, reason: str) -> Any:
+        for type_, why, because in (
+            (names.CONDITION_HOST_LINK, link.refusal, link.reason),
+            (names.CONDITION_NODE_LINK, refusal, reason),
+        ):
+            args = (manager.client, manager.events, manager.clock, machine, type_, why, because)
+            machine = await report(*args) or machine
+        return machine
 
     def machines_of(old: Any, new: Any) -> list[str]:
         keys: set[str] = set()
@@ -73,9 +120,11 @@ def setup(manager: Manager, options: RunOptions) -> None:
             keys.update(object_key(m) for m in machines.store.by_index(BY_NAME, node.metadata.name))
         return sorted(keys)
 
+    def machines_of_host(old: Any, new: Any) -> list[str]:
+        host = new if new is not None else old
+        return sorted(object_key(m) for m in machines.store.by_index(BY_HOST, object_key(host)))
+
     controller = manager.add(Controller("node-link", reconcile, workers=2))
     controller.watch(machines)
     controller.watch(nodes, machines_of)
-
-
-REGISTRY["node-link"] = setup
+    controller.watch(hosts, machines_of_host)

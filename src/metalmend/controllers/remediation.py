@@ -1,4 +1,5 @@
-"""The Metal3Remediation controller ("metal3-remediation"): fence first (seed 002).
+"""The Metal3Remediation controller ("metal3-remediation"): fence first (metal3's
+Metal3Remediation proposal).
 
 Observe the remediation object, its Machine, host and Node from the caches; ask
 policy.remediation what to do; carry the actions out in order. Every action is idempotent
@@ -17,16 +18,18 @@ from lightkube import ALL_NS, ApiError
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
-from metalmend.api import names
+from metalmend.api import links, names
+from metalmend.api.links import host_of, node_of
 from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
-from metalmend.controllers import REGISTRY, RunOptions
+from metalmend.controllers import RunOptions
+from metalmend.controllers.tenancy import report
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
 from metalmend.kube.writes import delete_exact, patch_annotations, patch_labels, patch_status
 from metalmend.log import fields
 from metalmend.policy import remediation as policy
-from metalmend.policy.fencing import HostPower, other_remediation
+from metalmend.policy.fencing import host_power, other_remediation
 from metalmend.policy.hostpower import parse_stamp, stamp
 
 log = logging.getLogger(__name__)
@@ -39,18 +42,6 @@ OUT_OF_SERVICE = {"key": names.OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "e
 
 def reboot_key(remediation: Any) -> str:
     return f"{names.METAL3_REMEDIATION_REBOOT_PREFIX}{remediation.metadata.uid}"
-
-
-def host_of(machine: Any) -> list[str]:
-    """The host key ("namespace/name") a Machine names, or nothing."""
-    ref = (machine.metadata.annotations or {}).get(names.MACHINE_HOST, "")
-    namespace, _, name = ref.partition("/")
-    return [f"{namespace}/{name}"] if namespace and name else []
-
-
-def node_of(machine: Any) -> list[str]:
-    ref = (machine.get("status") or {}).get("nodeRef") or {}
-    return [ref["name"]] if ref.get("name") else []
 
 
 def remediated_node(remediation: Any) -> list[str]:
@@ -83,15 +74,22 @@ class RemediationController:
         for owner in remediation.metadata.ownerReferences or []:
             if owner.kind == "Machine":
                 return self.machines.store.get(f"{namespace}/{owner.name}")
-        return self.machines.store.get(object_key(remediation))  # seed 002: same name
+        return self.machines.store.get(object_key(remediation))  # the proposal: same name
 
     def host_object(self, remediation: Any) -> Any | None:
-        """The Machine's host; without a Machine, the host we recorded putting our key on
-        (so that deleting the Machine first never leaves its host held off)."""
+        """The Machine's host (of its own namespace only: api/links.py); without one, the
+        host we recorded putting our key on (so that deleting the Machine first, or changing
+        its annotation, never leaves its host held off)."""
         machine = self.machine_of(remediation)
         hosts = host_of(machine) if machine is not None else []
         recorded = (remediation.get("status") or {}).get("host")
-        if not hosts and recorded:
+        # status is writable by whoever may update the status subresource: a recorded host
+        # outside this namespace is none of ours (and none of this remediation's business).
+        if (
+            not hosts
+            and recorded
+            and links.key_in_namespace(recorded, remediation.metadata.namespace)
+        ):
             hosts = [recorded]
         return self.hosts.store.get(hosts[0]) if hosts else None
 
@@ -100,20 +98,32 @@ class RemediationController:
         status = remediation.get("status") or {}
         progress = progress_from(status)
         machine = self.machine_of(remediation)
-        host, problem = None, ""
+        host, problem, link_problem = None, "", ""
+        link = links.host_link_of(machine) if machine is not None else links.HostLink(None)
         if machine is None:
             problem = "the Machine to remediate does not exist"
             if found is not None:  # still release what we hold on its host
                 host = host_view(found, reboot_key(remediation))
-        elif not host_of(machine):
-            problem = f"Machine has no valid {names.MACHINE_HOST} annotation (namespace/name)"
+        elif link.refused or not link.key:
+            problem = link.refusal or (
+                f"Machine has no {names.MACHINE_HOST} annotation (<namespace>/<host>)"
+            )
+            if found is not None:  # the host we recorded: release what we hold on it
+                host, link_problem = host_view(found, reboot_key(remediation)), problem
         elif found is None:
-            problem = f"host {host_of(machine)[0]} not found"
+            problem = f"host {link.key} not found"
         else:
             host = host_view(found, reboot_key(remediation))
         machine_node = next(iter(node_of(machine)), None) if machine is not None else None
         node_name = progress.node or machine_node
         node = self.nodes.store.get(node_name) if node_name else None
+        if node is not None and found is not None and machine is not None:
+            provider = links.node_provider_id(node)
+            refusal = links.node_fence_refusal(
+                node.metadata.name, provider, links.host_facts(found)
+            )
+            if refusal:  # never fenced, tainted, evicted or restored: not this host's Node
+                node, link_problem = None, refusal
         return policy.Observed(
             spec=spec_from(remediation.get("spec") or {}),
             progress=progress,
@@ -125,6 +135,7 @@ class RemediationController:
             host_problem=problem,
             node=node_view(node) if node is not None else None,
             backup=backup_from(remediation.metadata.annotations or {}),
+            link_problem=link_problem,
         )
 
     # ---- reconcile ----------------------------------------------------------------------
@@ -136,6 +147,11 @@ class RemediationController:
         # The host as decided on: adding our key is conditional on this very version, so
         # that two remediations that both saw a free host cannot both take it.
         host = self.host_object(remediation)
+        machine = self.machine_of(remediation)
+        if machine is not None:  # the Machine's own word on its host link (api/links.py)
+            link = links.host_link_of(machine)
+            await report(self.client, self.events, self.clock, machine,
+                         names.CONDITION_HOST_LINK, link.refusal, link.reason)  # fmt: skip
         decision = policy.decide(self.observe(remediation, host), self.clock.now(), self.settings)
         for action in decision.actions:
             remediation = await self.act(remediation, action, host) or remediation
@@ -292,20 +308,12 @@ def progress_to(status: dict[str, Any], progress: policy.Progress) -> dict[str, 
 def host_view(host: Any, key: str) -> policy.HostView:
     spec = host.get("spec") or {}
     status = host.get("status") or {}
-    provisioning = status.get("provisioning") or {}
     annotations = host.metadata.annotations or {}
-    command = (status.get("lastPowerCommand") or {}).get("action")
     error = status.get("errorMessage") if status.get("operationalStatus") == "error" else ""
     return policy.HostView(
         key=object_key(host),
         online=bool(spec.get("online", False)),
-        power=HostPower(
-            holds_key=key in annotations,
-            powered_on=status.get("poweredOn"),
-            pending_reboot_since=parse_stamp(provisioning.get("pendingRebootSince")),
-            last_powered_on=parse_stamp(provisioning.get("lastPoweredOn")),
-            power_on_in_flight=command == "on",
-        ),
+        power=host_power(status, annotations, key),
         other_remediation=other_remediation(annotations, key),
         bmc_error=str(error or ""),
     )
@@ -364,6 +372,3 @@ def setup(manager: Manager, options: RunOptions) -> None:
     runner.watch(controller.machines, by_machine)
     runner.watch(controller.hosts, by_host)
     runner.watch(controller.nodes, by_node)
-
-
-REGISTRY["metal3-remediation"] = setup

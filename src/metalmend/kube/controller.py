@@ -8,8 +8,18 @@ Outcomes:
   sooner, if something changes);
 - a 409 Conflict from the API server: another writer won; the key is retried with backoff
   and it is not counted as an error; a 404 (deleted between cache and write) likewise;
-- any other exception: logged with the key, counted, and retried with per-key exponential
-  backoff (milliseconds growing to minutes), so a broken object never hot-loops.
+- a transport error or a 5xx from the API server (it restarts, a connection drops): one
+  log line with the cause, retried with backoff like any error;
+- any other exception: logged with the key and its traceback, counted, and retried with
+  per-key exponential backoff (milliseconds growing to minutes), so a broken object never
+  hot-loops.
+
+A reconcile may name its outcome (``Result.outcome``) for /metrics: a reconcile that ended
+in a BMC error returned normally (it reported the error on the object) but is counted as
+``bmc_error``, not ``success``.
+
+Watches may take a predicate: host-power ignores updates that changed only status (its
+own writes among them), so that its own status patches never re-run the key.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import httpx2
 from lightkube import ApiError
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
@@ -39,10 +50,11 @@ class Result:
     """What a reconcile asks for next: nothing, or another look at ``requeue_at``."""
 
     requeue_at: dt.datetime | None = None
+    outcome: str | None = None  # for /metrics; None: "success"
 
     @classmethod
-    def at(cls, deadline: dt.datetime | None) -> Result:
-        return cls(requeue_at=deadline)
+    def at(cls, deadline: dt.datetime | None, outcome: str | None = None) -> Result:
+        return cls(requeue_at=deadline, outcome=outcome)
 
 
 DONE = Result()
@@ -50,6 +62,8 @@ DONE = Result()
 Reconcile = Callable[[str], Awaitable[Result]]
 # Maps an informer change (old, new) to the keys of this controller it concerns.
 KeyMapper = Callable[[Any | None, Any | None], Iterable[str]]
+# Whether an informer change (old, new) is worth a reconcile at all.
+Predicate = Callable[[Any | None, Any | None], bool]
 
 
 def own_key(old: Any | None, new: Any | None) -> Iterable[str]:
@@ -73,13 +87,20 @@ class Controller:
         self.clock = clock
         self.queue = WorkQueue(backoff)
         self.informers: list[Informer] = []
+        self.workers_alive = 0
+        self.died: str | None = None  # why a worker ended while the controller ran
         metrics.QUEUE_DEPTH.labels(name).set_function(lambda: len(self.queue))
 
-    def watch(self, informer: Informer, keys: KeyMapper = own_key) -> None:
-        """Reconcile ``keys(old, new)`` whenever ``informer`` sees a change."""
+    def watch(
+        self, informer: Informer, keys: KeyMapper = own_key, predicate: Predicate | None = None
+    ) -> None:
+        """Reconcile ``keys(old, new)`` whenever ``informer`` sees a change (for which
+        ``predicate(old, new)`` holds, if given)."""
         self.informers.append(informer)
 
         def enqueue(old: Any | None, new: Any | None) -> None:
+            if predicate is not None and not predicate(old, new):
+                return
             for key in keys(old, new):
                 self.queue.add(key)
 
@@ -101,11 +122,20 @@ class Controller:
             self.queue.shutdown()
 
     async def _worker(self) -> None:
-        while (key := await self.queue.get()) is not None:
-            try:
-                await self._process(key)
-            finally:
-                self.queue.done(key)
+        self.workers_alive += 1
+        try:
+            while (key := await self.queue.get()) is not None:
+                try:
+                    await self._process(key)
+                finally:
+                    self.queue.done(key)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:
+            self.died = f"controller {self.name}: a worker ended: {type(error).__name__}: {error}"
+            raise
+        finally:
+            self.workers_alive -= 1
 
     async def _process(self, key: str) -> None:
         started = time.perf_counter()
@@ -133,6 +163,7 @@ class Controller:
             outcome = "error"
             self._failed(key, error)
         else:
+            outcome = result.outcome or outcome
             self.queue.forget(key)
             if result.requeue_at is not None:
                 delay = (result.requeue_at - self.clock.now()).total_seconds()
@@ -144,8 +175,52 @@ class Controller:
     def _failed(self, key: str, error: Exception) -> None:
         metrics.RECONCILE_ERRORS.labels(self.name).inc()
         delay = self.queue.add_rate_limited(key)
-        log.error(
-            "reconcile failed",
-            exc_info=error,
-            extra=fields(controller=self.name, key=key, retry_in=f"{delay:.3f}s"),
-        )
+        where = fields(controller=self.name, key=key, retry_in=f"{delay:.3f}s")
+        if cause := transient(error):
+            # The API server restarting or a dropped connection is weather, not a bug:
+            # one line with the cause; a traceback would only bury it.
+            log.warning("reconcile failed: %s", cause, extra=where)
+        else:
+            log.error("reconcile failed", exc_info=error, extra=where)
+
+
+def transient(error: BaseException) -> str | None:
+    """One line naming the cause if ``error`` is a passing API server problem (transport
+    error, timeout, 5xx, 429); None for anything that deserves a traceback."""
+    if isinstance(error, ApiError):
+        code = error.status.code or 0
+        if code >= 500 or code == 429:
+            return f"API server answered {code}: {error.status.message}"
+        return None
+    if isinstance(error, httpx2.HTTPError | OSError | TimeoutError):
+        text = " ".join(str(error).split()) or "no detail"
+        cause = error.__cause__ or error.__context__
+        if cause is not None and str(cause) and str(cause) not in text:
+            text += f" ({type(cause).__name__}: {' '.join(str(cause).split())})"
+        return f"cannot reach the API server: {type(error).__name__}: {text}"
+    return None
+
+
+_METADATA_COMPARED = ("generation", "annotations", "labels", "deletionTimestamp", "finalizers")
+
+
+def beyond_status(old: Any | None, new: Any | None) -> bool:
+    """A watch predicate: False when an update changed only status (or managedFields,
+    resourceVersion: what every write changes), True for additions, deletions and any
+    other change. Spec changes are seen through ``metadata.generation``, which the API
+    server bumps on spec changes only; for kinds without a generation the spec is
+    compared itself."""
+    if old is None or new is None:
+        return True
+    before, after = old.metadata, new.metadata
+    if any(getattr(before, n, None) != getattr(after, n, None) for n in _METADATA_COMPARED):
+        return True
+    if before.generation is None and after.generation is None:
+        return bool(_part(old, "spec") != _part(new, "spec"))
+    return False
+
+
+def _part(obj: Any, name: str) -> Any:
+    if hasattr(obj, "get"):
+        return obj.get(name)
+    return getattr(obj, name, None)

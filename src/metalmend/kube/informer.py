@@ -8,20 +8,24 @@ Store true and telling handlers what changed.
 - Any other failure (connection, 5xx, 403) is retried with exponential backoff; a
   Forbidden names the resource and verb in the log, and the informer stays unsynced until
   a list succeeds, so /readyz stays false.
+- ``failing_since`` tells health checks how long the API server has been out of reach for
+  this informer: set at the first transport error or 5xx, cleared by a successful list,
+  an accepted watch request (the server answered 200) or any watch event.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx2
 from lightkube import ApiError, AsyncClient
 from lightkube.core import resource as lkres
+from lightkube.core.generic_client import WatchDriver, transform_exception
 from lightkube.core.selector import build_selector
-from lightkube.types import on_error_raise
 
 from metalmend.kube import metrics
 from metalmend.kube.store import IndexFunc, Store, object_key
@@ -69,6 +73,7 @@ class Informer:
         self.lists = 0
         self.last_error: str | None = None
         self._failures = 0
+        self.failing_since: float | None = None  # time.monotonic(): API out of reach since
         self._handlers: list[Handler] = []
 
     def add_handler(self, handler: Handler) -> None:
@@ -100,14 +105,22 @@ class Informer:
                     log.info("watch history gone, listing again", extra=fields(resource=self.name))
                     self.resource_version = None
                     continue
-                await self._retry_later(verb, f"{code} {error.status.message}")
+                unreachable = code >= 500 or code == 429  # (a 403 is an answer, not an outage)
+                await self._retry_later(verb, f"{code} {error.status.message}", unreachable)
             except (httpx2.HTTPError, OSError) as error:
                 metrics.INFORMER_ERRORS.labels(self.name, verb, "transport").inc()
-                await self._retry_later(verb, f"{type(error).__name__}: {error}")
+                text = " ".join(str(error).split()) or repr(error.__cause__ or error.__context__)
+                await self._retry_later(verb, f"{type(error).__name__}: {text}", True)
 
-    async def _retry_later(self, verb: str, problem: str) -> None:
+    def _contact(self) -> None:
+        """The API server answered: it is reachable (whatever the backoff still counts)."""
+        self.failing_since = None
+
+    async def _retry_later(self, verb: str, problem: str, unreachable: bool) -> None:
         # Failures count up until a list succeeds or a watch event arrives.
         self._failures += 1
+        if unreachable and self.failing_since is None:
+            self.failing_since = time.monotonic()
         failures = self._failures
         self.last_error = f"{verb} {self.name}: {problem}"
         level = logging.WARNING if failures <= 3 or failures % 10 == 0 else logging.DEBUG
@@ -135,6 +148,7 @@ class Informer:
         self.lists += 1
         self.last_error = None
         self._failures = 0
+        self._contact()
         metrics.INFORMER_RELISTS.labels(self.name).inc()
         for obj in objects:
             old = previous.pop(object_key(obj), None)
@@ -147,7 +161,7 @@ class Informer:
 
     async def _watch(self) -> None:
         # lightkube's public watch() cannot ask for bookmarks; its request builder can.
-        generic = self.client._client
+        generic: Any = self.client._client
         request = generic.prepare_request(
             "list",
             res=self.resource,
@@ -163,17 +177,40 @@ class Informer:
                 else None,
             },
         )
-        async for event, obj in generic.watch(request, on_error=on_error_raise):
-            metrics.INFORMER_EVENTS.labels(self.name, event).inc()
-            self.resource_version = obj.metadata.resourceVersion
-            self._failures = 0
-            if event == "BOOKMARK":
-                continue
-            if event == "DELETED":
-                old = self.store.delete(object_key(obj))
-                self._notify(old if old is not None else obj, None)
-            else:
-                self._notify(self.store.upsert(obj), obj)
+        # lightkube's watch() does the same loop but cannot say when the server accepted
+        # the request, which is what tells health checks that the API server is back.
+        driver: Any = WatchDriver(request, generic._client.build_request)
+        while True:
+            response = await generic.send(
+                driver.get_request(timeout=generic._watch_timeout), stream=True
+            )
+            try:
+                response.raise_for_status()
+                self._contact()
+                async for line in response.aiter_lines():
+                    self._on_event(*driver.process_one_line(line))
+            except ApiError:
+                raise  # (an ApiError is an HTTPStatusError too: an ERROR event, 410 Gone)
+            except httpx2.HTTPStatusError as error:
+                await response.aread()  # the Status body, for ApiError's message
+                if "Content-Type" not in error.response.headers:
+                    raise
+                raise transform_exception(error) from None
+            finally:
+                await response.aclose()
+
+    def _on_event(self, event: str, obj: Any) -> None:
+        metrics.INFORMER_EVENTS.labels(self.name, event).inc()
+        self.resource_version = obj.metadata.resourceVersion
+        self._failures = 0
+        self._contact()
+        if event == "BOOKMARK":
+            return
+        if event == "DELETED":
+            old = self.store.delete(object_key(obj))
+            self._notify(old if old is not None else obj, None)
+        else:
+            self._notify(self.store.upsert(obj), obj)
 
     def _notify(self, old: Any | None, new: Any | None) -> None:
         for handler in self._handlers:

@@ -1,8 +1,22 @@
 """The manager: shared informers, controllers, leader election and the health endpoints.
 
 Start-up order: informers list and watch (on every replica, so a standby's cache is warm);
-once every informer has synced, /readyz turns true and, when this replica leads (or
-leader election is off), the controllers start. Losing the lease cancels the controllers
+once every informer has synced and this replica leads (or leader election is off), the
+controllers start.
+
+What the health endpoints mean (kube/health.py serves them):
+
+- ready (/readyz): this replica is doing metalmend's work right now: its caches are
+  synced, its controllers run (it holds the lease, or leader election is off) and the API
+  server answers its watches. A standby is *not* ready: it does no work, and a Service or
+  an operator reading "2/2 ready" would otherwise believe two replicas reconcile. (A
+  Deployment with a standby therefore shows 1/2 ready; roll it out with maxUnavailable of
+  at least 1, or surge, so a rollout does not wait for a standby to become ready.)
+- live (/healthz): the process can still do its work if it leads: no controller worker
+  died, and the API server has not been out of reach for longer than ``api_lost_after``
+  (kubelet restarts it: a fresh connection, DNS lookup and credentials). A standby that can
+  reach the API server is live.
+ Losing the lease cancels the controllers
 at once and ends ``run`` with LeadershipLost: the process exits and restarts as a
 candidate, with no state carried over from the term it lost.
 """
@@ -11,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +41,8 @@ from metalmend.kube.store import IndexFunc
 from metalmend.log import fields
 
 log = logging.getLogger(__name__)
+
+API_LOST_AFTER = 60.0  # seconds the API server may be out of reach before /healthz fails
 
 
 @dataclass(frozen=True)
@@ -53,6 +70,8 @@ class Manager:
         self.controllers: list[Controller] = []
         self.elector: LeaderElector | None = None
         self.controllers_running = False
+        self.api_lost_after = API_LOST_AFTER
+        self._on_stop: list[Callable[[], Awaitable[None]]] = []
 
     def informer(
         self,
@@ -79,7 +98,38 @@ class Manager:
         self.controllers.append(controller)
         return controller
 
-    # ---- state for /readyz --------------------------------------------------------------
+    # ---- state for /readyz and /healthz -------------------------------------------------
+
+    def not_ready(self) -> list[str]:
+        """Why this replica is not ready (empty: ready). See the module docstring."""
+        problems = self.unsynced()
+        problems += [
+            f"API server out of reach: {i.last_error or i.name}"
+            for i in self.informers.values()
+            if i.failing_since is not None
+        ]
+        if not problems and not self.controllers_running:
+            if self.leader_election is not None:
+                problems.append(
+                    f"standby: waiting for the lease {self.leader_election.namespace}/"
+                    f"{self.leader_election.lease_name}; another replica does the work"
+                )
+            else:
+                problems.append("controllers not running")
+        return problems
+
+    def not_live(self) -> list[str]:
+        """Why this process should be restarted (empty: live)."""
+        problems = [c.died for c in self.controllers if c.died]
+        now = time.monotonic()
+        for informer in self.informers.values():
+            since = informer.failing_since
+            if since is not None and now - since > self.api_lost_after:
+                problems.append(
+                    f"API server out of reach for {now - since:.0f}s:"
+                    f" {informer.last_error or informer.name}"
+                )
+        return problems
 
     def synced(self) -> bool:
         return all(i.synced.is_set() for i in self.informers.values())
@@ -92,6 +142,10 @@ class Manager:
         ]
 
     # ---- running ------------------------------------------------------------------------
+
+    def on_stop(self, cleanup: Callable[[], Awaitable[None]]) -> None:
+        """Await ``cleanup`` when ``run`` ends (close BMC sessions, stop helper processes)."""
+        self._on_stop.append(cleanup)
 
     async def run(self) -> None:
         """Run until cancelled (or, with leader election, until the lease is lost)."""
@@ -107,6 +161,11 @@ class Manager:
             for task in (main, *informers):
                 task.cancel()
             await asyncio.gather(main, *informers, return_exceptions=True)
+            for cleanup in self._on_stop:
+                try:
+                    await cleanup()
+                except Exception as error:  # a cleanup must not hide why run ended
+                    log.warning("clean-up failed", extra=fields(error=str(error)))
 
     async def _sync_then_lead(self) -> None:
         await self.wait_synced()

@@ -4,7 +4,7 @@
   resourceVersion we decided on: if anything changed since, the server answers 409 and
   the controller runtime retries the key with fresh data (a requeue, not an error).
 - Annotations and labels are changed by merge patches naming only the keys we own, so a
-  concurrent writer's keys are never touched (DESIGN.md invariant 6).
+  concurrent writer's keys are never touched (docs/design.md, invariant 6).
 - ``merge_patch`` computes the smallest patch between two JSON documents; an empty one
   means nothing changed and nothing is written.
 """

@@ -102,6 +102,16 @@ class Component:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    @property
+    def exit_code(self) -> int | None:
+        """How the process ended (negative: the signal that killed it); None while it runs."""
+        return self.process.poll() if self.process is not None else None
+
+    def restart(self) -> None:
+        """Start again after the process ended; the same log continues."""
+        self.stop()
+        self.start()
+
     def stop(self, timeout: float = 3.0) -> None:
         # kube-apiserver's graceful shutdown waits for open HTTP/2 streams (watches) to go
         # idle, which can take a minute; a lab does not need that, so the grace is short.

@@ -1,10 +1,11 @@
 """Bare-metal hosts in the lab: what ``lab up --hosts N --bmc KIND`` plans, starts and
 registers in the cluster.
 
-For each host: BMC credentials (a Secret), a BareMetalHost (online, provisioned) whose
-``spec.bmc.address`` is the host's BMC on 127.0.0.1, and a Machine linked to it (annotation
-``metal3.io/BareMetalHost`` one way, ``spec.consumerRef`` the other). Redfish hosts share
-one sushy-tools emulator (fake driver, TLS, basic auth); IPMI hosts each get a pyghmi BMC.
+For each host: BMC credentials (a Secret, labelled and bound to that host), a BareMetalHost
+(online, provisioned) whose ``spec.bmc.address`` is the host's BMC on 127.0.0.1, and a
+Machine linked to it (annotation ``metal3.io/BareMetalHost`` one way, ``spec.consumerRef``
+the other). Redfish hosts share one sushy-tools emulator (fake driver, TLS, basic auth);
+IPMI hosts each get a pyghmi BMC.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from metalmend.api.resources import (
     MachineHealthCheck,
     Metal3RemediationTemplate,
 )
+from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
 from metalmend.lab.controlplane import LOOPBACK, ControlPlane, free_port
-from metalmend.lab.hardware import HardwareConfig, HostSpec
+from metalmend.lab.inventory import HardwareConfig, HostSpec
 
 NAMESPACE = "metalmend-lab"
 BMC_KINDS = ("redfish", "ipmi", "mixed")
@@ -142,7 +144,13 @@ def register_host(client: Client, host: HostSpec) -> None:
     ns = host.namespace
     client.create(
         Secret(
-            metadata=ObjectMeta(name=f"{host.name}-bmc"),
+            # labelled as BMC credentials and bound to this host only, as an operator
+            # would (docs/security.md): metalmend reads no other Secret
+            metadata=ObjectMeta(
+                name=f"{host.name}-bmc",
+                labels={SECRET_LABEL: SECRET_LABEL_VALUE},
+                annotations={HOSTS_ANNOTATION: host.name},
+            ),
             stringData={"username": host.username, "password": host.password},
         ),
         namespace=ns,

@@ -5,6 +5,12 @@ foreground process in its own session and returns once it is ready. The running 
 described by ``.lab/lab.json`` (supervisor and component pids, ports), which is how ``down``
 and ``status`` find it, and which lets ``down`` clean up even after the supervisor was
 killed with SIGKILL.
+
+The supervisor restarts ``metalmend run`` when it dies, as a Deployment's kubelet would
+(CrashLoopBackOff, with lab-sized waits: 1 s doubling to 30 s, back to 1 s once it has run
+for a minute), so that crash tests can kill the controller of a lab as started by default.
+Restarts are logged and counted in ``lab.json`` (``lab status`` shows them). Any other
+component dying still stops the lab: nothing in the lab is expected to crash but us.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from metalmend.lab.controlplane import (
     start_component,
     tls_context,
 )
-from metalmend.lab.hardware import HardwareConfig, status_path
+from metalmend.lab.inventory import HardwareConfig, status_path
 from metalmend.lab.pki import KeyPair
 
 
@@ -60,6 +66,7 @@ class LabState:
     components: dict[str, int] = field(default_factory=dict)
     started_in_seconds: float = 0.0
     error: str = ""
+    restarts: dict[str, int] = field(default_factory=dict)  # component -> times restarted
 
     @classmethod
     def read(cls, lab_dir: Path) -> LabState | None:
@@ -114,6 +121,31 @@ class LabOptions:
     soft_power_off_timeout: float = 30.0
 
 
+RESTART_FIRST_WAIT = 1.0  # seconds before the first restart after a crash
+RESTART_MAX_WAIT = 30.0  # the wait doubles per crash up to this (kubelet: 10 s to 5 min)
+RESTART_HEALTHY_RUN = 60.0  # a run this long resets the wait (kubelet: 10 min)
+
+
+@dataclass
+class Restarts:
+    """Restart bookkeeping of one supervised component."""
+
+    count: int = 0
+    crashes: int = 0  # in a row: runs shorter than RESTART_HEALTHY_RUN
+    started: float = field(default_factory=time.monotonic)
+    due: float | None = None  # monotonic time of the pending restart, if one is pending
+
+    def wait(self) -> float:
+        return min(RESTART_FIRST_WAIT * (1 << min(self.crashes, 16)), RESTART_MAX_WAIT)
+
+
+def _exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
 @dataclass
 class RunningLab:
     """A started lab, as the process that owns it sees it."""
@@ -123,15 +155,45 @@ class RunningLab:
     kubeconfig: Path
     hardware: HardwareConfig | None = None
     extras: dict[str, Component] = field(default_factory=dict)
+    restarting: dict[str, Restarts] = field(default_factory=dict)  # restarted when they die
+    say: Callable[[str], None] = field(default=lambda line: print(f"lab: {line}", flush=True))
 
     def client(self) -> Client:
         return Client(KubeConfig.from_file(self.kubeconfig))
 
     def check(self) -> None:
-        """Raise LabError when a component has died."""
+        """Restart a supervised component that died (after its wait); raise LabError when
+        any other component has died."""
         components = {**self.plane.components, **self.extras}
-        if dead := [n for n, c in components.items() if not c.running()]:
-            raise LabError(f"{', '.join(dead)} stopped unexpectedly; see {self.plane.workdir}")
+        dead = [n for n, c in components.items() if not c.running()]
+        if fatal := [n for n in dead if n not in self.restarting]:
+            raise LabError(f"{', '.join(fatal)} stopped unexpectedly; see {self.plane.workdir}")
+        for name in dead:
+            self._restart(name, components[name], time.monotonic())
+
+    def _restart(self, name: str, component: Component, now: float) -> None:
+        restarts = self.restarting[name]
+        if restarts.due is None:  # just found dead: schedule the restart
+            ran = now - restarts.started
+            if ran >= RESTART_HEALTHY_RUN:
+                restarts.crashes = 0
+            wait = restarts.wait()
+            restarts.crashes += 1
+            restarts.due = now + wait
+            self.say(
+                f"{name} (pid {component.pid}) ended with {_exit(component.exit_code)} after"
+                f" {ran:.0f}s; restarting it in {wait:g}s (log: {component.log_path})"
+            )
+            return
+        if now < restarts.due:
+            return
+        component.restart()
+        restarts.due, restarts.started = None, now
+        restarts.count += 1
+        self.state.components[name] = component.pid or 0
+        self.state.restarts[name] = restarts.count
+        self.state.write(self.plane.workdir.parent)
+        self.say(f"{name} restarted (pid {component.pid}, restart {restarts.count})")
 
 
 @contextlib.contextmanager
@@ -252,6 +314,7 @@ def start_controllers(running: RunningLab, controllers: str, soft_timeout: float
             return False
 
     _record(running, start_component("metalmend", argv, running.plane.workdir.parent, ready))
+    running.restarting["metalmend"] = Restarts()
 
 
 @contextlib.contextmanager
@@ -334,6 +397,7 @@ class ComponentStatus:
     name: str
     pid: int
     running: bool
+    restarts: int = 0
 
 
 @dataclass
@@ -369,7 +433,10 @@ def status(lab_dir: Path) -> LabStatus:
         ready=state.ready,
         server=state.server,
         kubeconfig=state.kubeconfig,
-        components=[ComponentStatus(n, p, alive(p)) for n, p in state.components.items()],
+        components=[
+            ComponentStatus(n, p, alive(p), state.restarts.get(n, 0))
+            for n, p in state.components.items()
+        ],
     )
     if state.ready:
         report.apiserver_ready = _apiserver_ready(lab_dir)
@@ -405,7 +472,7 @@ def _host_status(lab_dir: Path, cluster_up: bool) -> list[HostStatus]:
 def _bmc_reachable(address: str) -> bool:
     """A BMC answers: Redfish serves its root, an IPMI BMC its presence ping."""
     from metalmend.bmc import parse
-    from metalmend.bmc.ipmi import probe
+    from metalmend.bmc.ipmi import probe_blocking
 
     bmc = parse(address)
     if bmc.protocol == "redfish":
@@ -414,7 +481,7 @@ def _bmc_reachable(address: str) -> bool:
         except httpx.HTTPError:
             return False
         return True
-    return probe(bmc.host, bmc.port or 623, wait=1.0) == "answers"
+    return probe_blocking(bmc.host, bmc.port or 623, 1.0) == "answers"
 
 
 FAULTS = ("hang", "recover", "bmc-down", "bmc-up", "bmc-slow", "ignore-soft", "honour-soft")
@@ -422,7 +489,7 @@ FAULTS = ("hang", "recover", "bmc-down", "bmc-up", "bmc-slow", "ignore-soft", "h
 
 def inject_fault(lab_dir: Path, host: str, kind: str) -> None:
     """Record a fault for the hardware process to apply (within 0.2 s)."""
-    from metalmend.lab.hardware import Faults, faults_path, write_faults
+    from metalmend.lab.faults import Faults, faults_path, write_faults
 
     if kind not in FAULTS:
         raise ValueError(f"unknown fault {kind!r}; one of: {', '.join(FAULTS)}")

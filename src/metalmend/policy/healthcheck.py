@@ -1,4 +1,5 @@
-"""MachineHealthCheck evaluation (seed 002, Cluster API v1beta1 semantics), pure.
+"""MachineHealthCheck evaluation (Cluster API's machine health checking proposal, v1beta1
+semantics), pure.
 
 ``evaluate(check, targets, now)`` answers, for one MachineHealthCheck: which targets are
 healthy, unhealthy (and why) or not yet decided (and when to look again); whether the
@@ -21,7 +22,17 @@ Rules (each is a test id in tests/unit/test_policy_healthcheck.py):
 - ``unhealthyRange`` "[min-max]" takes precedence: remediation only while
   min <= unhealthy <= max; otherwise ``maxUnhealthy`` (int or percent of expected, rounded
   down; default 100%): remediation only while unhealthy <= maxUnhealthy (as Cluster API);
-- targets skipped (skip-remediation, paused) are not targets at all.
+- targets skipped (skip-remediation, paused) are not targets at all;
+- a timeout so long that its deadline falls beyond the calendar (year 9999) never
+  expires: the target waits, with no deadline to requeue at. The CRD refuses durations
+  longer than Kubernetes can represent (about 292 years), but objects stored before that
+  rule, or written around it, must not crash the check;
+- a timeout of 0 makes a matching condition unhealthy as soon as it is seen (as Cluster
+  API, whose v1beta2 ``timeoutSeconds`` has minimum 0).
+
+Every input the CRD schema admits evaluates; a spec that cannot be honoured raises
+``InvalidSpec`` (from ``check_from_spec``/``parse_duration``) or comes back as
+``Evaluation.spec_error``, never any other exception.
 """
 
 from __future__ import annotations
@@ -31,11 +42,23 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 DEFAULT_NODE_STARTUP_TIMEOUT = 600.0
-_RANGE = re.compile(r"^\[(\d+)-(\d+)\]$")
-_PERCENT = re.compile(r"^(\d+)%$")
+# ASCII digits only: ``\d`` also matches other scripts' digits, some of which int() refuses.
+_RANGE = re.compile(r"^\[([0-9]+)-([0-9]+)\]$")
+_PERCENT = re.compile(r"^([0-9]+)%$")
+_COUNT = re.compile(r"^[0-9]+$")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+# Status counters are int32 in the CRD (as in Cluster API): a spec like "[0-99999999999]"
+# must not make the status write fail.
+INT32_MAX = 2**31 - 1
+
+
+class InvalidSpec(ValueError):
+    """A MachineHealthCheck spec this policy cannot honour; the message says what is wrong
+    in the user's terms. The only exception the policy raises."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +125,7 @@ def evaluate(check: Check, targets: Sequence[Target], now: dt.datetime) -> Evalu
     healthy = sum(1 for v in verdicts.values() if v.kind == "healthy")
     unhealthy = expected - healthy
     allowed, remaining, blocked, error = short_circuit(check, expected, unhealthy)
+    remaining = min(remaining, INT32_MAX)
     result = Evaluation(verdicts, expected, healthy, unhealthy, allowed, remaining, blocked, error)
     for target in sorted(targets, key=lambda t: t.machine):
         kind = verdicts[target.machine].kind
@@ -123,7 +147,9 @@ def verdict(check: Check, target: Target, now: dt.datetime) -> Verdict:
     if timeout == 0:
         return Verdict("waiting", "NodeStartupTimeoutDisabled", "no Node yet; no startup timeout")
     started = max(target.created, target.node_ref_lost or target.created)
-    deadline = started + dt.timedelta(seconds=timeout)
+    deadline = after(started, timeout)
+    if deadline is None:
+        return Verdict("waiting", "NodeStartup", "waiting for a Node (nodeStartupTimeout: never)")
     if now >= deadline:
         lost = target.node_ref_lost is not None and target.node_ref_lost > target.created
         since = "losing its Node" if lost else "creation"
@@ -135,18 +161,22 @@ def verdict(check: Check, target: Target, now: dt.datetime) -> Verdict:
 
 def _conditions(check: Check, target: Target, now: dt.datetime) -> Verdict:
     soonest: dt.datetime | None = None
+    pending = False
     for rule in check.unhealthy_conditions:
         condition = target.conditions.get(rule.type)
         if condition is None or condition.status != rule.status:
             continue
-        deadline = condition.since + dt.timedelta(seconds=rule.timeout)
+        pending = True
+        deadline = after(condition.since, rule.timeout)
+        if deadline is None:  # beyond the calendar: this rule never expires
+            continue
         if now >= deadline:
             limit = _span(dt.timedelta(seconds=rule.timeout))
             lasted = _span(now - condition.since)
             message = f"{rule.type}={rule.status} for {lasted} (timeout {limit})"
             return Verdict("unhealthy", "UnhealthyNode", message)
         soonest = deadline if soonest is None else min(soonest, deadline)
-    if soonest is not None:
+    if pending:
         message = "an unhealthy condition has not lasted its timeout yet"
         return Verdict("waiting", "ConditionPending", message, soonest)
     return Verdict("healthy")
@@ -198,25 +228,74 @@ def max_unhealthy(value: int | str | None, expected: int) -> int | None:
     if isinstance(value, int):
         return value if value >= 0 else None
     text = value.strip()
-    if text.isdigit():
+    if _COUNT.match(text):
         return int(text)
     match = _PERCENT.match(text)
     if match is None:
         return None
-    return math.floor(int(match.group(1)) * expected / 100)
+    # Integer arithmetic: a float product overflows (or rounds) for huge percentages.
+    return int(match.group(1)) * expected // 100
 
 
-def parse_duration(text: str | None) -> float | None:
-    """Go-style durations as the CRD admits them ("5m", "1h30m", "300s", "0")."""
+def parse_duration(text: Any) -> float | None:
+    """Go-style durations as the CRD admits them ("5m", "1h30m", "300s", "0"), in seconds;
+    may be huge (see ``after``). InvalidSpec for anything else."""
     if text is None:
         return None
-    units = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-    parts = re.findall(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)", text)
-    if text.strip() == "0":
+    if not isinstance(text, str):
+        raise InvalidSpec(f"not a duration: {text!r}")
+    stripped = text.strip()
+    if stripped == "0":
         return 0.0
-    if not parts or "".join(n + u for n, u in parts) != text.strip():
-        raise ValueError(f"not a duration: {text!r}")
-    return sum(float(n) * units[u] for n, u in parts)
+    parts = _DURATION_PART.findall(stripped)
+    if not parts or "".join(n + u for n, u in parts) != stripped:
+        raise InvalidSpec(f"not a duration: {text!r}")
+    seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if not math.isfinite(seconds):  # only a string far longer than the schema admits
+        raise InvalidSpec(f"duration {text[:40]!r} is too long")
+    return seconds
+
+
+def after(start: dt.datetime, seconds: float) -> dt.datetime | None:
+    """``start`` plus ``seconds``; None when that is beyond the calendar (never)."""
+    try:
+        return start + dt.timedelta(seconds=seconds)
+    except (OverflowError, ValueError):  # past year 9999, or not a finite number
+        return None
+
+
+def check_from_spec(spec: Mapping[str, Any]) -> Check:
+    """A MachineHealthCheck spec (as stored) as this policy reads it; InvalidSpec says
+    what is wrong. Reads only what ``evaluate`` uses; the selector and template are the
+    controller's."""
+    if not isinstance(spec, Mapping):
+        raise InvalidSpec("spec must be an object")
+    conditions = spec.get("unhealthyConditions") or []
+    if not isinstance(conditions, list):
+        raise InvalidSpec("unhealthyConditions must be a list")
+    rules = []
+    for index, entry in enumerate(conditions):
+        if not isinstance(entry, Mapping):
+            raise InvalidSpec(f"unhealthyConditions[{index}] must be an object")
+        kind, status = entry.get("type"), entry.get("status")
+        if not isinstance(kind, str) or not isinstance(status, str) or not kind or not status:
+            raise InvalidSpec(f"unhealthyConditions[{index}] needs a type and a status")
+        timeout = parse_duration(entry.get("timeout"))
+        if timeout is None:
+            raise InvalidSpec(f"unhealthyConditions[{index}] needs a timeout")
+        rules.append(UnhealthyCondition(kind, status, timeout))
+    limit = spec.get("maxUnhealthy")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | str)):
+        raise InvalidSpec(f"maxUnhealthy {limit!r} is neither a count nor a percentage")
+    window = spec.get("unhealthyRange")
+    if window is not None and not isinstance(window, str):
+        raise InvalidSpec(f"unhealthyRange {window!r} is not of the form [min-max]")
+    return Check(
+        unhealthy_conditions=tuple(rules),
+        max_unhealthy=limit,
+        unhealthy_range=window,
+        node_startup_timeout=parse_duration(spec.get("nodeStartupTimeout")),
+    )
 
 
 def _startup_timeout(check: Check) -> float:

@@ -1,19 +1,28 @@
-"""The host power controller's decisions: seed 000 (the reboot interface), sentence by
+"""The host power controller's decisions: metal3's reboot interface design, sentence by
 sentence, plus keeping power matching ``spec.online``.
 
 ``decide(host, now, settings)`` is pure: the host as observed (spec, annotations, status,
 and the power state just read from its BMC) in, what to do out. Each rule below quotes the
-sentence of the seed it implements.
+sentence of the design it implements.
 
-Two things the seed leaves open, decided here:
+Two things the design leaves open, decided here:
 - A host that is already off when a reboot annotation appears has satisfied the power-off
   part of the request; pendingRebootSince is recorded anyway, so that the rest of the flow
   (removing the suffixless form, powering on) proceeds instead of holding the host off
-  forever with the seed's "PoweredOn is true" condition unmet.
+  forever with the design's "PoweredOn is true" condition unmet.
 - Power commands are recorded in ``status.lastPowerCommand`` and not re-sent for
   ``command_retry`` seconds: BMCs (sushy-tools' fake driver among them) restart a pending
   change when the command is repeated, and a restarted controller must know a soft
   power-off is already running to escalate it to hard after ``soft_timeout``.
+- Remediation deletes Nodes on our word that a host is off (policy.fencing), so the word is
+  given per reboot key: ``status.poweredOffFor`` lists the keyed reboot annotations that
+  were on the host when the BMC was read off, with no power-on of ours that could still
+  land, and none read on since (``_acknowledge``). A power-on we sent and have not seen
+  obeyed is never forgotten while the host is off, however long ago it was sent: a slow BMC
+  may still carry it out, and a power-off sent after it cannot be relied on to cancel it
+  (sushy-tools' fake driver, like BMCs that compare a request with the present state,
+  ignores a power-off while a power-on is pending). It stays on record until the host is
+  read on, or until an "on" is sent again because the host must be on.
 """
 
 from __future__ import annotations
@@ -24,8 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from metalmend.api import names
-from metalmend.api.reboot import RebootRequest, reboot_requests
-from metalmend.bmc.driver import PowerState
+from metalmend.api.power import PowerState
+from metalmend.api.reboot import RebootRequest, is_reboot_annotation, reboot_requests
+from metalmend.policy.fencing import POWERED_OFF_FOR
 
 PowerCommand = Literal["on", "soft off", "hard off"]
 MICROSECOND = dt.timedelta(microseconds=1)
@@ -59,6 +69,10 @@ class Host:
     last_powered_on: dt.datetime | None
     pending_reboot_since: dt.datetime | None
     last_command: LastCommand | None = None
+    powered_off_for: tuple[str, ...] = ()  # status.poweredOffFor
+    # This controller process sent last_command itself. False after a restart or failover,
+    # or when the send never happened (the BMC was busy): see send_recorded_now.
+    command_confirmed: bool = True
 
 
 @dataclass(frozen=True)
@@ -84,8 +98,8 @@ class Decision:
 
 
 def honours_reboots(host: Host) -> bool:
-    """Seed 000: reboots are for provisioned hosts; upstream also honours externally
-    provisioned ones."""
+    """The reboot interface design: reboots are for provisioned hosts; upstream also
+    honours externally provisioned ones."""
     return host.externally_provisioned or host.provisioning_state in (
         names.PROVISIONED,
         names.EXTERNALLY_PROVISIONED,
@@ -108,6 +122,7 @@ def decide(host: Host, now: dt.datetime, settings: PowerSettings = PowerSettings
             decision.note(names.REASON_REBOOT_CLEARED, f"host deprovisioned: removed {removed}")
         if host.pending_reboot_since is not None:
             decision.status["pendingRebootSince"] = None
+        _acknowledge(host, [], on, decision)
         return _power_to(host.online, host, on, [], now, settings, decision)
 
     if not honours_reboots(host):
@@ -116,6 +131,7 @@ def decide(host: Host, now: dt.datetime, settings: PowerSettings = PowerSettings
                 f"reboot annotations are honoured only by provisioned hosts; this host is"
                 f" {host.provisioning_state or 'not provisioned'}"
             )
+        _acknowledge(host, [], on, decision)  # the annotations do not hold it off
         return _power_to(host.online, host, on, [], now, settings, decision)
 
     pending = _note_reboot_request(host, requests, on, last, now, decision)
@@ -134,7 +150,27 @@ def decide(host: Host, now: dt.datetime, settings: PowerSettings = PowerSettings
     # the Host should execute." Keyed annotations hold it off until their owners remove
     # them, and so take precedence over the suffixless form.
     held_off = bool(requests) or (reboot_pending and on)
+    _acknowledge(host, [r.key for r in requests if r.keyed], on, decision)
     return _power_to(host.online and not held_off, host, on, requests, now, settings, decision)
+
+
+def _acknowledge(host: Host, holding: list[str], on: bool, decision: Decision) -> None:
+    """``status.poweredOffFor``: the keyed reboot annotations (``holding``: present, and
+    holding the host off) that the host has been read off for.
+
+    A key is listed when the BMC, read in this reconcile, says off while the key is on the
+    host (in the very version this status write is conditional on), and no power-on we sent
+    could still land: none on record (one is kept until it is seen obeyed, see ``_power_to``).
+    The list keeps only keys still present and is emptied whenever the host is read on, so
+    a key listed was read off *after it was added* and the host was not seen on since:
+    remediation fences on nothing less (policy.fencing)."""
+    in_flight = host.last_command is not None and host.last_command.action == "on"
+    if on or in_flight:
+        wanted: tuple[str, ...] = ()
+    else:
+        wanted = tuple(sorted(set(holding)))
+    if wanted != tuple(host.powered_off_for):
+        decision.status[POWERED_OFF_FOR] = list(wanted) or None
 
 
 def _record_power(host: Host, on: bool, now: dt.datetime, decision: Decision) -> dt.datetime | None:
@@ -195,10 +231,22 @@ def _power_to(
 ) -> Decision:
     """Send (or wait for) the power command that makes the host's power ``want_on``."""
     last = host.last_command
+    if want_on == on and not on and last is not None and last.action == "on":
+        # Off as wanted, but a power-on we sent and have not seen obeyed may still land (sent
+        # just before a reboot key arrived, or to a BMC that takes its time), however long
+        # ago it was sent. It stays on record - remediation reads "power-on in flight" and
+        # fences nothing - until the host is read on (then held off and powered off again,
+        # and read off after that). Watched closely while it should land, then at the
+        # ordinary poll interval. (A lost "on" costs a remediation one failed attempt: it
+        # releases the host, and the "on" is sent again if spec.online.)
+        landing_for = (now - last.at).total_seconds()
+        if landing_for < settings.command_retry:
+            poll = _landing_poll(landing_for, settings)
+            decision.requeue_after = min(decision.requeue_after, poll)
+        return decision
     if want_on == on:
-        # Forget the last command once it is obeyed, or once it had time to land. A recent
-        # command for the *other* state may still land (an "on" sent just before a reboot
-        # key arrived): remediation reads it as "power-on in flight" and does not fence.
+        # Forget the last command once it is obeyed, or once it had time to land (an
+        # unobeyed "on" while off is kept, above).
         obeyed = (last.action == "on") == on if last is not None else True
         stale = last is not None and (now - last.at).total_seconds() >= settings.command_retry
         if last is not None and (obeyed or stale):
@@ -212,22 +260,30 @@ def _power_to(
     elif any(r.mode == "hard" for r in requests):
         command = "hard off"  # "a hard shutdown request takes priority over a soft one"
     elif last is not None and last.action == "soft off" and since is not None:
-        if since < settings.soft_timeout:  # running: look for it landing, escalate on time
+        if since < settings.soft_timeout and host.command_confirmed:
+            # running: look for it landing, escalate on time
             decision.requeue_after = min(
                 settings.soft_timeout - since, _landing_poll(since, settings)
             )
             return decision
-        command = "hard off"
-        message = f"still on {since:.0f}s after a soft power-off; powering off hard"
-        decision.note(names.REASON_SOFT_TIMEOUT, message, warning=True)
+        if since < settings.soft_timeout:
+            command = "soft off"  # may never have been sent: send it, keep its time
+        else:
+            command = "hard off"
+            message = f"still on {since:.0f}s after a soft power-off; powering off hard"
+            decision.note(names.REASON_SOFT_TIMEOUT, message, warning=True)
     else:
         command = "soft off"
-    recent = last is not None and last.action == command
-    if recent and since is not None and since < settings.command_retry:
-        decision.requeue_after = _landing_poll(since, settings)  # sent; waiting for it to land
+    if not send_recorded_now(last, command, host.command_confirmed, since, settings):
+        decision.requeue_after = _landing_poll(
+            since or 0.0, settings
+        )  # sent; waiting for it to land
         return decision
     decision.command = command
-    decision.status["lastPowerCommand"] = {"action": command, "at": now}
+    # A soft power-off sent again keeps its first time: escalation to hard counts from it.
+    resent_soft = command == "soft off" and last is not None and last.action == command
+    at = last.at if resent_soft and last is not None else now
+    decision.status["lastPowerCommand"] = {"action": command, "at": at}
     reason = names.REASON_POWER_ON if want_on else names.REASON_POWER_OFF
     decision.note(reason, _why(command, host, requests))
     decision.requeue_after = settings.first_poll
@@ -262,3 +318,225 @@ def parse_stamp(text: str | None) -> dt.datetime | None:
     if not text:
         return None
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(dt.UTC)
+
+
+# ---- a recorded command after a restart ---------------------------------------------------
+
+
+def send_recorded_now(
+    last: LastCommand | None,
+    command: PowerCommand,
+    confirmed: bool,
+    since: float | None,
+    settings: PowerSettings,
+) -> bool:
+    """Whether ``command`` (what the host needs now, its power not yet matching) is sent in
+    this reconcile, given the command on record in ``status.lastPowerCommand``.
+
+    A command on record was written *before* it was sent (facts first), so a controller
+    killed between the two, a failover to another replica, or a BMC too busy to take the
+    send leaves a record of a command that may never have reached the BMC. ``confirmed``
+    says that this controller process sent the recorded command itself. Only then does the
+    in-flight guard apply (``command_retry``: BMCs restart a pending change when the command
+    is repeated); an unconfirmed record of the very command the host needs now is sent at
+    once: the BMC was just read and the host is not where the command takes it, and sending
+    ``on``/``off`` again is what the guard would do anyway after ``command_retry``.
+
+    Never a different command than the one the rules chose: this decides *when*, not what.
+    """
+    if last is None or last.action != command or since is None:
+        return True
+    if not confirmed:
+        return True
+    return since >= settings.command_retry
+
+
+# ---- BMC errors: status rules and the retry schedule --------------------------------------
+
+ERROR = "error"
+OK = "OK"
+WRITES_CONDITION = "WritesAccepted"  # status.conditions type: our writes were admitted
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """When a host whose BMC failed is tried again. Only this schedule decides: watch
+    events for the host (its own status writes, Events, unrelated updates) never bring an
+    attempt forward; a user's real change may (see ``user_inputs``).
+
+    Ordinary errors (unreachable, timed out, malformed address, missing Secret): 1 s
+    doubling to 60 s, as the README promises, so a BMC back from an outage is noticed within
+    a minute; that is at most 7 attempts in the first minute (0, 1, 3, 7, 15, 31, 63 s) and
+    one a minute after.
+
+    Authentication failures: 5 min, then 15 min, 45 min, and hourly. Real BMCs lock the
+    account after a few failed logins, often for every user of it (the controller, the
+    operator at the console, other tools), so a wrong password must cost as few failed
+    logins as possible while a fixed Secret is still noticed at once (a Secret change resets
+    the schedule: ``HostPowerController.reset_backoff``). The schedule never makes 3 failed
+    logins within any 15 minutes (attempts at 0, 5, 20, 65 min, then hourly; jitter only
+    delays), and at most 3 within any hour. What that is safe against:
+
+    - Linux PAM ``pam_faillock`` defaults (deny=3 within fail_interval=900 s), which many
+      BMC firmwares built on Linux reuse: never reached.
+    - Dell iDRAC's IP blocking (off by default; typical settings 3-5 failures within a
+      60 s window) and per-user lockouts of a few failures a minute: never reached.
+    - HPE iLO, which by default delays logins after a failure rather than locking the
+      account: one attempt every 5+ minutes never meets the delay.
+    - Supermicro BMCs, whose lockout (after a configurable number of failures, often 3-5)
+      is usually off by default: not reached within any 15 minutes.
+    - Redfish ``AccountService`` (AccountLockoutThreshold, AccountLockoutCounterResetAfter,
+      DMTF Redfish schema): safe whenever the counter resets within 15 minutes or the
+      threshold is 4 or more per hour. A threshold of 3 with a counter kept longer than
+      20 minutes can still lock the account once; we have not checked every vendor's
+      default, so operators with such a policy should fix credentials within 20 minutes or
+      pause the host (spec.bmc change) - the Warning Event says an authentication failure.
+
+    One attempt may log in more than once (a Redfish driver may retry a refused session
+    with basic auth); the numbers above are attempts, the driver's logins per attempt
+    multiply them.
+    """
+
+    base: float = 1.0
+    cap: float = 60.0
+    authentication_first: float = 300.0
+    authentication_factor: float = 3.0
+    authentication_cap: float = 3600.0
+    jitter: float = 0.2  # up to this fraction *later*, never earlier: bounds stay bounds
+
+
+def retry_delay(
+    failures: int, authentication_failures: int, jitter: float, settings: RetrySettings
+) -> float:
+    """Seconds until the next attempt after ``failures`` consecutive failed attempts, the
+    last ``authentication_failures`` of them refused logins. ``jitter`` in [0, 1) is the
+    caller's random draw (the rule stays pure and testable)."""
+    if authentication_failures > 0:
+        delay = min(
+            settings.authentication_cap,
+            settings.authentication_first
+            * settings.authentication_factor ** min(authentication_failures - 1, 20),
+        )
+    else:
+        delay = min(settings.cap, settings.base * 2.0 ** min(max(failures - 1, 0), 20))
+    return delay * (1.0 + settings.jitter * min(max(jitter, 0.0), 1.0))
+
+
+def user_inputs(
+    spec: Mapping[str, Any], annotations: Mapping[str, str]
+) -> tuple[tuple[str, str], ...]:
+    """What a user changes to ask for something new: ``spec.online``, ``spec.bmc`` (address,
+    Secret name, certificate checking) and the reboot annotations. When these differ from
+    what they were at the last failed attempt, the host is tried again at once instead of
+    on its schedule (once: failing again continues the schedule). Anything else - status,
+    labels, other annotations, our own writes - waits for the schedule."""
+    bmc = spec.get("bmc") or {}
+    items = [
+        ("online", repr(spec.get("online"))),
+        ("bmc.address", str(bmc.get("address") or "")),
+        ("bmc.credentialsName", str(bmc.get("credentialsName") or "")),
+        ("bmc.disableCertificateVerification", repr(bmc.get("disableCertificateVerification"))),
+    ]
+    items += sorted((k, v) for k, v in annotations.items() if is_reboot_annotation(k))
+    return tuple(items)
+
+
+def credentials_inputs(
+    spec: Mapping[str, Any], annotations: Mapping[str, str]
+) -> tuple[tuple[str, str], ...]:
+    """The part of ``user_inputs`` that can fix refused credentials: after an
+    authentication failure only a new address or Secret (or a changed Secret: reset_backoff)
+    retries early; flipping ``online`` or adding a reboot annotation does not, because each
+    early try would be one more failed login towards the BMC's lockout."""
+    del annotations
+    return tuple(i for i in user_inputs(spec, {}) if i[0] in ("bmc.address", "bmc.credentialsName"))
+
+
+def forget_refused_command(command: PowerCommand, timed_out: bool) -> bool:
+    """Whether a power command whose send failed is dropped from ``lastPowerCommand`` (so
+    that the next attempt sends it again at once). Not an "on" that timed out: it may have
+    reached the BMC and still land, and remediation must go on reading it as in flight
+    (policy.fencing); it is sent again all the same, being unconfirmed."""
+    return not (command == "on" and timed_out)
+
+
+def error_status(
+    status: Mapping[str, Any],
+    error_type: str,
+    message: str,
+    *,
+    counted: bool,
+    forget_command: bool,
+) -> dict[str, Any]:
+    """The host's status after a failed attempt (upstream metal3's fields).
+
+    - ``errorCount`` counts failed attempts at the BMC (``counted``), not reconciles: a
+      reconcile that only waits for the schedule changes nothing, so it writes nothing.
+    - ``forget_command``: a power command recorded but refused by the BMC is forgotten, so
+      that the next attempt sends it again instead of waiting for it to land.
+    """
+    status = dict(status)
+    count = int(status.get("errorCount") or 0) + (1 if counted else 0)
+    status.update(
+        errorType=error_type, errorMessage=message, errorCount=count, operationalStatus=ERROR
+    )
+    if forget_command:
+        status.pop("lastPowerCommand", None)
+    return status
+
+
+def recovered_status(status: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The status after a successful attempt: errors cleared (``errorCount`` back to 0) and
+    a refused-writes condition dropped. Returns (status, whether an error was cleared)."""
+    status = dict(status)
+    recovered = bool(status.get("errorType")) or status.get("operationalStatus") == ERROR
+    if recovered:
+        status.update(errorType="", errorMessage="", errorCount=0, operationalStatus=OK)
+    conditions = [c for c in status.get("conditions") or [] if c.get("type") != WRITES_CONDITION]
+    if len(conditions) != len(status.get("conditions") or []):
+        status["conditions"] = conditions
+    status.setdefault("operationalStatus", OK)
+    return status, recovered
+
+
+def refused_status(status: Mapping[str, Any], message: str, now: dt.datetime) -> dict[str, Any]:
+    """The status when the API server refused one of our writes (an admission policy):
+    the host is in error, with a ``WritesAccepted=False`` condition saying what was refused,
+    because a reboot that cannot finish holds the host off."""
+    status = dict(status)
+    status.update(
+        errorType="power management error",
+        errorMessage=message,
+        operationalStatus=ERROR,
+    )
+    kept = [c for c in status.get("conditions") or [] if c.get("type") != WRITES_CONDITION]
+    kept.append(
+        {
+            "type": WRITES_CONDITION,
+            "status": "False",
+            "reason": "AdmissionRefused",
+            "message": message,
+            "lastTransitionTime": _stamp(now.astimezone(dt.UTC)).split(".")[0] + "Z",
+        }
+    )
+    status["conditions"] = kept
+    return status
+
+
+def with_changes(status: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """The decision's flat field names, placed where they live in BareMetalHost status."""
+    result = dict(status)
+    provisioning = dict(result.get("provisioning") or {})
+    for name, value in changes.items():
+        if isinstance(value, dt.datetime):
+            value = stamp(value)
+        elif isinstance(value, dict):
+            value = {k: stamp(v) if isinstance(v, dt.datetime) else v for k, v in value.items()}
+        target = provisioning if name in ("lastPoweredOn", "pendingRebootSince") else result
+        if value is None:
+            target.pop(name, None)
+        else:
+            target[name] = value
+    if provisioning:
+        result["provisioning"] = provisioning
+    return result

@@ -1,11 +1,12 @@
-"""The annotation-driven machine remediation of seed 001, as one pure function.
+"""The annotation-driven machine remediation of metal3's "Annotation for Power Cycling and
+Deleting Failed Nodes" design, as one pure function.
 
 A Machine asks for remediation with the annotation ``host.metal3.io/external-remediation``;
 its host (found through ``metal3.io/BareMetalHost``) is power-cycled with the reboot key
 ``reboot.metal3.io/machine-remediation``. No other state exists: after a crash, the
 annotations alone say where the remediation is, so the table below resumes it.
 
-The seed's truth table, row for row ("powered on" is the host as the host controller
+The design's truth table, row for row ("powered on" is the host as the host controller
 reports it; see ``Observed.powered_on`` for what "off" has to mean before a Node is
 deleted):
 
@@ -26,7 +27,7 @@ deleted):
 | 0 | 1 | 0 | 1 | remove needs-remediation annotation                         |
 | 0 | 0 | 0 | 1 | remove reboot annotation                                    |
 | 1 | 0 | 0 | 1 | remove reboot annotation                                    |
-| 0 | 0 | 0 | 0 | nothing (the row the seed omits)                            |
+| 0 | 0 | 0 | 0 | nothing (the row the design omits)                          |
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ TRUTH_TABLE: dict[tuple[int, int, int, int], Action] = {
     (0, 1, 0, 1): _A.REMOVE_NEEDS_REMEDIATION,
     (0, 0, 0, 1): _A.REMOVE_REBOOT_ANNOTATION,
     (1, 0, 0, 1): _A.REMOVE_REBOOT_ANNOTATION,
-    (0, 0, 0, 0): _A.NOTHING,  # omitted by the seed: nothing asked, nothing held
+    (0, 0, 0, 0): _A.NOTHING,  # omitted by the design: nothing asked, nothing held
 }
 
 

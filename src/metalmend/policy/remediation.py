@@ -1,4 +1,5 @@
-"""Metal3Remediation: fence first, then power back on (seed 002, DESIGN.md invariants 1, 2).
+"""Metal3Remediation: fence first, then power back on (metal3's Metal3Remediation proposal;
+docs/design.md, invariants 1 and 2).
 
 ``decide(observed, now, settings)`` is pure. It reads one remediation object, its Machine,
 host and Node as observed, and returns the actions that move the remediation one step on,
@@ -9,8 +10,10 @@ between any two actions picks up where it stopped.
 Phases (``status.phase``), each with what ends it:
 
 - ``power-off``: our reboot key asks for a hard power-off; waiting until the host is
-  reported off *for this request* (policy.fencing). -> fencing; a BMC error or
-  powerOffTimeoutSeconds -> a failed attempt.
+  reported off *for this request* (policy.fencing: host-power lists our key in
+  ``status.poweredOffFor``). -> fencing; a BMC error or powerOffTimeoutSeconds -> a failed
+  attempt. The key is (re-)added only once host-power no longer lists it from an earlier
+  attempt (``withdrawal_unseen``).
 - ``fencing``: the host is off: the Node's labels and annotations are backed up on this
   object, the Node is deleted (or tainted out-of-service) and its pods deleted. -> power-on.
 - ``power-on``: our key is removed; waiting for the Node to register and be Ready, then
@@ -23,8 +26,8 @@ Phases (``status.phase``), each with what ends it:
   next attempt starts at ``status.nextAttemptAt``, after growing waits. -> power-off.
 - ``deleting-machine``: strategy escalate after deleteAfterRetries failed attempts: the
   Machine is deleted so that its owner replaces it.
-- ``failed``: cannot start: no Machine, no host link, no host (``status.message`` says).
-  -> power-off once fixed.
+- ``failed``: cannot start: no Machine, no host link, no host, a host link or Node the
+  tenancy rules refuse (api/links.py) (``status.message`` says). -> power-off once fixed.
 
 Deletion of the object at any moment (the health check deletes it once the Node is healthy)
 removes our reboot key (the host is never left off), removes our taint, and restores the
@@ -40,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from metalmend.api import names
-from metalmend.policy.fencing import HostPower, reported_off
+from metalmend.policy.fencing import HostPower, reported_off, withdrawal_unseen
 
 POWER_OFF = "power-off"
 FENCING = "fencing"
@@ -123,6 +126,10 @@ class Observed:
     host_problem: str  # why ``host`` is None
     node: NodeView | None  # the Node named progress.node (or machine_node)
     backup: Backup | None
+    # A link the tenancy rules refuse (api/links.py): a host annotation of another namespace
+    # or a Node that is not the host's. With ``host`` set (the host we recorded), whatever we
+    # hold on it is released; nothing else is done.
+    link_problem: str = ""
 
 
 # ---- actions, executed in order by controllers.remediation ----------------------------------
@@ -245,6 +252,8 @@ def decide(observed: Observed, now: dt.datetime, settings: Settings = Settings()
     progress = observed.progress
     if not observed.machine_found and progress.phase == DELETING_MACHINE:
         return Decision()  # done: the garbage collector deletes this object with its Machine
+    if observed.link_problem:
+        return _fail_to_start(observed, observed.link_problem)
     if not observed.machine_found or observed.host is None:
         problem = observed.host_problem or "the Machine does not exist"
         return _fail_to_start(observed, problem)
@@ -277,8 +286,11 @@ def _start(observed: Observed, host: HostView, now: dt.datetime, settings: Setti
         progress.retry_count >= observed.spec.delete_after_retries
     ):
         return _escalate(progress, now, "no attempts left")
-    if host.other_remediation is not None:
-        message = f"host {host.key} is being remediated by {host.other_remediation}; waiting"
+    if host.other_remediation is not None or withdrawal_unseen(host.power):
+        if host.other_remediation is not None:
+            message = f"host {host.key} is being remediated by {host.other_remediation}; waiting"
+        else:
+            message = f"waiting for host-power to see our earlier request on {host.key} withdrawn"
         decision = Decision()
         if progress.message != message:
             decision.do(SetProgress(replace(progress, message=message)))
@@ -312,7 +324,7 @@ def _power_off(
     if not host.power.holds_key:
         if host.other_remediation is not None:  # raced with another remediation: yield
             return decision.do(SetProgress(replace(progress, phase="", message="")))
-        decision.do(RequestPowerOff())
+        _request_power_off(host, decision)
     if reported_off(host.power):
         message = f"{host.key} reported off; fencing Node {progress.node or '(none)'}"
         decision.do(SetProgress(replace(progress, phase=FENCING, phase_since=now, message=message)))
@@ -326,6 +338,15 @@ def _power_off(
     return decision.at(deadline)
 
 
+def _request_power_off(host: HostView, decision: Decision) -> None:
+    """Put our key (back) on the host, unless host-power still lists it as powered off
+    for: that acknowledgement was for our key's earlier presence, and would count for this
+    request at once (policy.fencing.withdrawal_unseen). Host-power drops it at its next
+    reconcile; its status write wakes us."""
+    if not withdrawal_unseen(host.power):
+        decision.do(RequestPowerOff())
+
+
 def _fencing(observed: Observed, host: HostView, now: dt.datetime, settings: Settings) -> Decision:
     progress = observed.progress
     if not reported_off(host.power):
@@ -334,7 +355,10 @@ def _fencing(observed: Observed, host: HostView, now: dt.datetime, settings: Set
         decision = Decision().do(
             SetProgress(replace(progress, phase=POWER_OFF, phase_since=now, message=message))
         )
-        return decision.do(RequestPowerOff()).note(names.REASON_POWER_OFF_REQUESTED, message)
+        _request_power_off(host, decision)
+        return decision.note(names.REASON_POWER_OFF_REQUESTED, message).at(
+            now + _seconds(observed.spec.power_off_timeout)
+        )
     decision = Decision()
     node = observed.node
     fenced_uid = progress.fenced_node_uid

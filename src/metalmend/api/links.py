@@ -1,0 +1,300 @@
+"""Which host a Machine may use, and which Node is that host's: the tenancy rules that every
+controller following a Machine to a host or a Node applies (node-link, machine-remediation,
+metal3-remediation). Pure functions over plain values; docs/security.md explains the model.
+
+The rules, and where upstream Metal3 stands on each:
+
+1. **A Machine reaches only hosts of its own namespace.** The annotation
+   ``metal3.io/BareMetalHost`` is ``<namespace>/<host>``; a namespace other than the
+   Machine's is refused. A bare ``<host>`` means the Machine's own namespace. (Cluster API
+   Provider Metal3 writes the annotation itself, always as ``<namespace>/<host>`` of a host it
+   chose among the hosts *of the Metal3Machine's namespace* (``chooseHost`` lists with
+   ``InNamespace``), and its ``getBmhNameFromM3Machine`` refuses a value whose namespace is
+   not the Metal3Machine's or that has no ``/``. We accept the bare name because it cannot
+   leave the namespace; anything with more than one ``/`` or an empty part is refused, as
+   Kubernetes' ``SplitMetaNamespaceKey`` refuses it.)
+2. **A host confirms its Machine** through ``spec.consumerRef``: a Cluster API ``Machine``
+   of that name in the host's namespace (with that uid, when the reference carries one), or
+   the ``Metal3Machine`` the Machine's ``spec.infrastructureRef`` names (CAPM3 sets the
+   consumerRef to the Metal3Machine).
+3. **The agreed providerIDs of a host** ``<namespace>/<host>`` with uid ``<uid>`` are exactly:
+
+   - ``metal3://<namespace>/<host>`` (metalmend's form: the lab, the demo);
+   - ``metal3://<namespace>/<host>/<name>`` (CAPM3's current form, ``SetDefaultProviderID``:
+     the third part is the Metal3Machine's name, which the host's consumerRef vouches for);
+   - ``metal3://<uid>`` (CAPM3's legacy form: the host's ``metadata.uid``).
+
+   Every part is non-empty and contains no ``/``. Any other value (another scheme, more
+   parts) names no host.
+4. **A Node is a Machine's only through its host**: a Node whose ``spec.providerID`` is set
+   belongs to the host that providerID names, and only that host's (confirmed) Machine may
+   link to it or fence it. A Node without providerID carries no proof of its server: it is
+   linked by name and fenced as before (docs/security.md, "What is not covered").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from metalmend.api import names
+
+PROVIDER_PREFIX = "metal3://"
+MACHINE_GROUP = "cluster.x-k8s.io"
+METAL3_MACHINE_GROUP = "infrastructure.cluster.x-k8s.io"
+
+# Condition reasons on a Machine (condition names.CONDITION_HOST_LINK / CONDITION_NODE_LINK)
+REASON_OTHER_NAMESPACE = "HostInOtherNamespace"
+REASON_INVALID_REFERENCE = "InvalidHostReference"
+REASON_NOT_CONFIRMED = "ProviderIDNotConfirmed"
+REASON_NODE_OF_ANOTHER_HOST = "NodeOfAnotherHost"
+REASON_VALID = "Valid"
+
+
+# ---- rule 1: the host a Machine names ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostLink:
+    """What a Machine's ``metal3.io/BareMetalHost`` annotation gives it."""
+
+    key: str | None  # "namespace/name" the Machine may use; None: no host (absent or refused)
+    refusal: str = ""  # why the annotation is refused: "" when accepted or absent
+    reason: str = ""  # condition reason of the refusal
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.refusal)
+
+
+def machine_host(machine_namespace: str, annotation: str | None) -> HostLink:
+    """The host a Machine in ``machine_namespace`` may use, given its annotation value."""
+    value = (annotation or "").strip()
+    if not value:
+        return HostLink(None)
+    parts = value.split("/")
+    if len(parts) == 1:
+        return HostLink(f"{machine_namespace}/{value}")
+    if len(parts) != 2 or not all(parts):
+        return HostLink(
+            None,
+            f"{names.MACHINE_HOST} {value!r} is not <namespace>/<host> or <host>",
+            REASON_INVALID_REFERENCE,
+        )
+    namespace, name = parts
+    if namespace != machine_namespace:
+        return HostLink(
+            None,
+            f"{names.MACHINE_HOST} names host {value} in another namespace: a Machine may"
+            f" only use hosts of its own namespace ({machine_namespace})",
+            REASON_OTHER_NAMESPACE,
+        )
+    return HostLink(f"{namespace}/{name}")
+
+
+def key_in_namespace(key: str, namespace: str) -> bool:
+    """Is ``key`` a "namespace/name" in ``namespace``? (For host keys read back from a
+    status, which whoever may write the status subresource can forge.)"""
+    parts = key.split("/")
+    return len(parts) == 2 and all(parts) and parts[0] == namespace
+
+
+def host_link_of(machine: Any) -> HostLink:
+    annotations = machine.metadata.annotations or {}
+    return machine_host(machine.metadata.namespace or "", annotations.get(names.MACHINE_HOST))
+
+
+def host_of(machine: Any) -> list[str]:
+    """Index function: the host key a Machine may use, or nothing (absent or refused)."""
+    key = host_link_of(machine).key
+    return [key] if key else []
+
+
+def claimed_host_of(machine: Any) -> list[str]:
+    """Index function: the host key a Machine *names*, even one it may not use (so that the
+    controller keyed by that host can tell the Machine it was refused)."""
+    value = ((machine.metadata.annotations or {}).get(names.MACHINE_HOST) or "").strip()
+    parts = value.split("/")
+    if len(parts) == 1 and value:
+        return [f"{machine.metadata.namespace}/{value}"]
+    return [value] if len(parts) == 2 and all(parts) else []
+
+
+def node_of(machine: Any) -> list[str]:
+    """Index function: the Node name of ``status.nodeRef`` (as written: not yet checked)."""
+    ref = (machine.get("status") or {}).get("nodeRef") or {}
+    return [ref["name"]] if ref.get("name") else []
+
+
+# ---- rule 2: the host confirms its consumer --------------------------------------------------
+
+Consumer = Literal["confirmed", "unclaimed", "other"]
+
+
+@dataclass(frozen=True)
+class MachineIdentity:
+    namespace: str
+    name: str
+    uid: str
+    infrastructure_ref: Mapping[str, Any]  # spec.infrastructureRef ({} when none)
+
+
+def machine_identity(machine: Any) -> MachineIdentity:
+    spec = machine.get("spec") or {}
+    return MachineIdentity(
+        namespace=machine.metadata.namespace or "",
+        name=machine.metadata.name,
+        uid=machine.metadata.uid or "",
+        infrastructure_ref=dict(spec.get("infrastructureRef") or {}),
+    )
+
+
+def _group(api_version: str) -> str:
+    return api_version.rpartition("/")[0] if "/" in api_version else ""
+
+
+def consumer_of(
+    consumer_ref: Mapping[str, Any] | None, host_namespace: str, machine: MachineIdentity
+) -> Consumer:
+    """Does the host's ``spec.consumerRef`` name this Machine (rule 2)?"""
+    if not consumer_ref or not consumer_ref.get("name"):
+        return "unclaimed"
+    ref_namespace = consumer_ref.get("namespace") or host_namespace
+    if ref_namespace != machine.namespace or host_namespace != machine.namespace:
+        return "other"
+    kind = consumer_ref.get("kind")
+    group = _group(str(consumer_ref.get("apiVersion") or ""))
+    if kind == "Machine" and group == MACHINE_GROUP:
+        uid = consumer_ref.get("uid")
+        same = consumer_ref["name"] == machine.name and (not uid or uid == machine.uid)
+        return "confirmed" if same else "other"
+    infra = machine.infrastructure_ref
+    if (
+        kind == "Metal3Machine"
+        and group == METAL3_MACHINE_GROUP
+        and infra.get("kind") == "Metal3Machine"
+        and _group(str(infra.get("apiVersion") or "")) == METAL3_MACHINE_GROUP
+        and infra.get("name") == consumer_ref["name"]
+        and (infra.get("namespace") or machine.namespace) == machine.namespace
+    ):
+        return "confirmed"
+    return "other"
+
+
+# ---- rule 3: agreed providerIDs --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProviderRef:
+    """The host a metal3 providerID names: by namespace and name, or by uid (legacy)."""
+
+    namespace: str = ""
+    host: str = ""
+    uid: str = ""
+
+
+def parse_provider_id(provider_id: str | None) -> ProviderRef | None:
+    """The host an agreed providerID names (rule 3), or None for any other value."""
+    if not provider_id or not provider_id.startswith(PROVIDER_PREFIX):
+        return None
+    parts = provider_id[len(PROVIDER_PREFIX) :].split("/")
+    if not all(parts):
+        return None
+    if len(parts) == 1:
+        return ProviderRef(uid=parts[0])
+    if len(parts) in (2, 3):
+        return ProviderRef(namespace=parts[0], host=parts[1])
+    return None
+
+
+def provider_id_names_host(provider_id: str | None, host_key: str, host_uid: str) -> bool:
+    ref = parse_provider_id(provider_id)
+    if ref is None:
+        return False
+    if ref.uid:
+        return bool(host_uid) and ref.uid == host_uid
+    return f"{ref.namespace}/{ref.host}" == host_key
+
+
+def provider_host_key(provider_id: str | None) -> str | None:
+    """The "namespace/name" a namespaced providerID names (None for legacy or other)."""
+    ref = parse_provider_id(provider_id)
+    return f"{ref.namespace}/{ref.host}" if ref is not None and ref.host else None
+
+
+# ---- rule 4: a Node through its host ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the rules need of a BareMetalHost."""
+
+    key: str  # "namespace/name"
+    uid: str
+    consumer_ref: Mapping[str, Any] | None
+
+    @property
+    def namespace(self) -> str:
+        return self.key.partition("/")[0]
+
+
+def host_facts(host: Any) -> HostFacts:
+    spec = host.get("spec") or {}
+    return HostFacts(
+        key=f"{host.metadata.namespace}/{host.metadata.name}",
+        uid=host.metadata.uid or "",
+        consumer_ref=spec.get("consumerRef") or None,
+    )
+
+
+def confirm_provider_id(
+    provider_id: str, machine: MachineIdentity, host: HostFacts | None, host_key: str | None
+) -> str:
+    """Empty if ``provider_id`` is one the Machine's host confirms (rules 2, 3), else why not.
+
+    ``host_key``: the host the Machine may use (``HostLink.key``, or the host the providerID
+    names when the Machine has no annotation); ``host``: that host, None if not found."""
+    if host_key is None:
+        return f"providerID {provider_id} names no host of namespace {machine.namespace}"
+    if host is None:
+        return f"providerID {provider_id}: host {host_key} not found"
+    if not provider_id_names_host(provider_id, host.key, host.uid):
+        return f"providerID {provider_id} is not an agreed providerID of host {host.key}"
+    if consumer_of(host.consumer_ref, host.namespace, machine) != "confirmed":
+        return (
+            f"providerID {provider_id}: host {host.key} does not confirm this Machine"
+            " (its spec.consumerRef names another consumer, or none)"
+        )
+    return ""
+
+
+def host_key_for_link(machine: MachineIdentity, link: HostLink, provider_id: str | None) -> str:
+    """The host to confirm a providerID with: the annotated one; without annotation, the
+    host a namespaced providerID names, if it is in the Machine's namespace ("" if none)."""
+    if link.key:
+        return link.key
+    if link.refused:
+        return ""
+    named = provider_host_key(provider_id)
+    if named and named.partition("/")[0] == machine.namespace:
+        return named
+    return ""
+
+
+def node_provider_id(node: Any) -> str | None:
+    """A Node's ``spec.providerID`` (None when unset)."""
+    return getattr(getattr(node, "spec", None), "providerID", None) or None
+
+
+def node_fence_refusal(node_name: str, node_provider_id: str | None, host: HostFacts) -> str:
+    """Empty if a remediation acting on ``host`` may fence (delete, taint, evict) the Node,
+    else why not: a Node with a providerID belongs to the host that providerID names."""
+    if not node_provider_id:
+        return ""  # no proof either way: the Machine's own nodeRef decides (docs/security.md)
+    if provider_id_names_host(node_provider_id, host.key, host.uid):
+        return ""
+    return (
+        f"Node {node_name} (providerID {node_provider_id}) is not a Node of host {host.key}:"
+        " refusing to fence it"
+    )

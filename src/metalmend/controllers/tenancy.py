@@ -1,0 +1,73 @@
+"""Telling a Machine that a link was refused (api/links.py): a condition on the Machine, a
+Warning Event and one log line, each once per refusal (on the condition's transition, not on
+every reconcile), and the condition back to True once the cause is gone."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from metalmend.api.links import REASON_VALID
+from metalmend.api.resources import Machine
+from metalmend.clock import Clock
+from metalmend.kube.events import EventRecorder
+from metalmend.kube.store import object_key
+from metalmend.kube.writes import patch_status
+from metalmend.log import fields
+from metalmend.policy.hostpower import stamp
+
+log = logging.getLogger(__name__)
+
+
+def wanted_condition(
+    current: dict[str, Any] | None, type_: str, refusal: str, reason: str, now: str
+) -> dict[str, Any] | None:
+    """The condition to write, or None to leave things as they are: a refusal is recorded
+    as False; no refusal turns an existing False back to True and otherwise writes nothing
+    (a Machine that was never refused carries no such condition: no write per Machine)."""
+    if refusal:
+        wanted = {
+            "type": type_,
+            "status": "False",
+            "severity": "Warning",
+            "reason": reason,
+            "message": refusal,
+        }
+    elif current is None or current.get("status") == "True":
+        return None
+    else:
+        wanted = {"type": type_, "status": "True", "reason": REASON_VALID}
+    same = {k: v for k, v in (current or {}).items() if k != "lastTransitionTime"}
+    if same == wanted:
+        return None
+    changed = current is None or current.get("status") != wanted["status"]
+    previous = (current or {}).get("lastTransitionTime")
+    wanted["lastTransitionTime"] = now if changed or not previous else previous
+    return wanted
+
+
+async def report(
+    client: Any,
+    events: EventRecorder,
+    clock: Clock,
+    machine: Any,
+    type_: str,
+    refusal: str,
+    reason: str,
+) -> Any | None:
+    """Make the Machine's ``type_`` condition say ``refusal`` ("" = nothing refused); return
+    the updated Machine if it was written."""
+    status = dict(machine.get("status") or {})
+    conditions = [dict(c) for c in status.get("conditions") or []]
+    current = next((c for c in conditions if c.get("type") == type_), None)
+    wanted = wanted_condition(current, type_, refusal, reason, stamp(clock.now()))
+    if wanted is None:
+        return None
+    status["conditions"] = [c for c in conditions if c.get("type") != type_] + [wanted]
+    updated = await patch_status(client, Machine, machine, status)
+    if refusal:
+        # Once per refusal: a reconcile that finds the same condition writes nothing above.
+        log.warning("link refused", extra=fields(machine=object_key(machine), reason=reason,
+                                                 message=refusal))  # fmt: skip
+        await events.warning(machine, reason, refusal)
+    return updated

@@ -1,0 +1,368 @@
+"""The lab's kubelet simulator: one per host, bound to that host's power.
+
+After power-on and a boot delay it registers its Node (labels, providerID, capacity),
+renews its Lease, reports Ready and runs the pods bound to it (pretend containers, real
+pod status); while the host is off, or its kernel hung, it is silent; a power cycle
+clears a hang and restarts the pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import itertools
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import httpx2
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.models.coordination_v1 import LeaseSpec
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Node, Pod
+
+from metalmend.kube.writes import delete_exact
+from metalmend.lab.inventory import HostSpec
+
+log = logging.getLogger("metalmend.lab.kubelet")
+
+HEARTBEAT = 1.0  # seconds between Lease renewals (a real kubelet: 10 s, for a 40 s grace)
+STATUS_EVERY = 5.0  # seconds between Node status posts while healthy
+
+# What every lab Node offers the scheduler.
+NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+_POD_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+_pod_ips = itertools.count()  # unique in the hardware process, so across the lab's hosts
+
+
+def _next_pod_ip() -> str:
+    n = next(_pod_ips)
+    return f"127.0.{1 + n // 254}.{1 + n % 254}"
+
+
+def _iso(value: Any) -> str:
+    return value.isoformat() if isinstance(value, dt.datetime) else str(value)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat()
+
+
+@dataclass
+class _RunningPod:
+    """A pod whose containers this kubelet started, and in which boot."""
+
+    boot: int
+    container_ids: dict[str, str]
+
+
+class KubeletSim:
+    """Registers, heartbeats and reports Ready exactly while its host is on and well, and
+    runs the pods bound to its Node as a kubelet would (their containers are pretend).
+
+    Every heartbeat while running, one list of the pods bound to the Node: a pod not yet
+    started in this boot is started (a new boot restarts every container, restartCount + 1);
+    a started pod whose reported status someone else changed (the node-lifecycle controller
+    marks pods not Ready when the Node goes Unknown) gets its status again, as the status
+    manager's reconcile does; a pod being deleted is removed (grace 0, uid precondition),
+    as the kubelet does once its containers stopped. While off, booting or hung: nothing."""
+
+    def __init__(self, spec: HostSpec, powered: Callable[[], Awaitable[int | None]]) -> None:
+        self.spec = spec
+        self.powered = powered  # None while off, else the boot number
+        self.hung = False
+        self.boot: int | None = None
+        self.state = "off"  # off, booting, running, hung
+        self._booted_at: float | None = None
+        self._registered = False
+        self._last_status = 0.0
+        self._pods: dict[str, _RunningPod] = {}  # by pod uid
+        self._client = AsyncClient(KubeConfig.from_file(spec.kubeconfig))
+
+    @property
+    def pods(self) -> int:
+        """How many pods this host runs now (a hung kernel's still count; none while off)."""
+        if self.state not in ("running", "hung"):
+            return 0
+        return sum(1 for pod in self._pods.values() if pod.boot == self.boot)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.beat()
+            except (ApiError, httpx.HTTPError, httpx2.HTTPError, OSError) as error:
+                log.warning("kubelet %s: %s", self.spec.name, error)
+            await asyncio.sleep(HEARTBEAT)
+
+    async def beat(self) -> None:
+        boot = await self.powered()
+        if boot is None:
+            self.state, self.boot = "off", None
+            return
+        now = time.monotonic()
+        if boot != self.boot:  # a new boot: whatever hung the old kernel is gone
+            self.boot, self._booted_at, self._registered, self.hung = boot, now, False, False
+            self.state = "booting"
+        assert self._booted_at is not None
+        if now - self._booted_at < self.spec.boot_delay:
+            self.state = "booting"
+            return
+        if self.hung:
+            self.state = "hung"
+            return
+        if self.state == "hung":
+            self._last_status = 0.0  # back from a hang: report Ready at once
+        self.state = "running"
+        if not self._registered:
+            await self._register()
+        await self._renew_lease()
+        if now - self._last_status >= STATUS_EVERY:
+            await self._post_status()
+            self._last_status = now
+        await self._sync_pods(boot)
+
+    # ---- the Node ----------------------------------------------------------------------
+
+    def _labels(self) -> dict[str, str]:
+        return {
+            "kubernetes.io/hostname": self.spec.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            **self.spec.labels,
+        }
+
+    def _node_status(self) -> dict[str, Any]:
+        now = _now()
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "kubelet is posting ready status (metalmend lab)",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+        pressures = [
+            {
+                "type": kind,
+                "status": "False",
+                "reason": f"KubeletHasNo{kind}",
+                "message": f"no {kind} (metalmend lab)",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }
+            for kind in ("MemoryPressure", "DiskPressure", "PIDPressure")
+        ]
+        system_id = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{self.spec.name}.metalmend.lab"))
+        return {
+            "capacity": NODE_CAPACITY,
+            "allocatable": NODE_CAPACITY,
+            "conditions": [*pressures, ready],
+            "addresses": [
+                {"type": "InternalIP", "address": "127.0.0.1"},
+                {"type": "Hostname", "address": self.spec.name},
+            ],
+            "nodeInfo": {
+                "machineID": system_id.replace("-", ""),
+                "systemUUID": system_id,
+                "bootID": str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{self.boot}.{system_id}")),
+                "kernelVersion": "6.1.0-metalmend-lab",
+                "osImage": "metalmend lab host",
+                "containerRuntimeVersion": "metalmend-lab://0",
+                "kubeletVersion": "v0.0.0-metalmend-lab",
+                "kubeProxyVersion": "",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            },
+        }
+
+    async def _register(self) -> None:
+        node: Any = Node.from_dict(
+            {
+                "metadata": {"name": self.spec.name, "labels": self._labels()},
+                "spec": {"providerID": self.spec.provider_id},
+                "status": self._node_status(),
+            }
+        )
+        try:
+            await self._client.create(node)
+        except ApiError as error:
+            if error.status.code != 409:  # 409: already registered before the reboot
+                raise
+        self._registered = True
+        self._last_status = 0.0
+
+    async def _renew_lease(self) -> None:
+        now = dt.datetime.now(dt.UTC)
+        try:
+            lease = await self._client.get(Lease, self.spec.name, namespace="kube-node-lease")
+        except ApiError as error:
+            if error.status.code != 404:
+                raise
+            node: Any = await self._client.get(Node, self.spec.name)
+            owner = OwnerReference(
+                apiVersion="v1", kind="Node", name=self.spec.name, uid=node.metadata.uid
+            )
+            lease = Lease(
+                metadata=ObjectMeta(
+                    name=self.spec.name, namespace="kube-node-lease", ownerReferences=[owner]
+                ),
+                spec=LeaseSpec(
+                    holderIdentity=self.spec.name, leaseDurationSeconds=40, renewTime=now
+                ),
+            )
+            await self._client.create(lease)
+            return
+        lease.spec = LeaseSpec(
+            holderIdentity=self.spec.name, leaseDurationSeconds=40, renewTime=now
+        )
+        await self._client.replace(lease)
+
+    async def _post_status(self) -> None:
+        await self._client.patch(Node.Status, self.spec.name, {"status": self._node_status()})
+
+    # ---- pods --------------------------------------------------------------------------
+
+    async def _sync_pods(self, boot: int) -> None:
+        seen: set[str] = set()
+        bound = self._client.list(Pod, namespace="*", fields={"spec.nodeName": self.spec.name})
+        async for listed in bound:
+            pod: dict[str, Any] = listed.to_dict()
+            meta = pod["metadata"]
+            seen.add(meta["uid"])
+            try:
+                await self._sync_pod(pod, boot)
+            except ApiError as error:
+                log.warning(
+                    "kubelet %s: pod %s/%s: %s", self.spec.name, meta["namespace"], meta["name"],
+                    error,
+                )  # fmt: skip
+        for uid in set(self._pods) - seen:
+            del self._pods[uid]
+
+    async def _sync_pod(self, pod: dict[str, Any], boot: int) -> None:
+        meta, status = pod["metadata"], pod.get("status") or {}
+        uid = meta["uid"]
+        if meta.get("deletionTimestamp"):
+            # Its containers stop at once: the kubelet's status manager then deletes it
+            # for good, only if it still is this pod.
+            await delete_exact(
+                self._client, Pod, meta["name"], uid, namespace=meta["namespace"], grace_period=0
+            )
+            self._pods.pop(uid, None)
+            return
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return
+        running = self._pods.get(uid)
+        if running is None or running.boot != boot:
+            running = _RunningPod(boot, {})
+            self._pods[uid] = running
+        elif _reported(status, running):
+            return
+        await self._client.patch(
+            Pod.Status,
+            meta["name"],
+            {"metadata": {"uid": uid}, "status": _running_status(pod, running)},
+            namespace=meta["namespace"],
+        )
+
+
+def _reported(status: dict[str, Any], running: _RunningPod) -> bool:
+    """The server shows the pod as this kubelet runs it: Running, Ready, our containers."""
+    conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+    ids = {c["name"]: c.get("containerID") for c in status.get("containerStatuses") or []}
+    return (
+        status.get("phase") == "Running"
+        and all(conditions.get(kind) == "True" for kind in _POD_CONDITIONS)
+        and ids == running.container_ids
+    )
+
+
+def _running_status(pod: dict[str, Any], running: _RunningPod) -> dict[str, Any]:
+    """The status of ``pod`` with every container running in ``running``; containers not
+    started yet in it are started now (a restart if they ran before)."""
+    now = _now()
+    spec, status = pod["spec"], pod.get("status") or {}
+    previous = {c["name"]: c for c in status.get("containerStatuses") or []}
+    containers = []
+    for container in spec["containers"]:
+        name, image = container["name"], container.get("image", "")
+        before = previous.get(name) or {}
+        entry: dict[str, Any] = {
+            "name": name,
+            "image": image,
+            "imageID": f"{image}@sha256:{hashlib.sha256(image.encode()).hexdigest()}",
+            "ready": True,
+            "started": True,
+            "restartCount": before.get("restartCount", 0),
+        }
+        ours = running.container_ids.get(name)
+        if ours is not None and before.get("containerID") == ours:
+            entry["containerID"] = ours
+            entry["state"] = before.get("state") or {"running": {"startedAt": now}}
+            if "lastState" in before:
+                entry["lastState"] = before["lastState"]
+        else:
+            running.container_ids[name] = f"containerd://{secrets.token_hex(32)}"
+            entry["containerID"] = running.container_ids[name]
+            entry["state"] = {"running": {"startedAt": now}}
+            if before.get("containerID"):  # it ran before this boot: a restart
+                entry["restartCount"] += 1
+                started = (before.get("state") or {}).get("running", {}).get("startedAt", now)
+                entry["lastState"] = {
+                    "terminated": {
+                        "exitCode": 255,
+                        "reason": "Unknown",
+                        "containerID": before["containerID"],
+                        "startedAt": _iso(started),
+                        "finishedAt": now,
+                    }
+                }
+        containers.append(_jsonable(entry))
+    old_conditions = {c["type"]: c for c in status.get("conditions") or []}
+    conditions = []
+    for kind in ("PodScheduled", *_POD_CONDITIONS):
+        old = old_conditions.get(kind) or {}
+        since = old.get("lastTransitionTime") if old.get("status") == "True" else None
+        conditions.append(
+            {"type": kind, "status": "True", "lastTransitionTime": _iso(since or now)}
+        )
+    pod_ip = status.get("podIP") or _next_pod_ip()
+    result: dict[str, Any] = {
+        "phase": "Running",
+        "conditions": conditions,
+        "hostIP": "127.0.0.1",
+        "hostIPs": [{"ip": "127.0.0.1"}],
+        "podIP": pod_ip,
+        "podIPs": [{"ip": pod_ip}],
+        "startTime": _iso(status.get("startTime") or now),
+        "containerStatuses": containers,
+    }
+    if init := spec.get("initContainers"):
+        result["initContainerStatuses"] = [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+            }
+            for c in init
+        ]
+    return result
+
+
+def _jsonable(value: Any) -> Any:
+    """Model values (datetimes) as the API writes them."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return _iso(value) if isinstance(value, dt.datetime) else value

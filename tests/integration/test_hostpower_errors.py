@@ -1,0 +1,207 @@
+"""Failing hosts against the real API server: tried on their backoff only, whatever the
+watch says (issue: a malformed address made 80 reconciles a second, each status patch
+waking the host again), and Events rate-limited as client-go's recorder does.
+
+Counts, not timings: "no more attempts than the schedule allows" in the window."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+from typing import Any
+
+import pytest
+from lightkube import AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Secret
+from lightkube.types import PatchType
+
+from metalmend.api.resources import BareMetalHost
+from metalmend.bmc.credentials import EVERY_HOST, HOSTS_ANNOTATION, SECRET_LABEL
+from metalmend.controllers import RunOptions
+from metalmend.controllers import hostpower as hostpower_controller
+from metalmend.kube import metrics
+from metalmend.kube.events import EventRecorder
+from metalmend.kube.manager import Manager
+from metalmend.lab.controlplane import ControlPlane, free_port
+from metalmend.policy.hostpower import RetrySettings, retry_delay
+from tests.support import until
+
+WINDOW = 20.0  # seconds the hosts fail for
+NUDGES = 10  # unrelated updates (a label, someone else's status field) during the window
+
+
+def allowed_attempts(seconds: float) -> int:
+    """What the schedule allows in ``seconds`` with no jitter (jitter only delays)."""
+    t, made = 0.0, 0
+    while t <= seconds:
+        made += 1
+        t += retry_delay(made, 0, 0.0, RetrySettings())
+    return made
+
+
+def apiserver_writes(control_plane: ControlPlane, resource: str) -> int:
+    """The API server's own count of writes to ``resource`` that succeeded (all clients)."""
+    with control_plane.admin_http() as http:
+        text = http.get("/metrics").text
+    total = 0
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{") or f'resource="{resource}"' not in line:
+            continue
+        if 'code="2' not in line:  # (a conflict with this test's own nudges is no write)
+            continue
+        # (no DELETE: earlier tests' namespaces are still being emptied; we delete nothing)
+        if any(f'verb="{v}"' in line for v in ("POST", "PATCH", "PUT", "APPLY")):
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+def reconciles(outcome: str) -> float:
+    return float(metrics.RECONCILE_TOTAL.labels("host-power", outcome)._value.get())
+
+
+@pytest.fixture
+async def failing_hosts(aclient: AsyncClient, namespace: str) -> list[str]:
+    secret: Any = Secret(
+        metadata=ObjectMeta(
+            name="bmc",
+            labels={SECRET_LABEL: "true"},
+            annotations={HOSTS_ANNOTATION: EVERY_HOST},
+        ),
+        data={k: base64.b64encode(v.encode()).decode() for k, v in
+              {"username": "admin", "password": "secret"}.items()},
+    )  # fmt: skip
+    await aclient.create(secret, namespace=namespace)
+    addresses = {
+        "malformed": "redfish://10.0.0.1:notaport/redfish/v1/Systems/1",
+        "unreachable": f"redfish://127.0.0.1:{free_port()}/redfish/v1/Systems/1",
+    }
+    for name, address in addresses.items():
+        host: Any = BareMetalHost(
+            metadata=ObjectMeta(name=name),
+            spec={"online": True, "bmc": {"address": address, "credentialsName": "bmc"}},
+        )
+        await aclient.create(host, namespace=namespace)
+    return list(addresses)
+
+
+async def test_failing_hosts_are_tried_on_their_backoff_only(
+    aclient: AsyncClient, namespace: str, control_plane: ControlPlane, failing_hosts: list[str]
+) -> None:
+    manager = Manager(aclient)
+    hostpower_controller.setup(manager, RunOptions(namespace=namespace, bmc_timeout=5))
+    errors_before, success_before = reconciles("bmc_error"), reconciles("success")
+    host_writes_before = apiserver_writes(control_plane, "baremetalhosts")
+    event_writes_before = apiserver_writes(control_plane, "events")
+    running = asyncio.create_task(manager.run())
+    try:
+        await until(
+            lambda: all(
+                (manager.informers[(BareMetalHost, namespace, ())].store.get(f"{namespace}/{h}")
+                 or {}).get("status", {}).get("errorCount")
+                for h in failing_hosts
+            ),
+            within=30,
+        )  # fmt: skip
+        # Unrelated updates while the hosts fail: none may bring an attempt forward.
+        for i in range(NUDGES):
+            for name in failing_hosts:
+                await aclient.patch(
+                    BareMetalHost, name, {"metadata": {"labels": {"nudge": str(i)}}},
+                    namespace=namespace, patch_type=PatchType.MERGE,
+                )  # fmt: skip
+                await aclient.patch(
+                    BareMetalHost.Status, name, {"status": {"lastUpdated": None, "note": str(i)}},
+                    namespace=namespace, patch_type=PatchType.MERGE,
+                )  # fmt: skip
+            await asyncio.sleep(WINDOW / NUDGES)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+    bound = allowed_attempts(WINDOW + 10)  # the wait for the first failure counts too
+    attempts = reconciles("bmc_error") - errors_before
+    assert reconciles("success") == success_before, "a BMC error is not a success in /metrics"
+    assert len(failing_hosts) * 3 <= attempts <= len(failing_hosts) * bound
+    for name in failing_hosts:
+        host: Any = await aclient.get(BareMetalHost, name, namespace=namespace)
+        status = host["status"]
+        assert status["operationalStatus"] == "error"
+        assert 3 <= status["errorCount"] <= bound, "errorCount counts attempts, not reconciles"
+    ours = 2 * NUDGES * len(failing_hosts)  # this test's own writes
+    host_writes = apiserver_writes(control_plane, "baremetalhosts") - host_writes_before - ours
+    assert host_writes <= attempts, "one status write per attempt, nothing else"
+    # One Event per host: repeats within a minute are counted in memory, not written.
+    event_writes = apiserver_writes(control_plane, "events") - event_writes_before
+    assert event_writes <= len(failing_hosts) + 2  # (+2: other components of the cluster)
+    warnings = [e async for e in aclient.list(Event, namespace=namespace)]
+    assert {e.involvedObject.name for e in warnings if e.reason == "BMCError"} == set(failing_hosts)
+
+
+async def test_a_real_change_retries_at_once_and_reset_backoff_too(
+    aclient: AsyncClient, namespace: str, failing_hosts: list[str]
+) -> None:
+    manager = Manager(aclient)
+    options = RunOptions(namespace=namespace, bmc_timeout=5)
+    controller = hostpower_controller.HostPowerController(manager, options)
+    running = asyncio.create_task(manager.run())
+    key = f"{namespace}/malformed"
+    try:
+        await manager.wait_synced()
+        await controller.reconcile(key)
+        first = controller.next_attempt(key)
+        assert first is not None
+        # Before the next attempt: nothing read, nothing written.
+        waiting = await controller.reconcile(key)
+        assert waiting.outcome == "backoff"
+        assert waiting.requeue_at == first
+        # A user's real change (spec.online) is tried at once.
+        await aclient.patch(
+            BareMetalHost, "malformed", {"spec": {"online": False}},
+            namespace=namespace, patch_type=PatchType.MERGE,
+        )  # fmt: skip
+        store = manager.informers[(BareMetalHost, namespace, ())].store
+        await until(lambda: store.get(key)["spec"]["online"] is False, within=10)
+        assert (await controller.reconcile(key)).outcome == "bmc_error"
+        await until(lambda: store.get(key)["status"].get("errorCount") == 2, within=10)
+        # The credentials Secret's hook: the next reconcile is an attempt.
+        controller.reset_backoff(key)
+        assert controller.next_attempt(key) is None
+        assert (await controller.reconcile(key)).outcome == "bmc_error"
+        host: Any = await aclient.get(BareMetalHost, "malformed", namespace=namespace)
+        assert host["status"]["errorCount"] == 3
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+
+class FrozenClock:
+    def __init__(self) -> None:
+        self.at = dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.UTC)
+
+    def now(self) -> dt.datetime:
+        return self.at
+
+
+async def test_events_are_rate_limited_like_client_go(aclient: AsyncClient, namespace: str) -> None:
+    host = await aclient.create(
+        BareMetalHost(metadata=ObjectMeta(name="chatty"), spec={}), namespace=namespace
+    )
+    clock = FrozenClock()
+    recorder = EventRecorder(aclient, clock=clock)
+    # The same Event again within a minute: counted, not written.
+    for _ in range(10):
+        await recorder.warning(host, "BMCError", "unreachable")
+    clock.at += dt.timedelta(seconds=61)
+    await recorder.warning(host, "BMCError", "unreachable")
+    (event,) = [e async for e in aclient.list(Event, namespace=namespace)]
+    assert event.count == 11
+    # The spam filter: 25 distinct Events (one token spent above), then one per 5 minutes.
+    for i in range(30):
+        await recorder.warning(host, "BMCError", f"message {i}")
+    assert recorder.dropped == 30 - 23
+    clock.at += dt.timedelta(minutes=5)
+    await recorder.warning(host, "BMCError", "after five minutes")
+    events = [e async for e in aclient.list(Event, namespace=namespace)]
+    assert len(events) == 1 + 23 + 1

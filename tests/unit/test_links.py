@@ -1,0 +1,210 @@
+"""The tenancy rules of api/links.py, as tables: which host a Machine may use, which
+providerIDs name which host, when a host confirms its Machine, which Node may be fenced."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from metalmend.api import links
+from metalmend.api.links import HostFacts, MachineIdentity, ProviderRef
+from metalmend.controllers.tenancy import wanted_condition
+
+MACHINE = MachineIdentity(namespace="t1", name="m1", uid="uid-m1", infrastructure_ref={})
+HOST = HostFacts(
+    key="t1/h1",
+    uid="uid-h1",
+    consumer_ref={"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine", "name": "m1",
+                  "namespace": "t1", "uid": "uid-m1"},
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("annotation", "key", "reason"),
+    [
+        pytest.param(None, None, "", id="absent"),
+        pytest.param("", None, "", id="empty"),
+        pytest.param("t1/h1", "t1/h1", "", id="own namespace"),
+        pytest.param("h1", "t1/h1", "", id="bare name: the Machine's namespace"),
+        pytest.param(" t1/h1 ", "t1/h1", "", id="surrounding blanks"),
+        pytest.param("metalmend-lab/worker-2", None, links.REASON_OTHER_NAMESPACE, id="other namespace"),
+        pytest.param("T1/h1", None, links.REASON_OTHER_NAMESPACE, id="namespace case matters"),
+        pytest.param("t1/h1/x", None, links.REASON_INVALID_REFERENCE, id="three parts"),
+        pytest.param("/h1", None, links.REASON_INVALID_REFERENCE, id="empty namespace"),
+        pytest.param("t1/", None, links.REASON_INVALID_REFERENCE, id="empty name"),
+        pytest.param("../t2/h1", None, links.REASON_INVALID_REFERENCE, id="path tricks"),
+    ],
+)  # fmt: skip
+def test_machine_host(annotation: str | None, key: str | None, reason: str) -> None:
+    link = links.machine_host("t1", annotation)
+    assert link.key == key
+    assert link.reason == reason
+    assert link.refused == bool(reason)
+    if reason:
+        assert annotation is not None
+        assert annotation.strip() in link.refusal
+
+
+def test_index_functions_keep_refused_hosts_out_of_reach() -> None:
+    def machine(annotation: str) -> Any:
+        meta = SimpleNamespace(
+            namespace="t2", name="m", annotations={"metal3.io/BareMetalHost": annotation}
+        )
+        return SimpleNamespace(metadata=meta)  # fmt: skip
+
+    assert links.host_of(machine("metalmend-lab/worker-2")) == []
+    assert links.claimed_host_of(machine("metalmend-lab/worker-2")) == ["metalmend-lab/worker-2"]
+    assert links.host_of(machine("worker-2")) == ["t2/worker-2"]
+    assert links.claimed_host_of(machine("a/b/c")) == []
+
+
+@pytest.mark.parametrize(
+    ("provider_id", "expected"),
+    [
+        pytest.param("metal3://t1/h1", ProviderRef("t1", "h1"), id="metalmend form"),
+        pytest.param("metal3://t1/h1/m3m-1", ProviderRef("t1", "h1"), id="CAPM3 current form"),
+        pytest.param("metal3://uid-h1", ProviderRef(uid="uid-h1"), id="CAPM3 legacy form"),
+        pytest.param("metal3://t1/h1/m/x", None, id="four parts"),
+        pytest.param("metal3://t1//m", None, id="empty part"),
+        pytest.param("metal3://", None, id="nothing"),
+        pytest.param("test://t1/h1", None, id="another scheme"),
+        pytest.param("", None, id="empty"),
+        pytest.param(None, None, id="unset"),
+    ],
+)  # fmt: skip
+def test_parse_provider_id(provider_id: str | None, expected: ProviderRef | None) -> None:
+    assert links.parse_provider_id(provider_id) == expected
+
+
+@pytest.mark.parametrize(
+    ("provider_id", "names_it"),
+    [
+        ("metal3://t1/h1", True),
+        ("metal3://t1/h1/anything", True),
+        ("metal3://uid-h1", True),
+        ("metal3://uid-h2", False),
+        ("metal3://t2/h1", False),
+        ("metal3://t1/h2", False),
+        ("test://t1/h1", False),
+    ],
+)
+def test_provider_id_names_host(provider_id: str, names_it: bool) -> None:
+    assert links.provider_id_names_host(provider_id, "t1/h1", "uid-h1") is names_it
+
+
+def test_a_legacy_provider_id_needs_the_host_uid() -> None:
+    assert not links.provider_id_names_host("metal3://x", "t1/h1", "")
+
+
+def _ref(**changes: str) -> dict[str, str]:
+    ref = dict(HOST.consumer_ref or {})
+    ref.update(changes)
+    return {k: v for k, v in ref.items() if v != "-"}
+
+
+@pytest.mark.parametrize(
+    ("consumer_ref", "host_namespace", "expected"),
+    [
+        pytest.param(_ref(), "t1", "confirmed", id="this Machine"),
+        pytest.param(_ref(uid="-"), "t1", "confirmed", id="without uid"),
+        pytest.param(_ref(namespace="-"), "t1", "confirmed", id="namespace defaults to the host's"),
+        pytest.param(_ref(uid="uid-old"), "t1", "other", id="a Machine of that name, recreated"),
+        pytest.param(_ref(name="m2"), "t1", "other", id="another Machine"),
+        pytest.param(_ref(namespace="t2"), "t1", "other", id="a Machine of another namespace"),
+        pytest.param(_ref(), "t2", "other", id="host in another namespace"),
+        pytest.param(_ref(apiVersion="example.com/v1"), "t1", "other", id="another group"),
+        pytest.param(_ref(kind="Metal3Machine", apiVersion="infrastructure.cluster.x-k8s.io/v1beta1"),
+                     "t1", "other", id="a Metal3Machine the Machine does not name"),
+        pytest.param(None, "t1", "unclaimed", id="no consumer"),
+        pytest.param({}, "t1", "unclaimed", id="empty consumer"),
+    ],
+)  # fmt: skip
+def test_consumer_of(
+    consumer_ref: dict[str, str] | None, host_namespace: str, expected: str
+) -> None:
+    assert links.consumer_of(consumer_ref, host_namespace, MACHINE) == expected
+
+
+def test_a_metal3machine_consumer_confirms_the_machine_that_names_it() -> None:
+    infra = {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Machine",
+             "name": "m1-abcde"}  # fmt: skip
+    machine = MachineIdentity("t1", "m1", "uid-m1", infra)
+    consumer = {**infra, "namespace": "t1"}
+    assert links.consumer_of(consumer, "t1", machine) == "confirmed"
+    assert links.consumer_of({**consumer, "name": "m2-xyz"}, "t1", machine) == "other"
+    assert links.consumer_of(consumer, "t1", MACHINE) == "other"  # names no Metal3Machine
+
+
+@pytest.mark.parametrize(
+    ("provider_id", "host", "confirmed"),
+    [
+        pytest.param("metal3://t1/h1", HOST, True, id="agreed and confirmed"),
+        pytest.param("metal3://uid-h1", HOST, True, id="legacy form"),
+        pytest.param("metal3://t1/h2", HOST, False, id="names another host"),
+        pytest.param("metal3://t1/h1", None, False, id="host not found"),
+        pytest.param("metal3://t1/h1", HostFacts("t1/h1", "uid-h1", None), False, id="host unclaimed"),
+        pytest.param("metal3://t1/h1", HostFacts("t1/h1", "uid-h1", _ref(name="m2")), False,
+                     id="host consumed by another Machine"),
+    ],
+)  # fmt: skip
+def test_confirm_provider_id(provider_id: str, host: HostFacts | None, confirmed: bool) -> None:
+    why = links.confirm_provider_id(provider_id, MACHINE, host, "t1/h1")
+    assert (why == "") is confirmed
+
+
+def test_host_key_for_link() -> None:
+    own = links.machine_host("t1", "t1/h1")
+    none = links.machine_host("t1", None)
+    refused = links.machine_host("t1", "lab/worker-2")
+    assert links.host_key_for_link(MACHINE, own, "metal3://t1/h9") == "t1/h1"  # the annotation
+    assert links.host_key_for_link(MACHINE, none, "metal3://t1/h9") == "t1/h9"
+    assert links.host_key_for_link(MACHINE, none, "metal3://lab/worker-2") == ""
+    assert links.host_key_for_link(MACHINE, refused, "metal3://t1/h9") == ""
+    assert links.host_key_for_link(MACHINE, none, "metal3://uid-h1") == ""
+
+
+@pytest.mark.parametrize(
+    ("provider_id", "allowed"),
+    [
+        pytest.param(None, True, id="no providerID: no proof either way"),
+        pytest.param("metal3://t1/h1", True, id="the host's Node"),
+        pytest.param("metal3://t1/h1/m3m", True, id="the host's Node, CAPM3 form"),
+        pytest.param("metal3://uid-h1", True, id="the host's Node, legacy form"),
+        pytest.param("metal3://metalmend-lab/worker-2", False, id="a Node of another namespace's host"),
+        pytest.param("metal3://t1/h2", False, id="a Node of another host"),
+        pytest.param("aws:///eu-west-1a/i-0123", False, id="a Node of another provider"),
+    ],
+)  # fmt: skip
+def test_node_fence_refusal(provider_id: str | None, allowed: bool) -> None:
+    refusal = links.node_fence_refusal("n1", provider_id, HOST)
+    assert (refusal == "") is allowed
+    if not allowed:
+        assert "n1" in refusal
+        assert "t1/h1" in refusal
+
+
+def test_key_in_namespace() -> None:
+    assert links.key_in_namespace("t1/h1", "t1")
+    assert not links.key_in_namespace("t2/h1", "t1")
+    assert not links.key_in_namespace("t1/h1/x", "t1")
+    assert not links.key_in_namespace("h1", "t1")
+
+
+def test_condition_written_once_per_refusal_and_cleared_once() -> None:
+    now, later = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
+    refused = wanted_condition(None, "HostLinkValid", "no", "HostInOtherNamespace", now)
+    assert refused is not None
+    assert refused["status"] == "False"
+    assert refused["lastTransitionTime"] == now
+    assert wanted_condition(refused, "HostLinkValid", "no", "HostInOtherNamespace", later) is None
+    cleared = wanted_condition(refused, "HostLinkValid", "", "", later)
+    assert cleared is not None
+    assert cleared["status"] == "True"
+    assert cleared["lastTransitionTime"] == later
+    assert wanted_condition(cleared, "HostLinkValid", "", "", later) is None
+    assert wanted_condition(None, "HostLinkValid", "", "", now) is None  # never refused: no write
+    reworded = wanted_condition(refused, "HostLinkValid", "other", "InvalidHostReference", later)
+    assert reworded is not None
+    assert reworded["lastTransitionTime"] == now
