@@ -1,6 +1,7 @@
 """Run every benchmark in this directory, one after another."""
 
 from benchmarks import (
+    at_rest,
     controlplane_start,
     detection_latency,
     error_loops,
@@ -19,3 +20,4 @@ hostile_bmcs.main()
 detection_latency.main()
 remediation_overhead.main()
 error_loops.main()
+at_rest.main()

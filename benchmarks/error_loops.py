@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Secret
 
+from benchmarks.shared import WRITES, apiserver_requests, start_metalmend
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
 from metalmend.lab import lab
@@ -41,7 +41,6 @@ from metalmend.lab.controlplane import ControlPlane, free_port
 from metalmend.lab.hosts import NAMESPACE
 
 WINDOW = 60.0
-WRITES = ("POST", "PATCH", "PUT", "APPLY", "DELETE")
 
 
 @dataclass
@@ -65,18 +64,11 @@ class Counts:
 
 
 def apiserver_writes(plane: ControlPlane) -> dict[str, int]:
-    with plane.admin_http() as http:
-        text = http.get("/metrics").text
-    totals = {"baremetalhosts": 0, "events": 0}
-    for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        if not any(f'verb="{v}"' in line for v in WRITES):
-            continue
-        for resource in totals:
-            if f'resource="{resource}"' in line:
-                totals[resource] += int(float(line.rsplit(" ", 1)[1]))
-    return totals
+    requests = apiserver_requests(plane)
+    return {
+        resource: sum(n for (verb, r), n in requests.items() if r == resource and verb in WRITES)
+        for resource in ("baremetalhosts", "events")
+    }
 
 
 def reconciles(port: int) -> dict[str, float]:
@@ -174,30 +166,11 @@ async def run_all(running: lab.RunningLab, port: int, seconds: float) -> list[Co
         await kube.close()
 
 
-def start_metalmend(running: lab.RunningLab, log: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    argv = lab.controller_argv(
-        running.kubeconfig, running.plane.ca.pair.cert, "host-power", port, 30.0
-    )
-    with log.open("ab") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return process, port
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"metalmend did not become ready; see {log}")
-
-
 def main(seconds: float = WINDOW) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         options = lab.LabOptions(lab_dir=Path(tmp), hosts=1, bmc="redfish", controllers="")
         with lab.started(options) as running:
-            process, port = start_metalmend(running, Path(tmp) / "metalmend.log")
+            process, port = start_metalmend(running, Path(tmp) / "metalmend.log", "host-power")
             try:
                 time.sleep(5)  # the lab host settles (its first reads and writes)
                 results = asyncio.run(run_all(running, port, seconds))

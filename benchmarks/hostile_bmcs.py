@@ -44,11 +44,11 @@ from lightkube.types import PatchType
 
 from metalmend.api.names import REBOOT
 from metalmend.api.resources import BareMetalHost
+from metalmend.api.stamps import parse_stamp
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
 from metalmend.lab import lab
 from metalmend.lab.controlplane import free_port
 from metalmend.lab.hosts import NAMESPACE
-from metalmend.policy.hostpower import parse_stamp
 
 REBOOTS = 30
 HOSTILE_NAMESPACE = "hostile-tenant"

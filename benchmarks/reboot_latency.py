@@ -24,9 +24,9 @@ from lightkube.types import PatchType
 
 from metalmend.api.names import REBOOT
 from metalmend.api.resources import BareMetalHost
+from metalmend.api.stamps import parse_stamp
 from metalmend.lab import lab
 from metalmend.lab.hosts import NAMESPACE
-from metalmend.policy.hostpower import parse_stamp
 
 REBOOTS = 200
 

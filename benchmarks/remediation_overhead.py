@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.shared import wait
 from metalmend.lab import lab
 from metalmend.lab.hosts import NAMESPACE, fence_health_check
 from metalmend.lab.timeline import Recorder, Settings, breakdown, total
@@ -32,15 +33,6 @@ BOOT_DELAY = 1.0
 # at once (it watches its hosts). Expected added wait: half of each interval.
 UPSTREAM_EXPECTED = 60 / 2 + 5 / 2 + 5 / 2
 UPSTREAM_WORST = 60 + 5 + 5
-
-
-def wait(check: object, within: float) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"not done within {within:.0f}s")
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
-import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -14,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from metalmend import __version__
+from metalmend import settings as settings_
 from metalmend.kube.leader import LeadershipLost
 
 # The lab (and its extras: sushy-tools, bcrypt) is imported inside the lab commands only, so
@@ -171,46 +170,84 @@ def demo(
     run_demo(lab_dir, out, keep=keep)
 
 
+# `metalmend run`'s flags, each setting one field of the settings tree (metalmend.settings):
+# (section, field) by parameter name. A flag given on the command line wins over the
+# environment and the settings file; its default shown in --help is the tree's.
+RUN_FLAGS: dict[str, tuple[str, str]] = {
+    "kubeconfig": ("runtime", "kubeconfig"),
+    "controllers": ("runtime", "controllers"),
+    "leader_elect": ("runtime", "leader_elect"),
+    "leader_election_namespace": ("runtime", "leader_election_namespace"),
+    "health_bind": ("runtime", "health_bind"),
+    "namespace": ("runtime", "namespace"),
+    "secret_namespaces": ("runtime", "secret_namespaces"),
+    "log_level": ("runtime", "log_level"),
+    "bmc_ca_bundle": ("bmc", "ca_bundle"),
+    "bmc_timeout": ("bmc", "timeout"),
+    "bmc_allow_insecure_http": ("bmc", "allow_insecure_http"),
+    "bmc_allowed_network": ("bmc", "allowed_networks"),
+    "soft_power_off_timeout": ("power", "soft_timeout"),
+    "power_poll_interval": ("power", "poll_interval"),
+    "fence": ("remediation", "fence"),
+    "remediation_retry_base": ("remediation", "retry_base"),
+    "request_remediation_by": ("health_checks", "request_remediation_by"),
+}
+DEFAULTS = settings_.DEFAULTS
+
+
 @app.command("run")
 def run_command(
+    context: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="YAML settings file (sections runtime, bmc, power, power_retry,"
+            " health_checks, remediation); flags and METALMEND_<SECTION>_<FIELD>"
+            " environment variables override it."
+        ),
+    ] = None,
     kubeconfig: Annotated[
         Path | None,
         typer.Option(help="Kubeconfig; default: in-cluster, $KUBECONFIG, ~/.kube/config."),
-    ] = None,
+    ] = DEFAULTS.runtime.kubeconfig,
     controllers: Annotated[
         str, typer.Option(help="Comma-separated controllers to run; 'all' for every one.")
-    ] = "all",
+    ] = ",".join(DEFAULTS.runtime.controllers),
     leader_elect: Annotated[
         bool, typer.Option(help="Run controllers only while holding the leader Lease.")
-    ] = False,
+    ] = DEFAULTS.runtime.leader_elect,
     leader_election_namespace: Annotated[
         str | None, typer.Option(help="Namespace of the Lease (default: our own, or 'default').")
-    ] = None,
+    ] = DEFAULTS.runtime.leader_election_namespace,
     health_bind: Annotated[
         str, typer.Option(help="host:port for /healthz, /readyz and /metrics.")
-    ] = "127.0.0.1:8081",
+    ] = DEFAULTS.runtime.health_bind,
     namespace: Annotated[
         str | None, typer.Option(help="Watch only this namespace (default: all).")
-    ] = None,
+    ] = DEFAULTS.runtime.namespace,
     secret_namespaces: Annotated[
         str,
         typer.Option(
             help="Without --namespace: comma-separated namespaces whose BMC Secrets may be"
             " read, one RoleBinding each (default: all, which needs cluster-wide list/watch)."
         ),
-    ] = "",
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    ] = ",".join(DEFAULTS.runtime.secret_namespaces),
+    log_level: Annotated[
+        settings_.LogLevel, typer.Option(case_sensitive=False, help="How much to log.")
+    ] = DEFAULTS.runtime.log_level,
     bmc_ca_bundle: Annotated[
         Path | None, typer.Option(help="CA bundle trusted for Redfish BMCs (besides the system's).")
     ] = None,
-    bmc_timeout: Annotated[float, typer.Option(help="Seconds allowed for one BMC call.")] = 30.0,
+    bmc_timeout: Annotated[
+        float, typer.Option(help="Seconds allowed for one BMC call.")
+    ] = DEFAULTS.bmc.timeout,
     bmc_allow_insecure_http: Annotated[
         bool,
         typer.Option(
             help="Allow redfish+http:// BMC addresses: BMC passwords then cross the network"
             " in cleartext."
         ),
-    ] = False,
+    ] = DEFAULTS.bmc.allow_insecure_http,
     bmc_allowed_network: Annotated[
         list[str] | None,
         typer.Option(
@@ -220,101 +257,59 @@ def run_command(
     ] = None,
     soft_power_off_timeout: Annotated[
         float, typer.Option(help="Seconds a soft power-off may take before it is made hard.")
-    ] = 180.0,
+    ] = DEFAULTS.power.soft_timeout,
     power_poll_interval: Annotated[
         float, typer.Option(help="Seconds between BMC power reads of a settled host.")
-    ] = 20.0,
+    ] = DEFAULTS.power.poll_interval,
     fence: Annotated[
-        str,
+        settings_.FenceMethod,
         typer.Option(
-            help="How remediation fences a Node once its host is off: delete-node, or"
-            " out-of-service-taint (Kubernetes >= 1.28)."
+            help="How remediation fences a Node once its host is off (the taint needs"
+            " Kubernetes >= 1.28)."
         ),
-    ] = "delete-node",
+    ] = DEFAULTS.remediation.fence,
     remediation_retry_base: Annotated[
         float,
         typer.Option(help="Seconds before retrying a failed remediation (doubles each time)."),
-    ] = 30.0,
+    ] = DEFAULTS.remediation.retry_base,
     request_remediation_by: Annotated[
-        str,
+        settings_.RequestRemediationBy,
         typer.Option(
             help="How health checks without a remediationTemplate ask for remediation:"
-            " conditions, or annotation (host.metal3.io/external-remediation)."
+            " Cluster API conditions, or the annotation host.metal3.io/external-remediation."
         ),
-    ] = "conditions",
+    ] = DEFAULTS.health_checks.request_remediation_by,
 ) -> None:
     """Run metalmend's controllers against a cluster."""
     import asyncio
+    import os
 
     from metalmend import log, runner
-    from metalmend.controllers import RunOptions, registry
 
-    everything = list(registry.CONTROLLERS)
-    chosen = everything if controllers == "all" else [c for c in controllers.split(",") if c]
-    if unknown := registry.unknown(chosen):
-        known = ", ".join(everything)
-        fail(f"unknown controller(s): {', '.join(unknown)} (known: {known})", code=2)
-    if fence not in ("delete-node", "out-of-service-taint"):
-        fail(f"--fence must be delete-node or out-of-service-taint, not {fence!r}", code=2)
-    if request_remediation_by not in ("conditions", "annotation"):
-        fail(
-            "--request-remediation-by must be conditions or annotation,"
-            f" not {request_remediation_by!r}",
-            code=2,
-        )
-    if remediation_retry_base <= 0:
-        fail("--remediation-retry-base must be positive", code=2)
-    # Zero or negative waits would spin the BMC loops (a poll every instant, a call that
-    # times out at once); nan and inf parse as floats too, and never compare as intended.
-    positive = {"--bmc-timeout": bmc_timeout, "--power-poll-interval": power_poll_interval}
-    for flag, seconds in positive.items():
-        if not math.isfinite(seconds) or seconds <= 0:
-            fail(f"{flag} must be a positive number of seconds, not {seconds:g}", code=2)
-    if not math.isfinite(soft_power_off_timeout) or soft_power_off_timeout < 0:
-        fail(
-            "--soft-power-off-timeout must be a non-negative number of seconds,"
-            f" not {soft_power_off_timeout:g}",
-            code=2,
-        )
-    bmc_networks = []
-    for cidr in bmc_allowed_network or []:
-        try:
-            bmc_networks.append(ipaddress.ip_network(cidr.strip(), strict=False))
-        except ValueError:
-            fail(f"--bmc-allowed-network must be a CIDR such as 10.20.0.0/16, not {cidr!r}", code=2)
-    host, _, port = health_bind.rpartition(":")
-    if not host or not port.isdigit():
-        fail(f"--health-bind must be host:port, not {health_bind!r}", code=2)
-    log.setup(log_level)
-    config = runner.RunConfig(
-        kubeconfig=kubeconfig,
-        controllers=chosen,
-        leader_elect=leader_elect,
-        leader_election_namespace=leader_election_namespace,
-        health_host=host,
-        health_port=int(port),
-        options=RunOptions(
-            namespace=namespace,
-            secret_namespaces=tuple(n.strip() for n in secret_namespaces.split(",") if n.strip()),
-            bmc_ca_bundle=str(bmc_ca_bundle) if bmc_ca_bundle else None,
-            bmc_timeout=bmc_timeout,
-            bmc_allow_insecure_http=bmc_allow_insecure_http,
-            bmc_allowed_networks=tuple(bmc_networks),
-            soft_power_off_timeout=soft_power_off_timeout,
-            power_poll_interval=power_poll_interval,
-            fence_method=fence,  # type: ignore[arg-type]  # checked above
-            remediation_retry_base=remediation_retry_base,
-            request_remediation_by=request_remediation_by,  # type: ignore[arg-type]
-        ),
-    )
+    given = {
+        path: (f"--{name.replace('_', '-')}", context.params[name])
+        for name, path in RUN_FLAGS.items()
+        if _on_command_line(context, name)
+    }
     try:
-        asyncio.run(runner.run(config))
+        settings = settings_.load(config, os.environ, given)
+    except settings_.SettingsError as error:
+        fail(str(error), code=2)
+    log.setup(settings.runtime.log_level)
+    try:
+        asyncio.run(runner.run(runner.RunConfig(settings)))
     except runner.ClusterUnavailable as error:
         fail(str(error), code=2)
     except OSError as error:
         fail(str(error), code=2)
     except LeadershipLost as error:
         fail(f"{error}; exiting so that a fresh replica can stand again", code=1)
+
+
+def _on_command_line(context: typer.Context, parameter: str) -> bool:
+    # By name: typer vendors its own copy of click's ParameterSource in recent versions.
+    source = context.get_parameter_source(parameter)
+    return source is not None and source.name == "COMMANDLINE"
 
 
 @credentials_app.command("bind")

@@ -19,13 +19,14 @@ from lightkube.types import PatchType
 
 from metalmend.api.names import REBOOT_PREFIX
 from metalmend.api.resources import BareMetalHost
-from metalmend.controllers import RunOptions
 from metalmend.controllers.registry import CONTROLLERS
+from metalmend.kube import errors
 from metalmend.kube.client import ClusterUnavailable, async_client, load_config, whoami
 from metalmend.kube.health import serving
 from metalmend.kube.leader import LeaseTiming
 from metalmend.kube.manager import LeaderElection, Manager
 from metalmend.log import fields
+from metalmend.settings import Settings, health_address
 
 log = logging.getLogger("metalmend.run")
 
@@ -34,15 +35,9 @@ IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/names
 
 @dataclass
 class RunConfig:
-    kubeconfig: Path | None
-    controllers: list[str] = field(default_factory=list)
-    leader_elect: bool = False
-    leader_election_namespace: str | None = None
+    settings: Settings = field(default_factory=Settings)
     lease_name: str = "metalmend"
     lease_timing: LeaseTiming = field(default_factory=LeaseTiming)
-    health_host: str = "127.0.0.1"
-    health_port: int = 8081
-    options: RunOptions = field(default_factory=RunOptions)
 
 
 def default_lease_namespace() -> str:
@@ -54,25 +49,28 @@ def default_lease_namespace() -> str:
 
 async def run(config: RunConfig) -> None:
     """Raises ClusterUnavailable before anything starts if the cluster cannot be used."""
-    kubeconfig = load_config(config.kubeconfig)
+    runtime = config.settings.runtime
+    controllers = runtime.controller_names
+    health_host, health_port = health_address(runtime)
+    kubeconfig = load_config(runtime.kubeconfig)
     client = async_client(kubeconfig)
     current = kubeconfig.get()
     server = current.cluster.server if current else "?"
     identity = await whoami(client, server)
     log.info("connected", extra=fields(server=server, user=identity.username))
     election = None
-    if config.leader_elect:
+    if runtime.leader_elect:
         election = LeaderElection(
             lease_name=config.lease_name,
-            namespace=config.leader_election_namespace or default_lease_namespace(),
+            namespace=runtime.leader_election_namespace or default_lease_namespace(),
             identity=f"{socket.gethostname()}_{uuid.uuid4()}",
             timing=config.lease_timing,
         )
     manager = Manager(client, leader_election=election)
-    for name in config.controllers:
-        CONTROLLERS[name](manager, config.options)
-    if "host-power" in config.controllers:
-        problem = await check_reboot_annotation_writes(client, config.options.namespace)
+    for name in controllers:
+        CONTROLLERS[name](manager, config.settings)
+    if "host-power" in controllers:
+        problem = await check_reboot_annotation_writes(client, runtime.namespace)
         if problem:
             log.warning("start-up check failed: %s", problem)
     # A signal sets an Event; only the manager's task is cancelled, never this one, so
@@ -81,12 +79,12 @@ async def run(config: RunConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with serving(manager, config.health_host, config.health_port) as port:
+    async with serving(manager, health_host, health_port) as port:
         log.info(
             "serving /healthz /readyz /metrics",
             extra=fields(
-                address=f"{config.health_host}:{port}",
-                controllers=",".join(config.controllers) or "none",
+                address=f"{health_host}:{port}",
+                controllers=",".join(controllers) or "none",
             ),
         )
         running = asyncio.create_task(manager.run(), name="manager")
@@ -129,7 +127,7 @@ async def check_reboot_annotation_writes(client: AsyncClient, namespace: str | N
             dry_run=True,
         )
     except ApiError as error:
-        if where is None or error.status.code not in (403, 422):
+        if where is None or not errors.is_refused(error):
             return None  # not a refusal of the write: the controllers will say what it is
         message = " ".join(str(error.status.message or "").split())
         return (

@@ -17,11 +17,11 @@ from prometheus_client import REGISTRY
 
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL
-from metalmend.controllers import RunOptions
 from metalmend.controllers.hostpower import setup
 from metalmend.kube.manager import Manager
 from metalmend.lab import lab
 from metalmend.lab.hosts import NAMESPACE
+from metalmend.settings import BmcSettings, PowerSettings, RuntimeSettings, Settings
 from tests.e2e.conftest import host
 from tests.support import until
 
@@ -55,11 +55,10 @@ async def host_power(hosts_lab: lab.RunningLab) -> AsyncIterator[AsyncClient]:
     """host-power in-process against the lab's hosts, polling their BMCs every second."""
     client = AsyncClient(KubeConfig.from_file(hosts_lab.kubeconfig))
     manager = Manager(client)
-    options = RunOptions(
-        namespace=NAMESPACE,
-        bmc_ca_bundle=str(hosts_lab.plane.ca.pair.cert),
-        bmc_timeout=5.0,
-        power_poll_interval=1.0,
+    options = Settings(
+        runtime=RuntimeSettings(namespace=NAMESPACE),
+        bmc=BmcSettings(ca_bundle=str(hosts_lab.plane.ca.pair.cert), timeout=5.0),
+        power=PowerSettings(poll_interval=1.0),
     )
     setup(manager, options)
     task = asyncio.create_task(manager.run())

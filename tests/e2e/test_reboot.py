@@ -16,12 +16,12 @@ from lightkube.types import PatchType
 
 from metalmend.api.names import REBOOT
 from metalmend.api.resources import BareMetalHost
+from metalmend.api.stamps import parse_stamp, stamp
 from metalmend.bmc import BmcPool, PowerState
 from metalmend.bmc.settings import BmcSettings
 from metalmend.lab import lab
 from metalmend.lab.hosts import NAMESPACE
 from metalmend.lab.inventory import HostSpec
-from metalmend.policy.hostpower import parse_stamp, stamp
 from tests.e2e.conftest import Metalmend, host, target
 from tests.support import until
 

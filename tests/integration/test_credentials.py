@@ -25,10 +25,10 @@ from lightkube.types import PatchType
 
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL
-from metalmend.controllers import RunOptions
 from metalmend.controllers.hostpower import setup
 from metalmend.kube.manager import Manager
 from metalmend.lab.controlplane import ControlPlane, free_port
+from metalmend.settings import BmcSettings, PowerSettings, RuntimeSettings, Settings
 from tests.support import bind_bmc_secrets, until
 
 PASSWORD = "hunter2-bmc-password"
@@ -74,7 +74,12 @@ async def listener() -> AsyncIterator[Listener]:
 async def host_power(aclient: AsyncClient, namespace: str) -> AsyncIterator[Manager]:
     """The host-power controller of ``metalmend run --namespace <namespace>``, in-process."""
     manager = Manager(aclient)
-    setup(manager, RunOptions(namespace=namespace, bmc_timeout=3.0, power_poll_interval=2.0))
+    settings = Settings(
+        runtime=RuntimeSettings(namespace=namespace),
+        bmc=BmcSettings(timeout=3.0),
+        power=PowerSettings(poll_interval=2.0),
+    )
+    setup(manager, settings)
     task = asyncio.create_task(manager.run())
     yield manager
     task.cancel()
@@ -210,6 +215,12 @@ def test_the_shipped_rbac_reads_bmc_secrets_only_where_bound(
     assert forbidden(lambda: list(account.list(Secret, namespace="*")))
     bind_bmc_secrets(kube, namespace)
     labelled = {SECRET_LABEL: "true"}
+    # The API server's RBAC authorizer learns of a new RoleBinding through its own watch,
+    # so the first list may still be refused for a moment.
+    deadline = time.monotonic() + 15
+    while forbidden(lambda: list(account.list(Secret, namespace=namespace, labels=labelled))):
+        assert time.monotonic() < deadline, "the RoleBinding never took effect"
+        time.sleep(0.1)
     listed = list(account.list(Secret, namespace=namespace, labels=labelled))
     assert [s.metadata.name for s in listed if s.metadata] == ["bmc"]
     assert forbidden(lambda: account.get(Secret, "bmc", namespace=namespace))

@@ -26,10 +26,10 @@ from metalmend.api.resources import (
     Metal3Remediation,
     Metal3RemediationTemplate,
 )
-from metalmend.controllers import RunOptions
 from metalmend.controllers.healthcheck import setup
 from metalmend.kube.crds import FIELD_MANAGER, install_crds, wait_established
 from metalmend.kube.manager import Manager
+from metalmend.settings import RuntimeSettings, Settings
 from tests.support import until
 
 TIMEOUT = 2  # seconds a KernelDeadlock=True must last
@@ -38,7 +38,7 @@ TIMEOUT = 2  # seconds a KernelDeadlock=True must last
 @pytest.fixture
 async def running(aclient: AsyncClient, namespace: str) -> AsyncIterator[Manager]:
     manager = Manager(aclient)
-    setup(manager, RunOptions(namespace=namespace))
+    setup(manager, Settings(runtime=RuntimeSettings(namespace=namespace)))
     task = asyncio.create_task(manager.run())
     await manager.wait_synced()
     yield manager

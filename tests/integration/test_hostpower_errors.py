@@ -19,17 +19,21 @@ from lightkube.types import PatchType
 
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc.credentials import EVERY_HOST, HOSTS_ANNOTATION, SECRET_LABEL
-from metalmend.controllers import RunOptions
 from metalmend.controllers import hostpower as hostpower_controller
 from metalmend.kube import metrics
 from metalmend.kube.events import EventRecorder
 from metalmend.kube.manager import Manager
 from metalmend.lab.controlplane import ControlPlane, free_port
 from metalmend.policy.hostpower import RetrySettings, retry_delay
+from metalmend.settings import BmcSettings, RuntimeSettings, Settings
 from tests.support import until
 
 WINDOW = 20.0  # seconds the hosts fail for
 NUDGES = 10  # unrelated updates (a label, someone else's status field) during the window
+
+
+def settings(namespace: str) -> Settings:
+    return Settings(runtime=RuntimeSettings(namespace=namespace), bmc=BmcSettings(timeout=5))
 
 
 def allowed_attempts(seconds: float) -> int:
@@ -90,7 +94,7 @@ async def test_failing_hosts_are_tried_on_their_backoff_only(
     aclient: AsyncClient, namespace: str, control_plane: ControlPlane, failing_hosts: list[str]
 ) -> None:
     manager = Manager(aclient)
-    hostpower_controller.setup(manager, RunOptions(namespace=namespace, bmc_timeout=5))
+    hostpower_controller.setup(manager, settings(namespace))
     errors_before, success_before = reconciles("bmc_error"), reconciles("success")
     host_writes_before = apiserver_writes(control_plane, "baremetalhosts")
     event_writes_before = apiserver_writes(control_plane, "events")
@@ -143,8 +147,7 @@ async def test_a_real_change_retries_at_once_and_reset_backoff_too(
     aclient: AsyncClient, namespace: str, failing_hosts: list[str]
 ) -> None:
     manager = Manager(aclient)
-    options = RunOptions(namespace=namespace, bmc_timeout=5)
-    controller = hostpower_controller.HostPowerController(manager, options)
+    controller = hostpower_controller.HostPowerController(manager, settings(namespace))
     running = asyncio.create_task(manager.run())
     key = f"{namespace}/malformed"
     try:

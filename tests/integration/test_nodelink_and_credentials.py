@@ -12,9 +12,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
 
 from metalmend.api.resources import BareMetalHost, Machine
-from metalmend.controllers import RunOptions
 from metalmend.controllers.nodelink import setup
 from metalmend.kube.manager import Manager
+from metalmend.settings import RuntimeSettings, Settings
 from tests.support import until
 
 
@@ -25,7 +25,7 @@ async def node_ref(client: AsyncClient, namespace: str, name: str) -> str | None
 
 async def test_node_link_sets_and_clears_node_ref(aclient: AsyncClient, namespace: str) -> None:
     manager = Manager(aclient)
-    setup(manager, RunOptions(namespace=namespace))
+    setup(manager, Settings(runtime=RuntimeSettings(namespace=namespace)))
     run = asyncio.create_task(manager.run())
     provider = f"metal3://{namespace}/h1"
     node_name = f"{namespace}-n1"

@@ -21,13 +21,12 @@ from lightkube.types import PatchType
 from metalmend.api import names
 from metalmend.api.reboot import is_reboot_annotation
 from metalmend.api.resources import BareMetalHost, Machine, MachineHealthCheck, Metal3Remediation
-from metalmend.controllers import RunOptions, healthcheck, machineremediation, nodelink, remediation
+from metalmend.api.stamps import stamp
+from metalmend.controllers import Setup, healthcheck, machineremediation, nodelink, remediation
 from metalmend.kube.manager import Manager
 from metalmend.policy.fencing import POWERED_OFF_FOR
-from metalmend.policy.hostpower import stamp
+from metalmend.settings import FenceMethod, RemediationSettings, RuntimeSettings, Settings
 from tests.support import until
-
-Setup = Callable[[Manager, RunOptions], None]
 
 
 class Controllers:
@@ -38,10 +37,14 @@ class Controllers:
         self.namespace = namespace  # None: all namespaces
         self.tasks: list[asyncio.Task[None]] = []
 
-    async def start(self, *setups: Setup, **options: Any) -> None:
+    async def start(self, *setups: Setup, fence: FenceMethod = FenceMethod.DELETE_NODE) -> None:
         manager = Manager(self.client)
+        settings = Settings(
+            runtime=RuntimeSettings(namespace=self.namespace),
+            remediation=RemediationSettings(fence=fence),
+        )
         for setup in setups:
-            setup(manager, RunOptions(namespace=self.namespace, **options))
+            setup(manager, settings)
         self.tasks.append(asyncio.create_task(manager.run()))
         await manager.wait_synced()
 
@@ -360,7 +363,7 @@ async def test_one_remediation_at_a_time_per_host(world: World, controllers: Con
 async def test_out_of_service_taint_instead_of_deletion(
     world: World, controllers: Controllers
 ) -> None:
-    await controllers.start(remediation.setup, fence_method="out-of-service-taint")
+    await controllers.start(remediation.setup, fence=FenceMethod.OUT_OF_SERVICE_TAINT)
     machine = await world.machine("m1")
     await world.remediation(machine)
     await until(await phase_is(world, "m1", "power-off"))

@@ -10,6 +10,7 @@ import pytest
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Secret
 
+from metalmend.api.indexes import bmc_secret_of
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc import CredentialsError
 from metalmend.bmc.binding import plan
@@ -21,7 +22,6 @@ from metalmend.bmc.credentials import (
     bound_hosts,
     check_bound,
     credentials_changed,
-    hosts_by_secret,
     secret_scopes,
 )
 from metalmend.kube.store import Store
@@ -138,9 +138,9 @@ def test_check_bound_accepts_a_named_host() -> None:
 
 
 def test_hosts_are_indexed_by_the_secret_they_name_in_their_own_namespace() -> None:
-    assert hosts_by_secret(host("worker-0", "bmc")) == ["t1/bmc"]
-    assert hosts_by_secret(host("worker-0", "kube-system/bmc")) == []
-    assert hosts_by_secret(host("worker-0", None)) == []
+    assert bmc_secret_of(host("worker-0", "bmc")) == ["t1/bmc"]
+    assert bmc_secret_of(host("worker-0", "kube-system/bmc")) == []
+    assert bmc_secret_of(host("worker-0", None)) == []
 
 
 @pytest.mark.parametrize(

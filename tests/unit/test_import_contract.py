@@ -6,15 +6,20 @@
 - the lab (real control plane, emulated BMCs, kubelet simulators) is a harness: nothing
   outside ``metalmend.lab``, ``metalmend.demo`` and ``metalmend.cli`` imports it;
 - ``metalmend.cli`` loads the lab and the demo only inside the commands that use them, so
-  that ``metalmend run`` works where the lab's extras (sushy-tools) are not installed.
+  that ``metalmend run`` works where the lab's extras (sushy-tools) are not installed;
+- every third-party module the package imports comes from a distribution it declares
+  (``[project].dependencies``; the lab and the demo may also use the ``lab`` extra).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import re
 import subprocess
 import sys
 import textwrap
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,3 +199,55 @@ def test_lab_up_offers_the_labs_own_default_controllers() -> None:
     from metalmend.lab import lab
 
     assert cli.LAB_CONTROLLERS == lab.DEFAULT_CONTROLLERS
+
+
+def _distribution(requirement: str) -> str:
+    """The normalized distribution name of a requirement ("PyYAML>=6" -> "pyyaml")."""
+    name = re.split(r"[\s<>=!~;\[(]", requirement.strip(), maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_every_third_party_import_is_a_declared_dependency() -> None:
+    """What the package imports must be installed by installing the package: the core
+    from ``[project].dependencies``, the lab and the demo also from the ``lab`` extra.
+    (A module that arrives only as someone else's dependency can vanish with their
+    next release.)"""
+    project = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())["project"]
+    core = {_distribution(r) for r in project["dependencies"]}
+    lab = core | {_distribution(r) for r in project["optional-dependencies"]["lab"]}
+    providers = importlib.metadata.packages_distributions()
+    stdlib = sys.stdlib_module_names
+    wrong = []
+    for i in all_imports():
+        top = i.imported.partition(".")[0]
+        if top in stdlib or top == "metalmend" or i.type_checking:
+            continue
+        declared = lab if within(i.module, ("metalmend.lab", "metalmend.demo")) else core
+        offered = {_distribution(d) for d in providers.get(top, [])}
+        if not offered & declared:
+            wrong.append(f"{i.module}:{i.line} imports {top} (from {sorted(offered) or '?'})")
+    assert not wrong, "declare these in pyproject.toml:\n" + "\n".join(wrong)
+
+
+def _reads_status_code(node: ast.expr) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "code"
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "status"
+    )
+
+
+def test_only_kube_errors_compares_api_status_codes() -> None:
+    """Call sites ask what a refusal means (``errors.is_not_found(error)``); the numbers
+    live in metalmend.kube.errors alone."""
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if module_name(path) == "metalmend.kube.errors":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Compare) and any(
+                _reads_status_code(part) for part in [node.left, *node.comparators]
+            ):
+                wrong.append(f"{module_name(path)}:{node.lineno}")
+    assert not wrong, "use metalmend.kube.errors:\n" + "\n".join(wrong)

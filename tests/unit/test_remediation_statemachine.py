@@ -85,7 +85,6 @@ from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
 from metalmend.bmc import BmcPool, BmcTarget, Credentials, parse
 from metalmend.bmc.driver import PowerAction, PowerDriver, PowerState
 from metalmend.bmc.errors import BadAddress
-from metalmend.controllers import RunOptions
 from metalmend.controllers import hostpower as hostpower_controller
 from metalmend.controllers import machineremediation as mr_controller
 from metalmend.controllers import remediation as m3_controller
@@ -95,6 +94,7 @@ from metalmend.policy import hostpower as hostpower_policy
 from metalmend.policy import machineremediation as mr_policy
 from metalmend.policy import remediation as policy
 from metalmend.policy.fencing import is_remediation_key, other_remediation
+from metalmend.settings import FenceMethod, RemediationSettings, RuntimeSettings, Settings
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 NS = "metal3"
@@ -317,7 +317,9 @@ class RemediationWorld(RuleBasedStateMachine):
     # ---- set-up ---------------------------------------------------------------------------------
 
     @initialize(
-        fence=st.sampled_from(["delete-node", "delete-node", "out-of-service-taint"]),
+        fence=st.sampled_from(
+            [FenceMethod.DELETE_NODE, FenceMethod.DELETE_NODE, FenceMethod.OUT_OF_SERVICE_TAINT]
+        ),
         two_hosts=st.booleans(),
         shared_host=st.sampled_from([True, True, False]),
         shared_endpoint=st.booleans(),
@@ -326,7 +328,7 @@ class RemediationWorld(RuleBasedStateMachine):
     )
     def build(
         self,
-        fence: str,
+        fence: FenceMethod,
         two_hosts: bool,
         shared_host: bool,
         first: str,
@@ -337,7 +339,9 @@ class RemediationWorld(RuleBasedStateMachine):
         or powering on (the host controller's "on" sent a second ago, landing in 5s). Its
         system is behind an endpoint of its own, or behind the endpoint both hosts share."""
         manager: Any = FakeManager(lambda: self.now)
-        options = RunOptions(namespace=NS, fence_method=fence)  # type: ignore[arg-type]
+        options = Settings(
+            runtime=RuntimeSettings(namespace=NS), remediation=RemediationSettings(fence=fence)
+        )
         self.fence = fence
         self.m3 = m3_controller.RemediationController(manager, options)
         self.mr = mr_controller.MachineRemediationController(manager, options)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap
 
-from metalmend.kube.store import Store, object_key, split_key
+from metalmend.api import indexes
+from metalmend.kube.store import IndexConflict, Store, object_key, split_key
 
 
 def machine(name: str, host: str | None = None, node: str | None = None) -> ConfigMap:
@@ -63,3 +65,25 @@ def test_an_index_added_later_covers_existing_objects() -> None:
     store.upsert(machine("m1", node="node-1"))
     store.add_index("node", by_node)
     assert names(store.by_index("node", "node-1")) == ["m1"]
+
+
+def test_the_same_index_registered_twice_is_one_index() -> None:
+    """Every controller on a shared informer asks for the indexes it reads."""
+    store = Store({"host": by_host})
+    store.upsert(machine("m1", host="ns/h1"))
+    store.add_index("host", by_host)
+    assert names(store.by_index("host", "ns/h1")) == ["m1"]
+
+
+def test_a_different_function_under_a_taken_name_is_refused() -> None:
+    store = Store({"host": by_host})
+    with pytest.raises(IndexConflict, match=r"index 'host' is already defined by .*by_host"):
+        store.add_index("host", by_node)
+    store.upsert(machine("m1", host="ns/h1", node="node-1"))
+    assert names(store.by_index("host", "ns/h1")) == ["m1"]  # the first one still answers
+
+
+def test_every_shared_index_has_its_own_name() -> None:
+    defined = [v for v in vars(indexes).values() if isinstance(v, indexes.Index)]
+    assert len(defined) >= 9
+    assert len({i.name for i in defined}) == len(defined)

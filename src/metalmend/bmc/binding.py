@@ -28,6 +28,7 @@ from metalmend.bmc.credentials import (
     binding_value,
     bound_hosts,
 )
+from metalmend.kube import errors
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,11 @@ def bind(client: Client, namespace: str | None, *, dry_run: bool) -> list[Bindin
         try:
             secrets[key] = client.get(Secret, name, namespace=key[0])
         except ApiError as error:
-            code = error.status.code
-            secrets[key] = "not found" if code == 404 else f"cannot read it ({code})"
+            secrets[key] = (
+                "not found"
+                if errors.is_not_found(error)
+                else f"cannot read it ({errors.code(error)})"
+            )
     bindings = plan(hosts, secrets)
     if dry_run:
         return bindings
@@ -119,8 +123,11 @@ def bind(client: Client, namespace: str | None, *, dry_run: bool) -> list[Bindin
                     namespace=binding.namespace, patch_type=PatchType.MERGE,
                 )  # fmt: skip
             except ApiError as error:
-                code = error.status.code
-                why = "changed meanwhile, run again" if code == 409 else f"cannot patch ({code})"
+                why = (
+                    "changed meanwhile, run again"
+                    if errors.is_conflict(error)
+                    else f"cannot patch ({errors.code(error)})"
+                )
                 binding = replace(binding, problem=why)
         done.append(binding)
     return done

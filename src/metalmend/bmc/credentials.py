@@ -32,8 +32,6 @@ SECRET_LABEL = "metalmend.dev/bmc-credentials"
 SECRET_LABEL_VALUE = "true"
 HOSTS_ANNOTATION = "metalmend.dev/bmc-hosts"
 EVERY_HOST = "*"
-# Index of the hosts informer: "namespace/secret" -> hosts naming that Secret.
-HOSTS_BY_SECRET = "metalmend.dev/hosts-by-bmc-secret"
 SECURITY_DOC = "docs/security.md"
 
 
@@ -81,20 +79,6 @@ def check_bound(annotations: Mapping[str, str] | None, where: str, host: str) ->
         f" does not name it; an operator who may edit the Secret decides which hosts may use"
         f" it (see {SECURITY_DOC})"
     )
-
-
-def secret_reference(host: Any) -> str | None:
-    """``namespace/name`` of the Secret a host names, if it names one it may."""
-    name = ((host.get("spec") or {}).get("bmc") or {}).get("credentialsName")
-    if not name or "/" in name:
-        return None
-    return f"{host.metadata.namespace}/{name}"
-
-
-def hosts_by_secret(host: Any) -> list[str]:
-    """Index function for the BareMetalHost informer (``HOSTS_BY_SECRET``)."""
-    reference = secret_reference(host)
-    return [reference] if reference else []
 
 
 def credentials_changed(old: Any | None, new: Any | None) -> bool:

@@ -110,12 +110,15 @@ class BmcPool:
     async def power_state(self, target: BmcTarget) -> PowerState:
         return await self._run(target, lambda d: d.power_state())
 
+    async def act(self, target: BmcTarget, action: PowerAction) -> None:
+        """Send ``action`` (the type a policy decides in, unconverted) to the BMC."""
+        await self._run(target, lambda d: d.act(action))
+
     async def power_on(self, target: BmcTarget) -> None:
-        await self._run(target, lambda d: d.act(PowerAction.ON))
+        await self.act(target, PowerAction.ON)
 
     async def power_off(self, target: BmcTarget, *, hard: bool) -> None:
-        action = PowerAction.HARD_OFF if hard else PowerAction.SOFT_OFF
-        await self._run(target, lambda d: d.act(action))
+        await self.act(target, PowerAction.HARD_OFF if hard else PowerAction.SOFT_OFF)
 
     async def close(self) -> None:
         drivers, self._drivers = list(self._drivers.values()), {}

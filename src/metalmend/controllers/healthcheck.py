@@ -22,11 +22,12 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import Node
 
-from metalmend.api import names
+from metalmend.api import indexes, links, names
 from metalmend.api.resources import Machine, MachineHealthCheck, Metal3Remediation
 from metalmend.api.selector import matches
-from metalmend.controllers import RunOptions
-from metalmend.kube.controller import DONE, Controller, Result
+from metalmend.api.stamps import parse_stamp, stamp
+from metalmend.kube import errors
+from metalmend.kube.controller import DONE, Controller, Result, TerminalError
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
 from metalmend.kube.writes import patch_annotations, patch_status
@@ -39,15 +40,9 @@ from metalmend.policy.healthcheck import (
     check_from_spec,
     evaluate,
 )
-from metalmend.policy.hostpower import parse_stamp, stamp
+from metalmend.settings import RequestRemediationBy, Settings
 
 log = logging.getLogger(__name__)
-BY_NODE = "node"
-
-
-def node_of(machine: Any) -> list[str]:
-    ref = (machine.get("status") or {}).get("nodeRef") or {}
-    return [ref["name"]] if ref.get("name") else []
 
 
 def skipped(obj: Any) -> bool:
@@ -56,17 +51,19 @@ def skipped(obj: Any) -> bool:
 
 
 class HealthCheckController:
-    def __init__(self, manager: Manager, options: RunOptions) -> None:
+    def __init__(self, manager: Manager, settings: Settings) -> None:
         self.manager = manager
         self.client = manager.client
         self.clock = manager.clock
         self.events = manager.events
-        ns = options.namespace
+        ns = settings.runtime.namespace
         self.checks = manager.informer(MachineHealthCheck, namespace=ns)
-        self.machines = manager.informer(Machine, namespace=ns, indexes={BY_NODE: node_of})
+        self.machines = manager.informer(
+            Machine, namespace=ns, indexes=indexes.of(indexes.MACHINES_BY_NODE)
+        )
         self.nodes = manager.informer(Node)
         self.remediations = manager.informer(Metal3Remediation, namespace=ns)
-        self.default_request = options.request_remediation_by
+        self.settings = settings.health_checks
 
     # ---- observe ----------------------------------------------------------------------
 
@@ -80,7 +77,7 @@ class HealthCheckController:
         ]
 
     def target(self, machine: Any, existing: set[str] | None) -> Target:
-        node_name = next(iter(node_of(machine)), None)
+        node_name = next(iter(links.node_of(machine)), None)
         node = self.nodes.store.get(node_name) if node_name else None
         return target_of(machine, node, self.clock.now(), self._remediating(machine, existing))
 
@@ -108,7 +105,7 @@ class HealthCheckController:
         except InvalidSpec as error:
             await self._write_status(check, None, str(error), [])
             await self.events.warning(check, names.REASON_INVALID_SPEC, str(error))
-            return DONE
+            raise TerminalError(f"invalid spec: {error}") from None  # until it is edited
         template = spec.get("remediationTemplate")
         elsewhere = (template or {}).get("namespace")
         if elsewhere and elsewhere != check.metadata.namespace:
@@ -120,7 +117,7 @@ class HealthCheckController:
             )
             await self._write_status(check, None, message, [])
             await self.events.warning(check, names.REASON_INVALID_SPEC, message)
-            return DONE
+            raise TerminalError(f"invalid spec: {message}")
         external = await self._template(check, template) if template else None
         if template and external is None:
             message = (
@@ -128,7 +125,7 @@ class HealthCheckController:
             )
             await self._write_status(check, None, message, [])
             await self.events.warning(check, names.REASON_TEMPLATE_NOT_FOUND, message)
-            return Result.at(now + dt.timedelta(seconds=30))
+            return Result.at(now + dt.timedelta(seconds=self.settings.template_retry))
         machines = [m for m in self.selected(check) if not skipped(m)]
         overlaps = self._overlapping(check, machines)
         by_annotation = not template and self._requests_by_annotation(check)
@@ -163,7 +160,7 @@ class HealthCheckController:
 
     def _requests_by_annotation(self, check: Any) -> bool:
         chosen = (check.metadata.annotations or {}).get(names.REQUEST_REMEDIATION_BY)
-        return (chosen or self.default_request) == "annotation"
+        return (chosen or self.settings.request_remediation_by) == RequestRemediationBy.ANNOTATION
 
     async def _annotate(self, check: Any, machine: Any, verdict: Evaluation) -> None:
         """The machine remediation controller acts on this annotation (metal3's annotation-based
@@ -193,7 +190,7 @@ class HealthCheckController:
         try:
             return await self.client.get(resource, ref.get("name", ""), namespace=namespace)
         except ApiError as error:
-            if error.status.code == 404:
+            if errors.is_not_found(error):
                 return None
             raise
 
@@ -267,7 +264,7 @@ class HealthCheckController:
         try:
             await self.client.create(obj)
         except ApiError as error:
-            if error.status.code != 409:  # created before: nothing more to do
+            if not errors.is_conflict(error):  # created before: nothing more to do
                 raise
 
     async def _withdraw(self, check: Any, machine: Any, ref: dict[str, Any]) -> None:
@@ -278,7 +275,7 @@ class HealthCheckController:
                 resource, machine.metadata.name, namespace=machine.metadata.namespace
             )
         except ApiError as error:
-            if error.status.code != 404:
+            if not errors.is_not_found(error):
                 raise
         await self.events.normal(
             check,
@@ -407,7 +404,7 @@ def target_of(machine: Any, node: Any | None, now: dt.datetime, remediating: boo
     return Target(
         machine=object_key(machine),
         created=machine.metadata.creationTimestamp or now,
-        node_ref=next(iter(node_of(machine)), None),
+        node_ref=next(iter(links.node_of(machine)), None),
         node_ref_lost=lost_at(lost),
         node_exists=node is not None,
         conditions=conditions,
@@ -430,8 +427,8 @@ def generic(api_version: str, kind: str) -> Any:
     return create_namespaced_resource(group, version, kind, kind.lower() + "s")
 
 
-def setup(manager: Manager, options: RunOptions) -> None:
-    controller = HealthCheckController(manager, options)
+def setup(manager: Manager, settings: Settings) -> None:
+    controller = HealthCheckController(manager, settings)
     checks = controller.checks
 
     def checks_in(namespace: str | None) -> list[str]:
@@ -444,7 +441,9 @@ def setup(manager: Manager, options: RunOptions) -> None:
     def for_node(old: Any, new: Any) -> list[str]:
         node = new if new is not None else old
         keys: set[str] = set()
-        for machine in controller.machines.store.by_index(BY_NODE, node.metadata.name):
+        for machine in controller.machines.store.by_index(
+            indexes.MACHINES_BY_NODE.name, node.metadata.name
+        ):
             keys.update(checks_in(machine.metadata.namespace))
         return sorted(keys)
 

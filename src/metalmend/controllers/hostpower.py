@@ -31,14 +31,14 @@ from typing import Any
 from lightkube import ApiError
 from lightkube.resources.core_v1 import Secret
 
-from metalmend.api import names
+from metalmend.api import indexes, names
+from metalmend.api.power import PowerAction
 from metalmend.api.resources import BareMetalHost
+from metalmend.api.stamps import parse_stamp
 from metalmend.bmc import AuthenticationFailed, BmcError, BmcPool, BmcTarget, parse
 from metalmend.bmc import credentials as bmc_credentials
-from metalmend.bmc.credentials import HOSTS_BY_SECRET
 from metalmend.bmc.errors import Busy, TimedOut
-from metalmend.bmc.settings import BmcSettings
-from metalmend.controllers import RunOptions
+from metalmend.kube import errors
 from metalmend.kube.controller import DONE, Controller, Result, beyond_status
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
@@ -50,24 +50,21 @@ from metalmend.policy.hostpower import (
     Decision,
     Host,
     LastCommand,
-    PowerSettings,
-    RetrySettings,
     credentials_inputs,
     decide,
     error_status,
     forget_refused_command,
-    parse_stamp,
     recovered_status,
     refused_status,
     retry_delay,
     user_inputs,
     with_changes,
 )
+from metalmend.settings import Settings
 
 log = logging.getLogger(__name__)
 
 BUSY_JITTER = 0.2  # a busy BMC's retry_after, up to this fraction later (spreads the herd)
-REFUSED_CODES = (403, 422)  # RBAC or an admission policy said no to one of our writes
 
 # /metrics outcomes of a reconcile (metalmend_reconcile_total{outcome=...})
 OUTCOME_BMC_ERROR = "bmc_error"
@@ -88,7 +85,7 @@ class Schedule:
 
 
 class HostPowerController:
-    def __init__(self, manager: Manager, options: RunOptions) -> None:
+    def __init__(self, manager: Manager, settings: Settings) -> None:
         self.manager = manager
         self.client = manager.client
         self.clock = manager.clock
@@ -97,8 +94,8 @@ class HostPowerController:
         # per namespace whose BMC Secrets may be read.
         self.hosts = manager.informer(
             BareMetalHost,
-            namespace=options.namespace,
-            indexes={HOSTS_BY_SECRET: bmc_credentials.hosts_by_secret},
+            namespace=settings.runtime.namespace,
+            indexes=indexes.of(indexes.HOSTS_BY_BMC_SECRET),
         )
         self.secrets = {
             scope: manager.informer(
@@ -106,24 +103,16 @@ class HostPowerController:
                 namespace=scope,
                 labels={bmc_credentials.SECRET_LABEL: bmc_credentials.SECRET_LABEL_VALUE},
             )
-            for scope in bmc_credentials.secret_scopes(options.namespace, options.secret_namespaces)
+            for scope in bmc_credentials.secret_scopes(
+                settings.runtime.namespace, settings.runtime.secret_namespaces
+            )
         }
         self.credentials = bmc_credentials.CredentialStore(
             {scope: informer.store for scope, informer in self.secrets.items()}
         )
-        self.bmcs = BmcPool(
-            BmcSettings(
-                timeout=options.bmc_timeout,
-                ca_bundle=options.bmc_ca_bundle,
-                allow_insecure_http=options.bmc_allow_insecure_http,
-                allowed_networks=options.bmc_allowed_networks,
-            )
-        )
-        self.settings = PowerSettings(
-            soft_timeout=options.soft_power_off_timeout,
-            poll_interval=options.power_poll_interval,
-        )
-        self.retry = RetrySettings()
+        self.bmcs = BmcPool(settings.bmc)
+        self.settings = settings.power
+        self.retry = settings.power_retry
         self.random = random.Random()
         self._schedules: dict[str, Schedule] = {}  # failing hosts, by key
         self._sent: dict[str, LastCommand] = {}  # the power command this process sent
@@ -185,7 +174,7 @@ class HostPowerController:
             if refused_before:
                 host = await self._write_status(host, Decision()) or host
         except ApiError as error:
-            if error.status.code not in REFUSED_CODES:
+            if not errors.is_refused(error):  # RBAC or an admission policy said no
                 raise
             return await self._refused(key, host, error, decision, now)
         if decision.command is not None:
@@ -217,18 +206,15 @@ class HostPowerController:
         secret = new if new is not None else old
         if secret is None or not bmc_credentials.credentials_changed(old, new):
             return []
-        hosts = self.hosts.store.by_index(HOSTS_BY_SECRET, object_key(secret))
+        hosts = self.hosts.store.by_index(indexes.HOSTS_BY_BMC_SECRET.name, object_key(secret))
         keys = [object_key(h) for h in hosts]
         if new is not None:
             for key in keys:
                 self.reset_backoff(key)
         return keys
 
-    async def _send(self, target: BmcTarget, command: str) -> None:
-        if command == "on":
-            await self.bmcs.power_on(target)
-        else:
-            await self.bmcs.power_off(target, hard=command == "hard off")
+    async def _send(self, target: BmcTarget, command: PowerAction) -> None:
+        await self.bmcs.act(target, command)
 
     async def _write_status(
         self, host: Any, decision: Decision, *, recover: bool = True
@@ -287,12 +273,12 @@ class HostPowerController:
         try:
             await patch_status(self.client, BareMetalHost, host, status)
         except ApiError as problem:
-            if problem.status.code in REFUSED_CODES:  # said by the Event and the log instead
+            if errors.is_refused(problem):  # said by the Event and the log instead
                 log.warning(
                     "cannot write the BMC error to status",
                     extra=fields(host=key, error=str(problem.status.message)),
                 )
-            elif problem.status.code in (404, 409):
+            elif errors.is_not_found(problem) or errors.is_conflict(problem):
                 self._schedules[key] = schedule  # still unwritten; the retry is fresh
                 return
             else:
@@ -314,7 +300,7 @@ class HostPowerController:
         )
         reason = " ".join(str(error.status.message or "").split())[:500]
         message = (
-            f"the API server refused metalmend's {what} ({error.status.code}): {reason};"
+            f"the API server refused metalmend's {what} ({errors.code(error)}): {reason};"
             " the host's reboot cannot finish until metalmend may write it"
         )
         previous = self._schedules.get(key)
@@ -362,8 +348,9 @@ def _view(host: Any, power: Any) -> Host:
     provisioning = status.get("provisioning") or {}
     command = status.get("lastPowerCommand") or {}
     last_command = None
-    if command.get("action") in ("on", "soft off", "hard off") and command.get("at"):
-        last_command = LastCommand(command["action"], parse_stamp(command["at"]) or dt.datetime.min)
+    if command.get("action") in tuple(PowerAction) and command.get("at"):
+        action = PowerAction(command["action"])
+        last_command = LastCommand(action, parse_stamp(command["at"]) or dt.datetime.min)
     return Host(
         online=bool(spec.get("online", False)),
         provisioning_state=str(provisioning.get("state") or ""),
@@ -415,8 +402,8 @@ def _provisioning_state(host: Any) -> Any:
     return ((host.get("status") or {}).get("provisioning") or {}).get("state")
 
 
-def setup(manager: Manager, options: RunOptions) -> None:
-    controller = HostPowerController(manager, options)
+def setup(manager: Manager, settings: Settings) -> None:
+    controller = HostPowerController(manager, settings)
     # More workers than BMC slots: a call that holds a slot until its deadline holds a
     # worker too, and healthy hosts must still find a free one (busy BMCs never block:
     # the pool answers Busy and the key is requeued).

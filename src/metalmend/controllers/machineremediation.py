@@ -17,10 +17,8 @@ from typing import Any
 
 from lightkube.resources.core_v1 import Node
 
-from metalmend.api import links, names
-from metalmend.api.links import claimed_host_of, host_of
+from metalmend.api import indexes, links, names
 from metalmend.api.resources import BareMetalHost, Machine
-from metalmend.controllers import RunOptions
 from metalmend.controllers.remediation import delete_pods_bound_to
 from metalmend.controllers.tenancy import report
 from metalmend.kube.controller import DONE, Controller, Result
@@ -30,10 +28,9 @@ from metalmend.kube.writes import delete_exact, patch_annotations
 from metalmend.log import fields
 from metalmend.policy.fencing import host_power, other_remediation, reported_off, withdrawal_unseen
 from metalmend.policy.machineremediation import Action, Observed, decide
+from metalmend.settings import Settings
 
 log = logging.getLogger(__name__)
-BY_HOST = "host"  # the host a Machine may use (api/links.py: its own namespace only)
-BY_CLAIMED_HOST = "claimed-host"  # the host it names, even one it may not use
 KEY = names.MACHINE_REMEDIATION_REBOOT
 HARD = json.dumps({"mode": "hard"})
 
@@ -56,19 +53,22 @@ def withdrawal_pending(host: Any) -> bool:
 
 
 class MachineRemediationController:
-    def __init__(self, manager: Manager, options: RunOptions) -> None:
+    def __init__(self, manager: Manager, settings: Settings) -> None:
         self.client = manager.client
         self.events = manager.events
         self.clock = manager.clock
-        ns = options.namespace
+        ns = settings.runtime.namespace
         self.machines = manager.informer(
-            Machine, namespace=ns, indexes={BY_HOST: host_of, BY_CLAIMED_HOST: claimed_host_of}
+            Machine,
+            namespace=ns,
+            indexes=indexes.of(indexes.MACHINES_BY_HOST, indexes.MACHINES_BY_CLAIMED_HOST),
         )
         self.hosts = manager.informer(BareMetalHost, namespace=ns)
         self.nodes = manager.informer(Node)
 
     def machine_for(self, host_key: str) -> Any | None:
-        machines = sorted(self.machines.store.by_index(BY_HOST, host_key), key=object_key)
+        found = self.machines.store.by_index(indexes.MACHINES_BY_HOST.name, host_key)
+        machines = sorted(found, key=object_key)
         asking = [
             m for m in machines if names.EXTERNAL_REMEDIATION in (m.metadata.annotations or {})
         ]
@@ -134,7 +134,9 @@ class MachineRemediationController:
     async def _tell_refused(self, host_key: str) -> None:
         """Machines that name this host but may not use it (another namespace): they asked
         for remediation, so they are told why nothing happens (the host is never read)."""
-        for machine in self.machines.store.by_index(BY_CLAIMED_HOST, host_key):
+        for machine in self.machines.store.by_index(
+            indexes.MACHINES_BY_CLAIMED_HOST.name, host_key
+        ):
             link = links.host_link_of(machine)
             if link.refused and names.EXTERNAL_REMEDIATION in (machine.metadata.annotations or {}):
                 await self._condition(machine, names.CONDITION_HOST_LINK, link.refusal, link.reason)
@@ -172,15 +174,15 @@ def _node_ref(machine: Any | None) -> dict[str, Any] | None:
     return dict(ref) if ref.get("name") else None
 
 
-def setup(manager: Manager, options: RunOptions) -> None:
-    controller = MachineRemediationController(manager, options)
+def setup(manager: Manager, settings: Settings) -> None:
+    controller = MachineRemediationController(manager, settings)
 
     def by_machine(old: Any, new: Any) -> list[str]:
         keys: set[str] = set()
         for machine in (old, new):
             if machine is not None:
-                keys.update(host_of(machine))
-                keys.update(claimed_host_of(machine))
+                keys.update(links.host_of(machine))
+                keys.update(links.claimed_host_of(machine))
         return sorted(keys)
 
     runner = manager.add(Controller("machine-remediation", controller.reconcile, workers=2))

@@ -7,37 +7,16 @@ from typing import Any
 
 from lightkube.resources.core_v1 import Node
 
-from metalmend.api import links, names
+from metalmend.api import indexes, links, names
 from metalmend.api.resources import BareMetalHost, Machine
-from metalmend.controllers import RunOptions
+from metalmend.api.stamps import stamp
 from metalmend.controllers.tenancy import report
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
 from metalmend.kube.writes import patch_annotations, patch_status
-from metalmend.policy.hostpower import stamp
 from metalmend.policy.nodelink import NodeFacts, desired_node_ref
-
-BY_PROVIDER_ID = "providerID"
-BY_NAME = "name"
-BY_HOST = "confirming-host"  # (an informer shared with other controllers: own name)
-
-
-def node_provider_id(node: Any) -> list[str]:
-    return [node.spec.providerID] if node.spec and node.spec.providerID else []
-
-
-def machine_provider_id(machine: Any) -> list[str]:
-    provider = (machine.get("spec") or {}).get("providerID")
-    return [provider] if provider else []
-
-
-def machine_host_key(machine: Any) -> list[str]:
-    """Index function: the host that confirms this Machine's Node (annotation or providerID)."""
-    provider = (machine.get("spec") or {}).get("providerID")
-    identity = links.machine_identity(machine)
-    key = links.host_key_for_link(identity, links.host_link_of(machine), provider)
-    return [key] if key else []
+from metalmend.settings import Settings
 
 
 def node_facts(node: Any) -> NodeFacts:
@@ -45,18 +24,18 @@ def node_facts(node: Any) -> NodeFacts:
     return NodeFacts(name=node.metadata.name, uid=node.metadata.uid, provider_id=provider or None)
 
 
-def setup(manager: Manager, options: RunOptions) -> None:
+def setup(manager: Manager, settings: Settings) -> None:
     machines = manager.informer(
         Machine,
-        namespace=options.namespace,
-        indexes={
-            BY_PROVIDER_ID: machine_provider_id,
-            BY_NAME: lambda m: [m.metadata.name],
-            BY_HOST: machine_host_key,
-        },
+        namespace=settings.runtime.namespace,
+        indexes=indexes.of(
+            indexes.MACHINES_BY_PROVIDER_ID,
+            indexes.MACHINES_BY_NAME,
+            indexes.MACHINES_BY_CONFIRMING_HOST,
+        ),
     )
-    nodes = manager.informer(Node, indexes={BY_PROVIDER_ID: node_provider_id})
-    hosts = manager.informer(BareMetalHost, namespace=options.namespace)
+    nodes = manager.informer(Node, indexes=indexes.of(indexes.NODES_BY_PROVIDER_ID))
+    hosts = manager.informer(BareMetalHost, namespace=settings.runtime.namespace)
 
     async def reconcile(key: str) -> Result:
         machine = machines.store.get(key)
@@ -72,7 +51,7 @@ def setup(manager: Manager, options: RunOptions) -> None:
             p: node_facts(n)
             for p in [provider]
             if p
-            for n in nodes.store.by_index(BY_PROVIDER_ID, p)
+            for n in nodes.store.by_index(indexes.NODES_BY_PROVIDER_ID.name, p)
         }
         named = nodes.store.get(machine.metadata.name)
         verdict = desired_node_ref(
@@ -113,16 +92,21 @@ def setup(manager: Manager, options: RunOptions) -> None:
         for node in (old, new):
             if node is None:
                 continue
-            for provider in node_provider_id(node):
-                keys.update(
-                    object_key(m) for m in machines.store.by_index(BY_PROVIDER_ID, provider)
-                )
-            keys.update(object_key(m) for m in machines.store.by_index(BY_NAME, node.metadata.name))
+            found = [
+                *(
+                    m
+                    for provider in indexes.node_provider_id(node)
+                    for m in machines.store.by_index(indexes.MACHINES_BY_PROVIDER_ID.name, provider)
+                ),
+                *machines.store.by_index(indexes.MACHINES_BY_NAME.name, node.metadata.name),
+            ]
+            keys.update(object_key(m) for m in found)
         return sorted(keys)
 
     def machines_of_host(old: Any, new: Any) -> list[str]:
         host = new if new is not None else old
-        return sorted(object_key(m) for m in machines.store.by_index(BY_HOST, object_key(host)))
+        found = machines.store.by_index(indexes.MACHINES_BY_CONFIRMING_HOST.name, object_key(host))
+        return sorted(object_key(m) for m in found)
 
     controller = manager.add(Controller("node-link", reconcile, workers=2))
     controller.watch(machines)

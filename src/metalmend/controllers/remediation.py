@@ -18,11 +18,11 @@ from lightkube import ALL_NS, ApiError
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
-from metalmend.api import links, names
-from metalmend.api.links import host_of, node_of
+from metalmend.api import indexes, links, names
 from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
-from metalmend.controllers import RunOptions
+from metalmend.api.stamps import parse_stamp, stamp
 from metalmend.controllers.tenancy import report
+from metalmend.kube import errors
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
@@ -30,12 +30,10 @@ from metalmend.kube.writes import delete_exact, patch_annotations, patch_labels,
 from metalmend.log import fields
 from metalmend.policy import remediation as policy
 from metalmend.policy.fencing import host_power, other_remediation
-from metalmend.policy.hostpower import parse_stamp, stamp
+from metalmend.settings import Settings
 
 log = logging.getLogger(__name__)
 
-BY_HOST = "host"
-BY_NODE = "node"
 HARD = json.dumps({"mode": "hard"})
 OUT_OF_SERVICE = {"key": names.OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"}
 
@@ -44,28 +42,23 @@ def reboot_key(remediation: Any) -> str:
     return f"{names.METAL3_REMEDIATION_REBOOT_PREFIX}{remediation.metadata.uid}"
 
 
-def remediated_node(remediation: Any) -> list[str]:
-    node = (remediation.get("status") or {}).get("node")
-    return [node] if node else []
-
-
 class RemediationController:
-    def __init__(self, manager: Manager, options: RunOptions) -> None:
+    def __init__(self, manager: Manager, settings: Settings) -> None:
         self.client = manager.client
         self.clock = manager.clock
         self.events = manager.events
-        ns = options.namespace
+        ns = settings.runtime.namespace
         self.remediations = manager.informer(
-            Metal3Remediation, namespace=ns, indexes={BY_NODE: remediated_node}
+            Metal3Remediation, namespace=ns, indexes=indexes.of(indexes.REMEDIATIONS_BY_NODE)
         )
         self.machines = manager.informer(
-            Machine, namespace=ns, indexes={BY_HOST: host_of, BY_NODE: node_of}
+            Machine,
+            namespace=ns,
+            indexes=indexes.of(indexes.MACHINES_BY_HOST, indexes.MACHINES_BY_NODE),
         )
         self.hosts = manager.informer(BareMetalHost, namespace=ns)
         self.nodes = manager.informer(Node)
-        self.settings = policy.Settings(
-            fence=options.fence_method, retry_base=options.remediation_retry_base
-        )
+        self.settings = settings.remediation
 
     # ---- observe ------------------------------------------------------------------------
 
@@ -81,7 +74,7 @@ class RemediationController:
         host we recorded putting our key on (so that deleting the Machine first, or changing
         its annotation, never leaves its host held off)."""
         machine = self.machine_of(remediation)
-        hosts = host_of(machine) if machine is not None else []
+        hosts = links.host_of(machine) if machine is not None else []
         recorded = (remediation.get("status") or {}).get("host")
         # status is writable by whoever may update the status subresource: a recorded host
         # outside this namespace is none of ours (and none of this remediation's business).
@@ -114,7 +107,7 @@ class RemediationController:
             problem = f"host {link.key} not found"
         else:
             host = host_view(found, reboot_key(remediation))
-        machine_node = next(iter(node_of(machine)), None) if machine is not None else None
+        machine_node = next(iter(links.node_of(machine)), None) if machine is not None else None
         node_name = progress.node or machine_node
         node = self.nodes.store.get(node_name) if node_name else None
         if node is not None and found is not None and machine is not None:
@@ -222,7 +215,7 @@ class RemediationController:
                 patch_type=PatchType.MERGE,
             )
         except ApiError as error:
-            if error.status.code == 404 and not add:
+            if errors.is_not_found(error) and not add:
                 return None  # the last finalizer removed: the object is gone
             raise
 
@@ -254,7 +247,7 @@ async def delete_if_present(client: Any, resource: Any, obj: Any, **kw: Any) -> 
     try:
         await client.delete(resource, obj.metadata.name, namespace=obj.metadata.namespace, **kw)
     except ApiError as error:
-        if error.status.code != 404:
+        if not errors.is_not_found(error):
             raise
 
 
@@ -348,8 +341,8 @@ def backup_from(annotations: dict[str, str]) -> policy.Backup | None:
     return policy.Backup(labels=dict(labels), annotations=dict(kept))
 
 
-def setup(manager: Manager, options: RunOptions) -> None:
-    controller = RemediationController(manager, options)
+def setup(manager: Manager, settings: Settings) -> None:
+    controller = RemediationController(manager, settings)
 
     def by_machine(old: Any, new: Any) -> list[str]:
         machine = new if new is not None else old
@@ -357,14 +350,20 @@ def setup(manager: Manager, options: RunOptions) -> None:
 
     def by_host(old: Any, new: Any) -> list[str]:
         host = new if new is not None else old
-        machines = controller.machines.store.by_index(BY_HOST, object_key(host))
+        machines = controller.machines.store.by_index(
+            indexes.MACHINES_BY_HOST.name, object_key(host)
+        )
         return sorted(object_key(m) for m in machines)
 
     def by_node(old: Any, new: Any) -> list[str]:
         node = new if new is not None else old
         name = node.metadata.name
-        keys = {object_key(m) for m in controller.machines.store.by_index(BY_NODE, name)}
-        keys.update(object_key(r) for r in controller.remediations.store.by_index(BY_NODE, name))
+        machines = controller.machines.store.by_index(indexes.MACHINES_BY_NODE.name, name)
+        remediations = controller.remediations.store.by_index(
+            indexes.REMEDIATIONS_BY_NODE.name, name
+        )
+        keys = {object_key(m) for m in machines}
+        keys.update(object_key(r) for r in remediations)
         return sorted(keys)
 
     runner = manager.add(Controller("metal3-remediation", controller.reconcile, workers=4))

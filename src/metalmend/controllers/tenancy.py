@@ -9,12 +9,12 @@ from typing import Any
 
 from metalmend.api.links import REASON_VALID
 from metalmend.api.resources import Machine
+from metalmend.api.stamps import stamp
 from metalmend.clock import Clock
 from metalmend.kube.events import EventRecorder
 from metalmend.kube.store import object_key
 from metalmend.kube.writes import patch_status
 from metalmend.log import fields
-from metalmend.policy.hostpower import stamp
 
 log = logging.getLogger(__name__)
 

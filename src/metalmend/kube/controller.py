@@ -10,6 +10,12 @@ Outcomes:
   and it is not counted as an error; a 404 (deleted between cache and write) likewise;
 - a transport error or a 5xx from the API server (it restarts, a connection drops): one
   log line with the cause, retried with backoff like any error;
+- ``TerminalError``: the object itself is wrong (a malformed spec) and no retry can fix
+  it: one warning line (not repeated while the same key keeps failing the same way),
+  counted as outcome ``terminal``, and *not* retried; the key runs again when something
+  it watches changes (an operator fixing the spec), like any other key. The reconcile
+  says so on the object (a condition, an Event) before raising: the runtime knows no
+  kind's conditions;
 - any other exception: logged with the key and its traceback, counted, and retried with
   per-key exponential backoff (milliseconds growing to minutes), so a broken object never
   hot-loops.
@@ -36,13 +42,15 @@ import httpx2
 from lightkube import ApiError
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
-from metalmend.kube import metrics
+from metalmend.kube import errors, metrics
 from metalmend.kube.informer import Informer
 from metalmend.kube.store import object_key
 from metalmend.kube.workqueue import Backoff, WorkQueue
 from metalmend.log import fields
 
 log = logging.getLogger(__name__)
+
+_TERMINAL_REMEMBERED = 4096  # keys whose TerminalError was logged (a deleted key's stays)
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,14 @@ class Result:
 
 
 DONE = Result()
+
+
+class TerminalError(Exception):
+    """Raised by a reconcile when the object cannot be reconciled until it changes: a spec
+    that can never be valid (what is wrong is the message). Retrying the same object would
+    only fail the same way, so the key is not retried with backoff, only run again on the
+    next change of what the controller watches."""
+
 
 Reconcile = Callable[[str], Awaitable[Result]]
 # Maps an informer change (old, new) to the keys of this controller it concerns.
@@ -89,6 +105,9 @@ class Controller:
         self.informers: list[Informer] = []
         self.workers_alive = 0
         self.died: str | None = None  # why a worker ended while the controller ran
+        # key -> the TerminalError last logged for it: said once, not on every change that
+        # leaves the object as wrong as before (a status write, a relist)
+        self._terminal: dict[str, str] = {}
         metrics.QUEUE_DEPTH.labels(name).set_function(lambda: len(self.queue))
 
     def watch(
@@ -142,12 +161,16 @@ class Controller:
         outcome = "success"
         try:
             result = await self.reconcile(key)
+        except TerminalError as error:
+            outcome = "terminal"
+            self.queue.forget(key)  # no backoff carried over to the change that fixes it
+            self._terminal_once(key, str(error))
         except ApiError as error:
-            if error.status.code == 409:
+            if errors.is_conflict(error):
                 outcome = "conflict"
                 self.queue.add_rate_limited(key)
                 log.debug("conflict, retrying", extra=fields(controller=self.name, key=key))
-            elif error.status.code == 404:
+            elif errors.is_not_found(error):
                 # Deleted between our cache and our write: the retry sees it gone. Said in
                 # one line, not a traceback (a missing kind would say so here too).
                 outcome = "not_found"
@@ -165,12 +188,25 @@ class Controller:
         else:
             outcome = result.outcome or outcome
             self.queue.forget(key)
+            self._terminal.pop(key, None)
             if result.requeue_at is not None:
                 delay = (result.requeue_at - self.clock.now()).total_seconds()
                 self.queue.add_after(key, delay)
         finally:
             metrics.RECONCILE_SECONDS.labels(self.name).observe(time.perf_counter() - started)
             metrics.RECONCILE_TOTAL.labels(self.name, outcome).inc()
+
+    def _terminal_once(self, key: str, problem: str) -> None:
+        if self._terminal.get(key) == problem:
+            return
+        if len(self._terminal) >= _TERMINAL_REMEMBERED and key not in self._terminal:
+            self._terminal.pop(next(iter(self._terminal)))  # oldest: bounded memory
+        self._terminal[key] = problem
+        log.warning(
+            "cannot reconcile until the object changes: %s",
+            problem,
+            extra=fields(controller=self.name, key=key),
+        )
 
     def _failed(self, key: str, error: Exception) -> None:
         metrics.RECONCILE_ERRORS.labels(self.name).inc()
@@ -188,9 +224,8 @@ def transient(error: BaseException) -> str | None:
     """One line naming the cause if ``error`` is a passing API server problem (transport
     error, timeout, 5xx, 429); None for anything that deserves a traceback."""
     if isinstance(error, ApiError):
-        code = error.status.code or 0
-        if code >= 500 or code == 429:
-            return f"API server answered {code}: {error.status.message}"
+        if errors.is_unavailable(error):
+            return f"API server answered {errors.code(error)}: {error.status.message}"
         return None
     if isinstance(error, httpx2.HTTPError | OSError | TimeoutError):
         text = " ".join(str(error).split()) or "no detail"

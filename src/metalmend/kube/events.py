@@ -33,6 +33,7 @@ from lightkube.resources.core_v1 import Event
 from lightkube.types import PatchType
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
+from metalmend.kube import errors
 from metalmend.log import fields
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class EventRecorder:
             await self.client.create(event)
             self._remember(name, 1)
         except ApiError as error:
-            if error.status.code != 409:
+            if not errors.is_conflict(error):
                 raise
             await self._bump(name, namespace, 1)  # written before we restarted
 
@@ -163,7 +164,7 @@ class EventRecorder:
                 patch_type=PatchType.MERGE,
             )
         except ApiError as error:
-            if error.status.code != 404:
+            if not errors.is_not_found(error):
                 raise
             self._written.pop(name, None)  # expired (the apiserver's event TTL)
             return False

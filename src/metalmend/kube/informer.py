@@ -27,7 +27,7 @@ from lightkube.core import resource as lkres
 from lightkube.core.generic_client import WatchDriver, transform_exception
 from lightkube.core.selector import build_selector
 
-from metalmend.kube import metrics
+from metalmend.kube import errors, metrics
 from metalmend.kube.store import IndexFunc, Store, object_key
 from metalmend.kube.workqueue import Backoff
 from metalmend.log import fields
@@ -99,13 +99,13 @@ class Informer:
                 verb = "watch"
                 await self._watch()
             except ApiError as error:
-                code = error.status.code or 0
+                code = errors.code(error)
                 metrics.INFORMER_ERRORS.labels(self.name, verb, str(code)).inc()
-                if code == 410:
+                if errors.is_gone(error):
                     log.info("watch history gone, listing again", extra=fields(resource=self.name))
                     self.resource_version = None
                     continue
-                unreachable = code >= 500 or code == 429  # (a 403 is an answer, not an outage)
+                unreachable = errors.is_unavailable(error)  # (a 403 is an answer, not an outage)
                 await self._retry_later(verb, f"{code} {error.status.message}", unreachable)
             except (httpx2.HTTPError, OSError) as error:
                 metrics.INFORMER_ERRORS.labels(self.name, verb, "transport").inc()

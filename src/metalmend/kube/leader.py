@@ -27,7 +27,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
-from metalmend.kube import metrics
+from metalmend.kube import errors, metrics
 from metalmend.log import fields
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class LeaderElector:
         try:
             return await self._acquire_or_renew()
         except ApiError as error:
-            if error.status.code != 409:
+            if not errors.is_conflict(error):
                 log.warning(
                     "lease update failed",
                     extra=fields(
@@ -135,7 +135,7 @@ class LeaderElector:
         try:
             lease = await self.client.get(Lease, self.name, namespace=self.namespace)
         except ApiError as error:
-            if error.status.code != 404:
+            if not errors.is_not_found(error):
                 raise
             spec = LeaseSpec(
                 holderIdentity=self.identity,

@@ -14,6 +14,14 @@ from typing import Any
 IndexFunc = Callable[[Any], Iterable[str]]
 
 
+class IndexConflict(ValueError):
+    """Two different functions were registered under one index name."""
+
+
+def _qualified(func: IndexFunc) -> str:
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+
+
 def object_key(obj: Any) -> str:
     meta = obj.metadata
     return f"{meta.namespace}/{meta.name}" if meta.namespace else str(meta.name)
@@ -37,8 +45,18 @@ class Store:
         }
 
     def add_index(self, name: str, func: IndexFunc) -> None:
-        """Add an index (before or after objects arrive); a name already present is kept."""
-        if name in self._index_funcs:
+        """Add an index (before or after objects arrive). Registering the same function
+        under its name again is a no-op (every controller on a shared informer asks for
+        the indexes it reads); a *different* function under a taken name is refused, since
+        whoever registered second would silently read the first one's index."""
+        present = self._index_funcs.get(name)
+        if present is not None:
+            if present is not func:
+                raise IndexConflict(
+                    f"index {name!r} is already defined by {_qualified(present)};"
+                    f" refusing {_qualified(func)} under the same name"
+                    " (define each index once, in metalmend.api.indexes)"
+                )
             return
         self._index_funcs[name] = func
         self._indexes[name] = defaultdict(set)

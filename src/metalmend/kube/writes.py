@@ -17,6 +17,7 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
+from metalmend.kube import errors
 from metalmend.kube.store import object_key, split_key
 
 _MISSING = object()
@@ -123,7 +124,8 @@ async def delete_exact(
     try:
         generic.handle_response("delete", response, request)
     except ApiError as error:
-        if error.status.code in (404, 409):  # gone, or a different object by that name
+        # Gone, or a different object by that name (the preconditions did not match).
+        if errors.is_not_found(error) or errors.is_conflict(error):
             return False
         raise
     return True

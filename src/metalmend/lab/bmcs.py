@@ -49,15 +49,23 @@ class HostPower:
         return self.boots if self.is_on() else None
 
     def request(self, on: bool, soft: bool = False) -> None:
-        if self.journal is not None:
-            action = "on" if on else ("soft off" if soft else "hard off")
-            with self.journal.open("a") as journal:
-                journal.write(f"{time.time():.6f} {action}\n")
+        self._journal("on" if on else ("soft off" if soft else "hard off"))
         if soft and self.ignore_soft:
             return
         with self._lock:
             self._pending = (on, time.monotonic() + self.delay)
         self.is_on()
+
+    def read_by_client(self) -> bool:
+        """The power as the BMC answers a client's read, journalled as "status" so that
+        benchmarks can count BMC reads (the kubelet reads ``is_on`` directly, unjournalled)."""
+        self._journal("status")
+        return self.is_on()
+
+    def _journal(self, action: str) -> None:
+        if self.journal is not None:
+            with self.journal.open("a") as journal:
+                journal.write(f"{time.time():.6f} {action}\n")
 
 
 def _refuse_unsupported_ciphers(session_class: Any) -> None:
@@ -99,7 +107,7 @@ def start_ipmi_bmcs(hosts: list[tuple[HostSpec, HostPower]]) -> threading.Thread
             self.power = power
 
         def get_power_state(self) -> str:
-            return "on" if self.power.is_on() else "off"
+            return "on" if self.power.read_by_client() else "off"
 
         def power_on(self) -> None:
             self.power.request(True)
@@ -132,7 +140,9 @@ class RedfishPower:
             verify=context,
             timeout=5.0,
         )
-        self._path = f"/redfish/v1/Systems/{spec.system_id}"
+        # The query marks the kubelet's reads in the emulator's access log, where
+        # benchmarks count the BMC client's (metalmend's) reads; the emulator ignores it.
+        self._path = f"/redfish/v1/Systems/{spec.system_id}?reader=kubelet"
         self.last = False
         self.boots = 0
 

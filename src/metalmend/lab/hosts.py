@@ -29,6 +29,7 @@ from metalmend.api.resources import (
     Metal3RemediationTemplate,
 )
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
+from metalmend.kube import errors
 from metalmend.lab.controlplane import LOOPBACK, ControlPlane, free_port
 from metalmend.lab.inventory import HardwareConfig, HostSpec
 
@@ -134,7 +135,7 @@ def register(client: Client, config: HardwareConfig) -> None:
     try:
         client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
     except ApiError as error:
-        if error.status.code != 409:
+        if not errors.is_conflict(error):
             raise
     for host in config.hosts:
         register_host(client, host)

@@ -28,6 +28,7 @@ from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node, Pod
 
+from metalmend.kube import errors
 from metalmend.kube.writes import delete_exact
 from metalmend.lab.inventory import HostSpec
 
@@ -193,7 +194,7 @@ class KubeletSim:
         try:
             await self._client.create(node)
         except ApiError as error:
-            if error.status.code != 409:  # 409: already registered before the reboot
+            if not errors.is_conflict(error):  # already registered before the reboot
                 raise
         self._registered = True
         self._last_status = 0.0
@@ -203,7 +204,7 @@ class KubeletSim:
         try:
             lease = await self._client.get(Lease, self.spec.name, namespace="kube-node-lease")
         except ApiError as error:
-            if error.status.code != 404:
+            if not errors.is_not_found(error):
                 raise
             node: Any = await self._client.get(Node, self.spec.name)
             owner = OwnerReference(

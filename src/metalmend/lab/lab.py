@@ -119,6 +119,7 @@ class LabOptions:
     power_delay: float = 0.0  # seconds before an IPMI power change lands
     controllers: str = DEFAULT_CONTROLLERS  # `metalmend run` ("" none)
     soft_power_off_timeout: float = 30.0
+    apiserver_args: tuple[str, ...] = ()  # extra kube-apiserver flags (a benchmark's audit log)
 
 
 RESTART_FIRST_WAIT = 1.0  # seconds before the first restart after a crash
@@ -210,6 +211,7 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
     config = ControlPlaneConfig(
         workdir=lab_dir / "controlplane",
         node_monitor_grace_period=options.node_monitor_grace_period,
+        apiserver_args=options.apiserver_args,
     )
     plane: ControlPlane | None = None
     running: RunningLab | None = None

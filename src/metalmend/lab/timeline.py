@@ -33,7 +33,7 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from metalmend.api import names
 from metalmend.api.resources import BareMetalHost, Metal3Remediation
-from metalmend.policy.hostpower import parse_stamp
+from metalmend.api.stamps import parse_stamp
 
 # Milestones, in the order they happen, with the words the table uses.
 MILESTONES = {

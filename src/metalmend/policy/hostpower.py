@@ -33,21 +33,37 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from metalmend.api import names
-from metalmend.api.power import PowerState
+from metalmend.api.power import PowerAction, PowerState
 from metalmend.api.reboot import RebootRequest, is_reboot_annotation, reboot_requests
+from metalmend.api.stamps import stamp
 from metalmend.policy.fencing import POWERED_OFF_FOR
 
-PowerCommand = Literal["on", "soft off", "hard off"]
+# The command a decision sends: the drivers' own type, so that it reaches them unconverted.
+PowerCommand = PowerAction
 MICROSECOND = dt.timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
 class PowerSettings:
-    soft_timeout: float = 180.0  # soft power-off, then hard (upstream: Ironic's 180 s)
-    poll_interval: float = 20.0  # re-read the BMC this often when nothing is happening
-    transition_poll: float = 1.0  # ... at most this often while a commanded change lands
-    first_poll: float = 0.1  # and this soon after a command: many BMCs obey at once
-    command_retry: float = 30.0  # re-send a power command not obeyed after this long
+    """The host-power controller's timers, in seconds."""
+
+    soft_timeout: float = 180.0
+    """A soft power-off not done after this long is made hard: Ironic's default, long
+    enough for an operating system to shut down cleanly; 0 powers off hard at once."""
+
+    poll_interval: float = 20.0
+    """Re-read the BMC this often when nothing is happening: notices a host switched off
+    behind our back within a Node's heartbeat grace, without loading the BMCs."""
+
+    transition_poll: float = 1.0
+    """... at most this often while a commanded change lands, so it is seen promptly."""
+
+    first_poll: float = 0.1
+    """... and this soon after a command: many BMCs obey at once."""
+
+    command_retry: float = 30.0
+    """Re-send a power command not obeyed after this long: BMCs restart a pending change
+    when the command is repeated, so not sooner."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +180,7 @@ def _acknowledge(host: Host, holding: list[str], on: bool, decision: Decision) -
     The list keeps only keys still present and is emptied whenever the host is read on, so
     a key listed was read off *after it was added* and the host was not seen on since:
     remediation fences on nothing less (policy.fencing)."""
-    in_flight = host.last_command is not None and host.last_command.action == "on"
+    in_flight = host.last_command is not None and host.last_command.action == PowerAction.ON
     if on or in_flight:
         wanted: tuple[str, ...] = ()
     else:
@@ -187,7 +203,7 @@ def _record_power(host: Host, on: bool, now: dt.datetime, decision: Decision) ->
         pending = host.pending_reboot_since
         previous = host.last_powered_on
         if pending is not None and (previous is None or pending > previous):
-            when = f"requested at {_stamp(pending)}, powered on at {_stamp(now)}"
+            when = f"requested at {stamp(pending)}, powered on at {stamp(now)}"
             decision.note(names.REASON_REBOOT_COMPLETED, f"rebooted: {when}")
     elif not on and host.recorded_on is True:
         decision.note(names.REASON_POWERED_OFF, "power is off")
@@ -231,7 +247,7 @@ def _power_to(
 ) -> Decision:
     """Send (or wait for) the power command that makes the host's power ``want_on``."""
     last = host.last_command
-    if want_on == on and not on and last is not None and last.action == "on":
+    if want_on == on and not on and last is not None and last.action == PowerAction.ON:
         # Off as wanted, but a power-on we sent and have not seen obeyed may still land (sent
         # just before a reboot key arrived, or to a BMC that takes its time), however long
         # ago it was sent. It stays on record - remediation reads "power-on in flight" and
@@ -247,7 +263,7 @@ def _power_to(
     if want_on == on:
         # Forget the last command once it is obeyed, or once it had time to land (an
         # unobeyed "on" while off is kept, above).
-        obeyed = (last.action == "on") == on if last is not None else True
+        obeyed = (last.action == PowerAction.ON) == on if last is not None else True
         stale = last is not None and (now - last.at).total_seconds() >= settings.command_retry
         if last is not None and (obeyed or stale):
             decision.status["lastPowerCommand"] = None
@@ -256,10 +272,10 @@ def _power_to(
         return decision
     since = (now - last.at).total_seconds() if last is not None else None
     if want_on:
-        command: PowerCommand = "on"
+        command = PowerAction.ON
     elif any(r.mode == "hard" for r in requests):
-        command = "hard off"  # "a hard shutdown request takes priority over a soft one"
-    elif last is not None and last.action == "soft off" and since is not None:
+        command = PowerAction.HARD_OFF  # "a hard shutdown request takes priority over a soft one"
+    elif last is not None and last.action == PowerAction.SOFT_OFF and since is not None:
         if since < settings.soft_timeout and host.command_confirmed:
             # running: look for it landing, escalate on time
             decision.requeue_after = min(
@@ -267,13 +283,13 @@ def _power_to(
             )
             return decision
         if since < settings.soft_timeout:
-            command = "soft off"  # may never have been sent: send it, keep its time
+            command = PowerAction.SOFT_OFF  # may never have been sent: send it, keep its time
         else:
-            command = "hard off"
+            command = PowerAction.HARD_OFF
             message = f"still on {since:.0f}s after a soft power-off; powering off hard"
             decision.note(names.REASON_SOFT_TIMEOUT, message, warning=True)
     else:
-        command = "soft off"
+        command = PowerAction.SOFT_OFF
     if not send_recorded_now(last, command, host.command_confirmed, since, settings):
         decision.requeue_after = _landing_poll(
             since or 0.0, settings
@@ -281,7 +297,7 @@ def _power_to(
         return decision
     decision.command = command
     # A soft power-off sent again keeps its first time: escalation to hard counts from it.
-    resent_soft = command == "soft off" and last is not None and last.action == command
+    resent_soft = command == PowerAction.SOFT_OFF and last is not None and last.action == command
     at = last.at if resent_soft and last is not None else now
     decision.status["lastPowerCommand"] = {"action": command, "at": at}
     reason = names.REASON_POWER_ON if want_on else names.REASON_POWER_OFF
@@ -297,27 +313,12 @@ def _landing_poll(since: float, settings: PowerSettings) -> float:
 
 
 def _why(command: PowerCommand, host: Host, requests: list[RebootRequest]) -> str:
-    if command == "on":
+    if command == PowerAction.ON:
         return "powering on: spec.online is true and no reboot annotation holds the host off"
     if requests or host.online:
         keys = ", ".join(r.key for r in requests) or "a pending reboot"
         return f"{command}: reboot requested by {keys}"
     return f"{command}: spec.online is false"
-
-
-def _stamp(moment: dt.datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def stamp(moment: dt.datetime) -> str:
-    """RFC 3339 with microseconds, UTC: how times are written to status."""
-    return _stamp(moment.astimezone(dt.UTC))
-
-
-def parse_stamp(text: str | None) -> dt.datetime | None:
-    if not text:
-        return None
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(dt.UTC)
 
 
 # ---- a recorded command after a restart ---------------------------------------------------
@@ -457,7 +458,7 @@ def forget_refused_command(command: PowerCommand, timed_out: bool) -> bool:
     that the next attempt sends it again at once). Not an "on" that timed out: it may have
     reached the BMC and still land, and remediation must go on reading it as in flight
     (policy.fencing); it is sent again all the same, being unconfirmed."""
-    return not (command == "on" and timed_out)
+    return not (command == PowerAction.ON and timed_out)
 
 
 def error_status(
@@ -516,7 +517,7 @@ def refused_status(status: Mapping[str, Any], message: str, now: dt.datetime) ->
             "status": "False",
             "reason": "AdmissionRefused",
             "message": message,
-            "lastTransitionTime": _stamp(now.astimezone(dt.UTC)).split(".")[0] + "Z",
+            "lastTransitionTime": stamp(now).split(".")[0] + "Z",  # metav1.Time: seconds
         }
     )
     status["conditions"] = kept

@@ -40,6 +40,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Literal
 
 from metalmend.api import names
@@ -54,14 +55,32 @@ DELETING_MACHINE = "deleting-machine"
 FAILED = "failed"
 PHASES = (POWER_OFF, FENCING, POWER_ON, WAITING, BACKOFF, DELETING_MACHINE, FAILED)
 
-FenceMethod = Literal["delete-node", "out-of-service-taint"]
+
+class FenceMethod(StrEnum):
+    """How a Node is fenced once its host is off."""
+
+    DELETE_NODE = "delete-node"
+    """Delete the Node object: its pods are gone at once, on every Kubernetes version."""
+
+    OUT_OF_SERVICE_TAINT = "out-of-service-taint"
+    """Taint the Node ``node.kubernetes.io/out-of-service`` (Kubernetes >= 1.28): the
+    Node and its labels stay, and Kubernetes itself detaches volumes and deletes pods."""
 
 
 @dataclass(frozen=True)
 class Settings:
-    fence: FenceMethod = "delete-node"
-    retry_base: float = 30.0  # first wait after a failed attempt; doubles each time
+    """Remediation (both remediation controllers)."""
+
+    fence: FenceMethod = FenceMethod.DELETE_NODE
+    """Deleting the Node works on every cluster; the taint needs Kubernetes >= 1.28."""
+
+    retry_base: float = 30.0
+    """Seconds before retrying a failed remediation; doubles with every failure. Long
+    enough for a BMC or API server hiccup to pass, short against a health check's timeout."""
+
     retry_cap: float = 1800.0
+    """The longest wait between retries: a remediation stuck for hours is still retried
+    twice an hour, so a repaired BMC is noticed without anyone's help."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,79 @@
+"""What more than one benchmark needs: `metalmend run` as a process against a lab, the API
+server's own request counts, and waiting for a condition."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from metalmend.lab import lab
+from metalmend.lab.controlplane import ControlPlane, free_port
+
+WRITES = ("POST", "PATCH", "PUT", "APPLY", "DELETE")
+
+
+def apiserver_requests(plane: ControlPlane) -> Counter[tuple[str, str]]:
+    """``apiserver_request_total`` summed by (verb, resource[/subresource]), every identity
+    and response code together (the metric has no user label)."""
+    with plane.admin_http() as http:
+        text = http.get("/metrics").text
+    totals: Counter[tuple[str, str]] = Counter()
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(
+            part.split("=", 1) for part in line[line.index("{") + 1 : line.rindex("}")].split(",")
+        )
+        resource = labels.get("resource", '""').strip('"')
+        if subresource := labels.get("subresource", '""').strip('"'):
+            resource += f"/{subresource}"
+        totals[labels.get("verb", '""').strip('"'), resource] += int(float(line.rsplit(" ", 1)[1]))
+    return totals
+
+
+def start_metalmend(
+    running: lab.RunningLab,
+    log: Path,
+    controllers: str,
+    *,
+    kubeconfig: Path | None = None,
+    source: Path | None = None,
+) -> tuple[subprocess.Popen[bytes], int]:
+    """`metalmend run --controllers ...` against the lab, as the lab runs it; returns the
+    process and its health port once /readyz answers. ``kubeconfig``: another identity than
+    the lab's admin; ``source``: another checkout's ``src`` directory, put first on the
+    import path (to measure an older metalmend against the same lab)."""
+    port = free_port()
+    argv = lab.controller_argv(
+        kubeconfig or running.kubeconfig, running.plane.ca.pair.cert, controllers, port, 30.0
+    )
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), env.get("PYTHONPATH")]))
+    with log.open("ab") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return process, port
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"metalmend did not become ready; see {log}")
+
+
+def wait(check: Callable[[], bool], within: float) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"not done within {within:.0f}s")
