@@ -26,14 +26,15 @@ $(STAMP): pyproject.toml constraints.txt
 k8s:
 	@bash tools/k8s/build.sh >/dev/null
 
-# Debian's ipmitool: an independent IPMI client that proves the lab BMCs speak real IPMI.
+# Debian's ipmitool: an independent IPMI client that proves the lab BMCs speak real IPMI;
+# iproute2's ss: shows which addresses our IPMI sockets listen on.
 tools:
-	@command -v ipmitool >/dev/null 2>&1 || { \
+	@{ command -v ipmitool && command -v ss; } >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ipmitool) >/dev/null \
-	      || echo "metalmend: could not install ipmitool; its interoperability test will be skipped"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ipmitool iproute2) >/dev/null \
+	      || echo "metalmend: could not install ipmitool/iproute2; their tests will be skipped"; \
 	  else \
-	    echo "metalmend: ipmitool missing (apt-get install ipmitool); its interoperability test will be skipped"; \
+	    echo "metalmend: ipmitool or ss missing (apt-get install ipmitool iproute2); their tests will be skipped"; \
 	  fi; }
 
 # The import contract (policy without I/O, the lab kept out of the controller) is a test.

@@ -31,7 +31,6 @@ import ssl
 import statistics
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +41,8 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Secret
 from lightkube.types import PatchType
 
-from metalmend.api.names import REBOOT
+from benchmarks.shared import one_reboot
 from metalmend.api.resources import BareMetalHost
-from metalmend.api.stamps import parse_stamp
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
 from metalmend.lab import lab
 from metalmend.lab.controlplane import free_port
@@ -231,41 +229,6 @@ class MemorySampler:
 
 
 # ---- reboots -----------------------------------------------------------------------------------
-
-
-def journal(path: Path, after: float, action: str) -> float | None:
-    for line in path.read_text().splitlines() if path.exists() else []:
-        stamp, _, what = line.partition(" ")
-        if what == action and float(stamp) >= after:
-            return float(stamp)
-    return None
-
-
-async def one_reboot(client: AsyncClient, name: str, commands: Path) -> tuple[float, ...]:
-    """(request -> off at the BMC, BMC on -> status seen, request -> status seen), ms."""
-    host: Any = await client.get(BareMetalHost, name, namespace=NAMESPACE)
-    before = parse_stamp(host["status"]["provisioning"].get("lastPoweredOn"))
-    watch = client.watch(
-        BareMetalHost, namespace=NAMESPACE, resource_version=host.metadata.resourceVersion
-    )
-    asked = time.time()
-    await client.patch(
-        BareMetalHost, name, {"metadata": {"annotations": {REBOOT: '{"mode":"hard"}'}}},
-        namespace=NAMESPACE, patch_type=PatchType.MERGE,
-    )  # fmt: skip
-    seen = None
-    obj: Any
-    async for _, obj in watch:
-        provisioning = (obj.get("status") or {}).get("provisioning") or {}
-        last = parse_stamp(provisioning.get("lastPoweredOn"))
-        if obj.metadata.name == name and last is not None and before is not None and last > before:
-            seen = time.time()
-            break
-    off, on = journal(commands, asked, "hard off"), journal(commands, asked, "on")
-    assert seen is not None
-    assert off is not None
-    assert on is not None
-    return ((off - asked) * 1000, (seen - on) * 1000, (seen - asked) * 1000)
 
 
 async def reboots(client: AsyncClient, name: str, commands: Path) -> list[tuple[float, ...]]:

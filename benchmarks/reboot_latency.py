@@ -20,50 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient, KubeConfig
-from lightkube.types import PatchType
 
-from metalmend.api.names import REBOOT
+from benchmarks.shared import one_reboot
 from metalmend.api.resources import BareMetalHost
-from metalmend.api.stamps import parse_stamp
 from metalmend.lab import lab
 from metalmend.lab.hosts import NAMESPACE
 
 REBOOTS = 200
-
-
-def journal(path: Path, after: float, action: str) -> float | None:
-    for line in path.read_text().splitlines() if path.exists() else []:
-        stamp, _, what = line.partition(" ")
-        if what == action and float(stamp) >= after:
-            return float(stamp)
-    return None
-
-
-async def one_reboot(client: AsyncClient, name: str, commands: Path) -> tuple[float, float]:
-    host: Any = await client.get(BareMetalHost, name, namespace=NAMESPACE)
-    before = parse_stamp(host["status"]["provisioning"].get("lastPoweredOn"))
-    watch = client.watch(
-        BareMetalHost, namespace=NAMESPACE, resource_version=host.metadata.resourceVersion
-    )
-    asked = time.time()
-    await client.patch(
-        BareMetalHost, name, {"metadata": {"annotations": {REBOOT: '{"mode":"hard"}'}}},
-        namespace=NAMESPACE, patch_type=PatchType.MERGE,
-    )  # fmt: skip
-    seen = None
-    async for _, obj in watch:
-        last = parse_stamp(
-            ((obj.get("status") or {}).get("provisioning") or {}).get("lastPoweredOn")
-        )
-        if obj.metadata.name == name and last is not None and before is not None and last > before:
-            seen = time.time()
-            break
-    off = journal(commands, asked, "hard off")
-    on = journal(commands, asked, "on")
-    assert seen is not None
-    assert off is not None
-    assert on is not None
-    return off - asked, seen - on
 
 
 async def run(running: lab.RunningLab) -> None:
@@ -78,9 +41,9 @@ async def run(running: lab.RunningLab) -> None:
         await asyncio.sleep(0.1)
     to_off, to_status = [], []
     for _ in range(REBOOTS):
-        a, b = await one_reboot(client, name, commands)
-        to_off.append(a * 1000)
-        to_status.append(b * 1000)
+        off_ms, status_ms, _ = await one_reboot(client, name, commands)
+        to_off.append(off_ms)
+        to_status.append(status_ms)
     await client.close()
     print(f"reboot latency added by the host power controller, {REBOOTS} reboots (ms)")
     for label, values in (

@@ -9,11 +9,18 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
+from lightkube import AsyncClient
+from lightkube.types import PatchType
 
+from metalmend.api.names import REBOOT
+from metalmend.api.resources import BareMetalHost
+from metalmend.api.stamps import parse_stamp
 from metalmend.lab import lab
 from metalmend.lab.controlplane import ControlPlane, free_port
+from metalmend.lab.hosts import NAMESPACE
 
 WRITES = ("POST", "PATCH", "PUT", "APPLY", "DELETE")
 
@@ -77,3 +84,38 @@ def wait(check: Callable[[], bool], within: float) -> None:
             return
         time.sleep(0.1)
     raise TimeoutError(f"not done within {within:.0f}s")
+
+
+def journal(path: Path, after: float, action: str) -> float | None:
+    for line in path.read_text().splitlines() if path.exists() else []:
+        stamp, _, what = line.partition(" ")
+        if what == action and float(stamp) >= after:
+            return float(stamp)
+    return None
+
+
+async def one_reboot(client: AsyncClient, name: str, commands: Path) -> tuple[float, ...]:
+    """(request -> off at the BMC, BMC on -> status seen, request -> status seen), ms."""
+    host: Any = await client.get(BareMetalHost, name, namespace=NAMESPACE)
+    before = parse_stamp(host["status"]["provisioning"].get("lastPoweredOn"))
+    watch = client.watch(
+        BareMetalHost, namespace=NAMESPACE, resource_version=host.metadata.resourceVersion
+    )
+    asked = time.time()
+    await client.patch(
+        BareMetalHost, name, {"metadata": {"annotations": {REBOOT: '{"mode":"hard"}'}}},
+        namespace=NAMESPACE, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    seen = None
+    obj: Any
+    async for _, obj in watch:
+        provisioning = (obj.get("status") or {}).get("provisioning") or {}
+        last = parse_stamp(provisioning.get("lastPoweredOn"))
+        if obj.metadata.name == name and last is not None and before is not None and last > before:
+            seen = time.time()
+            break
+    off, on = journal(commands, asked, "hard off"), journal(commands, asked, "on")
+    assert seen is not None
+    assert off is not None
+    assert on is not None
+    return ((off - asked) * 1000, (seen - on) * 1000, (seen - asked) * 1000)

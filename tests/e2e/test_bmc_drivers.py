@@ -166,7 +166,7 @@ def udp_sockets_of(pids: list[int]) -> list[str]:
     ]
 
 
-@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+@pytest.mark.skipif(shutil.which("ss") is None, reason="make test installs ss (iproute2)")
 async def test_ipmi_sockets_listen_only_on_the_address_that_reaches_the_bmc(
     hosts_lab: lab.RunningLab, pool: BmcPool
 ) -> None:
