@@ -360,6 +360,12 @@ async def test_a_check_with_a_beyond_calendar_timeout_works_without_a_traceback(
     assert found["RemediationAllowed"]["status"] == "True"
     await asyncio.sleep(1)  # more events (the status write) reconcile it again
     assert "OwnerRemediated" not in await conditions(aclient, Machine, "m1", namespace)
-    failures = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # Replacing the CRD above restarts the informers' watches: their "retrying" line is the
+    # test's own doing. Anything else at WARNING (a failed reconcile above all) fails it.
+    failures = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name != "metalmend.kube.informer"
+    ]
     assert failures == [], [r.getMessage() for r in failures]
     assert not any(r.exc_info for r in caplog.records)
