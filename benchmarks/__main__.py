@@ -5,6 +5,7 @@ from benchmarks import (
     controlplane_start,
     detection_latency,
     error_loops,
+    etcd_removal,
     healthcheck_eval,
     hostile_bmcs,
     reboot_latency,
@@ -21,3 +22,4 @@ detection_latency.main()
 remediation_overhead.main()
 error_loops.main()
 at_rest.main()
+etcd_removal.main()

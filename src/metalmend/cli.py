@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -13,6 +13,7 @@ from rich.table import Table
 
 from metalmend import __version__
 from metalmend import settings as settings_
+from metalmend.cli_node import etcd_app, node_app
 from metalmend.kube.leader import LeadershipLost
 
 # The lab (and its extras: sushy-tools, bcrypt) is imported inside the lab commands only, so
@@ -28,6 +29,8 @@ lab_app = typer.Typer(no_args_is_help=True, help="A real local cluster for demos
 app.add_typer(lab_app, name="lab")
 credentials_app = typer.Typer(no_args_is_help=True, help="BMC credential Secrets.")
 app.add_typer(credentials_app, name="credentials")
+app.add_typer(node_app, name="node")  # the node-teardown API of `metalmend serve`
+app.add_typer(etcd_app, name="etcd")
 out = Console()
 err = Console(stderr=True)
 
@@ -40,7 +43,7 @@ NodeGrace = Annotated[
 ]
 
 
-def fail(message: str, code: int = 1) -> None:
+def fail(message: str, code: int = 1) -> NoReturn:
     err.print(f"[red]metalmend:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
@@ -121,6 +124,10 @@ def lab_status(lab_dir: LabDir = Path(".lab")) -> None:
     readiness = "[green]ok[/green]" if report.apiserver_ready else "[red]not ready[/red]"
     out.print(f"server {report.server}  readyz {readiness}")
     out.print(f"kubeconfig {report.kubeconfig}")
+    from metalmend.lab.serve import ENDPOINTS, Endpoints
+
+    if (endpoints := Endpoints.read(lab_dir)) is not None:
+        out.print(f"teardown API {endpoints.url}  ({lab_dir / ENDPOINTS})")
     table = Table("component", "pid", "running", "restarts")
     for c in report.components:
         running = "yes" if c.running else "[red]no[/red]"
@@ -136,6 +143,17 @@ def lab_status(lab_dir: LabDir = Path(".lab")) -> None:
                 str(h.pods), "yes" if h.bmc_reachable else f"[red]no[/red] ({h.bmc_line})",
             )  # fmt: skip
         out.print(hosts_table)
+    if (site := report.site_etcd) is not None:
+        healthy = sum(1 for m in site.members if m.healthy)
+        out.print(
+            f"site etcd {site.cluster}: {healthy} of {len(site.members)} members healthy"
+            f" (the site needs {site.threshold}); design_ref {site.design_ref}"
+        )
+        etcd_table = Table("etcd member", "client URL", "process", "healthy")
+        for m in site.members:
+            ok = "yes" if m.healthy else "[red]no[/red]"
+            etcd_table.add_row(m.host, m.client_url, m.process, ok)
+        out.print(etcd_table)
 
 
 @lab_app.command("fault")
@@ -282,19 +300,10 @@ def run_command(
 ) -> None:
     """Run metalmend's controllers against a cluster."""
     import asyncio
-    import os
 
     from metalmend import log, runner
 
-    given = {
-        path: (f"--{name.replace('_', '-')}", context.params[name])
-        for name, path in RUN_FLAGS.items()
-        if _on_command_line(context, name)
-    }
-    try:
-        settings = settings_.load(config, os.environ, given)
-    except settings_.SettingsError as error:
-        fail(str(error), code=2)
+    settings = _load_settings(context, config, RUN_FLAGS)
     log.setup(settings.runtime.log_level)
     try:
         asyncio.run(runner.run(runner.RunConfig(settings)))
@@ -304,6 +313,74 @@ def run_command(
         fail(str(error), code=2)
     except LeadershipLost as error:
         fail(f"{error}; exiting so that a fresh replica can stand again", code=1)
+
+
+def _load_settings(
+    context: typer.Context, config: Path | None, flags: dict[str, tuple[str, str]]
+) -> settings_.Settings:
+    """The settings tree from the flags given on the command line, the environment, the
+    file and the defaults (docs/runtime.md); a bad value is one line and exit code 2."""
+    import os
+
+    given = {
+        path: (f"--{name.replace('_', '-')}", context.params[name])
+        for name, path in flags.items()
+        if _on_command_line(context, name)
+    }
+    try:
+        return settings_.load(config, os.environ, given)
+    except settings_.SettingsError as error:
+        fail(str(error), code=2)
+
+
+# `metalmend serve`'s flags, as RUN_FLAGS are `metalmend run`'s.
+SERVE_FLAGS: dict[str, tuple[str, str]] = {
+    "kubeconfig": ("runtime", "kubeconfig"),
+    "bind_address": ("serve", "bind_address"),
+    "port": ("serve", "port"),
+    "tls_cert": ("serve", "tls_cert"),
+    "tls_key": ("serve", "tls_key"),
+    "log_level": ("runtime", "log_level"),
+}
+
+
+@app.command("serve")
+def serve_command(
+    context: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="YAML settings file (sections runtime, serve, teardown)."),
+    ] = None,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(help="Kubeconfig; default: in-cluster, $KUBECONFIG, ~/.kube/config."),
+    ] = DEFAULTS.runtime.kubeconfig,
+    bind_address: Annotated[
+        str, typer.Option(help="Address to listen on (not loopback: TLS required).")
+    ] = DEFAULTS.serve.bind_address,
+    port: Annotated[int, typer.Option(help="TCP port to listen on.")] = DEFAULTS.serve.port,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="PEM certificate to serve HTTPS with (with --tls-key).")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
+    log_level: Annotated[
+        settings_.LogLevel, typer.Option(case_sensitive=False, help="How much to log.")
+    ] = DEFAULTS.runtime.log_level,
+) -> None:
+    """Serve Airship's node-teardown API (Promenade's, under /promenade/api/v1.0)."""
+    import asyncio
+
+    from metalmend import log
+    from metalmend.kube.client import ClusterUnavailable
+    from metalmend.serve.server import serve
+    from metalmend.serve.settings import ServeSettingsError
+
+    settings = _load_settings(context, config, SERVE_FLAGS)
+    log.setup(settings.runtime.log_level)
+    try:
+        asyncio.run(serve(settings))
+    except (ServeSettingsError, ClusterUnavailable, OSError) as error:
+        fail(str(error), code=2)
 
 
 def _on_command_line(context: typer.Context, parameter: str) -> bool:

@@ -21,12 +21,15 @@ below. Every value is checked the same way whichever place it came from; a bad o
 line naming that place (``SettingsError``). The Helm chart renders the file from its
 values into a ConfigMap and may set single fields by environment.
 
+``metalmend serve`` reads ``serve`` (``metalmend.serve.settings.ServeSettings``: bind
+address, port, TLS) and ``teardown`` (``metalmend.policy.teardown.TeardownSettings``: the
+node-teardown steps' retries), besides ``runtime.kubeconfig``.
+
 Sections still to come join the tree the same way, each a frozen dataclass with a
 documented default per field, added to ``Settings`` with a default instance (so a file or
-environment written before it keeps loading): ``serve`` (the REST service of
-``metalmend serve``: bind address, TLS, request limits), ``database`` (the design store:
-URL, pool size, statement timeout) and ``teardown`` (node-teardown step deadlines and
-retries). A section that a policy reads is defined next to that policy, as ``power`` is.
+environment written before it keeps loading): ``database`` (the design store: URL, pool
+size, statement timeout). A section that a policy reads is defined next to that policy,
+as ``power`` is.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ from metalmend.bmc.settings import BmcSettings
 from metalmend.policy.hostpower import PowerSettings, RetrySettings
 from metalmend.policy.remediation import FenceMethod
 from metalmend.policy.remediation import Settings as RemediationSettings
+from metalmend.policy.teardown import TeardownSettings
+from metalmend.serve.settings import ServeSettings
 
 ENV_PREFIX = "METALMEND_"
 ALL_CONTROLLERS = "all"
@@ -142,6 +147,8 @@ class Settings:
     power_retry: RetrySettings = field(default_factory=RetrySettings)
     health_checks: HealthCheckSettings = field(default_factory=HealthCheckSettings)
     remediation: RemediationSettings = field(default_factory=RemediationSettings)
+    serve: ServeSettings = field(default_factory=ServeSettings)
+    teardown: TeardownSettings = field(default_factory=TeardownSettings)
 
 
 DEFAULTS = Settings()
@@ -347,7 +354,9 @@ __all__ = [
     "RequestRemediationBy",
     "RetrySettings",
     "RuntimeSettings",
+    "ServeSettings",
     "Settings",
     "SettingsError",
+    "TeardownSettings",
     "load",
 ]

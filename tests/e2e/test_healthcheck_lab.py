@@ -1,9 +1,11 @@
 """Health checks end to end: a hung host's Node goes Unknown (the real node-lifecycle
 controller), and after the check's timeout a Metal3Remediation appears; recovered, it goes.
-With 3 of 5 hung and maxUnhealthy 40%, nothing is remediated and the condition says why."""
+With 3 of 5 hung and maxUnhealthy 40%, nothing is remediated and the condition says why.
+A Node deleted under its Machine, with node-link running, is remediated at once."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -11,8 +13,14 @@ from typing import Any
 import pytest
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node
 
-from metalmend.api.resources import MachineHealthCheck, Metal3Remediation, Metal3RemediationTemplate
+from metalmend.api.resources import (
+    Machine,
+    MachineHealthCheck,
+    Metal3Remediation,
+    Metal3RemediationTemplate,
+)
 from metalmend.lab import lab
 from metalmend.lab.hosts import NAMESPACE
 from tests.support import until
@@ -132,3 +140,30 @@ async def _present(client: AsyncClient, name: str) -> bool:
 
 async def _absent(client: AsyncClient, name: str) -> bool:
     return await remediation(client, name) is None
+
+
+async def test_a_node_deleted_under_its_machine_is_remediated_at_once(
+    five_hosts: lab.RunningLab, kube: AsyncClient
+) -> None:
+    """Issue 11 point 3, with node-link running: nodeRef keeps naming the deleted Node
+    (node-link, like Cluster API, never clears it), so the check finds it missing at once,
+    even with nodeStartupTimeout 0, long before a Node condition timeout could expire."""
+    await create_check(kube, maxUnhealthy="40%", nodeStartupTimeout="0")
+    await until(lambda: all_healthy(kube, 5), within=60)
+    machine: Any = await kube.get(Machine, "worker-4", namespace=NAMESPACE)
+    node_name = machine["status"]["nodeRef"]["name"]
+    node: Any = await kube.get(Node, node_name)
+    began = asyncio.get_running_loop().time()
+    await kube.delete(Node, node_name)
+    try:
+        await until(lambda: _present(kube, "worker-4"), within=GRACE + TIMEOUT)
+        assert asyncio.get_running_loop().time() - began < GRACE, "not at once"
+        machine = await kube.get(Machine, "worker-4", namespace=NAMESPACE)
+        assert machine["status"]["nodeRef"]["name"] == node_name
+    finally:
+        # The lab's kubelet registers once per boot: give it its Node back.
+        back = Node(
+            metadata=ObjectMeta(name=node_name, labels=node.metadata.labels), spec=node.spec
+        )
+        await kube.create(back)
+    await until(lambda: _absent(kube, "worker-4"), within=30)

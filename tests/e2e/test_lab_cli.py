@@ -51,11 +51,14 @@ def test_detached_lab_serves_kubectl_and_down_leaves_nothing(tmp_path: Path) -> 
     pids = [state.supervisor_pid, *state.components.values()]
     assert set(state.components) == {
         "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "metalmend",
+        "metalmend-serve",
     }  # fmt: skip
+    assert (lab_dir / "endpoints.json").exists()
     try:
         report = metalmend("lab", "status", lab_dir=lab_dir)
         assert report.returncode == 0
         assert "readyz ok" in report.stdout
+        assert "teardown API https://127.0.0.1:" in report.stdout
         again = metalmend("lab", "up", "--detach", lab_dir=lab_dir)
         assert again.returncode == 1
         assert "already running" in again.stderr
@@ -81,6 +84,7 @@ def test_detached_lab_serves_kubectl_and_down_leaves_nothing(tmp_path: Path) -> 
         stopped = metalmend("lab", "down", lab_dir=lab_dir)
     assert stopped.returncode == 0
     assert descendants_gone(pids)
+    assert not (lab_dir / "endpoints.json").exists()  # nothing points at a stopped service
     assert metalmend("lab", "status", lab_dir=lab_dir).returncode == 1
 
 
@@ -173,6 +177,7 @@ def test_lab_with_hosts_reports_them_takes_faults_and_leaves_nothing_behind(
         stopped = metalmend("lab", "down", lab_dir=lab_dir)
     assert stopped.returncode == 0
     assert descendants_gone(pids)
+    assert not (lab_dir / "endpoints.json").exists()  # nothing points at a stopped service
     leftover = subprocess.run(
         ["pgrep", "-f", str(lab_dir)], capture_output=True, text=True, check=False
     ).stdout.split()
@@ -243,3 +248,4 @@ def test_a_killed_controller_is_restarted_and_the_lab_stays_up(tmp_path: Path) -
         stopped = metalmend("lab", "down", lab_dir=lab_dir)
     assert stopped.returncode == 0
     assert descendants_gone(pids)
+    assert not (lab_dir / "endpoints.json").exists()  # nothing points at a stopped service

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
-from lightkube import ApiError, AsyncClient, Client
+from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.codecs import from_dict
+from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node
 from lightkube.types import PatchType
@@ -52,14 +53,16 @@ class Pool:
         self.namespace = namespace
         self.nodes: list[str] = []
 
-    async def machine(self, name: str, healthy: bool = True, **annotations: str) -> None:
+    async def machine(
+        self, name: str, healthy: bool = True, cluster: str = "c", **annotations: str
+    ) -> None:
         node = f"{self.namespace}-{name}"
         await self.client.create(
             Machine(
                 metadata=ObjectMeta(
                     name=name, labels={"role": "worker"}, annotations=annotations or None
                 ),
-                spec={"clusterName": "c"},
+                spec={"clusterName": cluster},
             ),
             namespace=self.namespace,
         )
@@ -224,12 +227,22 @@ async def test_too_many_unhealthy_blocks_remediation_and_says_why(
     assert (
         "3 unhealthy, more than maxUnhealthy 40% (2 of 5)" in found["RemediationAllowed"]["message"]
     )
+
+    async def marked() -> bool:  # once the timeouts have expired
+        found = await conditions(aclient, Machine, "m2", namespace)
+        return found.get("HealthCheckSucceeded", {}).get("status") == "False"
+
+    await until(marked, within=TIMEOUT + 10)
     await asyncio.sleep(1)
     for i in range(5):
-        assert "OwnerRemediated" not in await conditions(aclient, Machine, f"m{i}", namespace)
+        found = await conditions(aclient, Machine, f"m{i}", namespace)
+        assert "OwnerRemediated" not in found
+        # Issue 11 point 7: which Machines failed is visible exactly while nothing is done.
+        assert found["HealthCheckSucceeded"]["status"] == ("False" if i < 3 else "True")
     current = await status(aclient, namespace)
     assert current["remediationsAllowed"] == 0
     assert (await reasons(aclient, namespace)).count("TooManyUnhealthy") == 1
+    assert (await reasons(aclient, namespace)).count("RemediationRestricted") == 1
 
 
 async def test_skipped_machines_are_not_targets(
@@ -369,3 +382,188 @@ async def test_a_check_with_a_beyond_calendar_timeout_works_without_a_traceback(
     ]
     assert failures == [], [r.getMessage() for r in failures]
     assert not any(r.exc_info for r in caplog.records)
+
+
+async def owner_remediated(client: AsyncClient, name: str, namespace: str) -> bool:
+    found = await conditions(client, Machine, name, namespace)
+    return found.get("OwnerRemediated", {}).get("status") == "False"
+
+
+async def test_a_node_deleted_under_its_machine_is_remediated_at_once_with_startup_timeout_zero(
+    aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
+) -> None:
+    """Issue 11 point 3: nodeRef stays (nobody clears it), so the deleted Node is found
+    missing at once; a fresh startup timeout would have waited forever with 0."""
+    await pool.machine("m1")
+    await pool.machine("m2")
+    await health_check(aclient, namespace, nodeStartupTimeout="0")
+    await until(lambda: _status_is(aclient, namespace, expectedMachines=2, currentHealthy=2))
+    await aclient.delete(Node, f"{namespace}-m1")
+    await until(lambda: owner_remediated(aclient, "m1", namespace), within=5)
+    found = await conditions(aclient, Machine, "m1", namespace)
+    assert found["HealthCheckSucceeded"]["reason"] == "NodeNotFound"
+    assert "MachineMarkedUnhealthy" in await reasons(aclient, namespace)
+
+
+async def test_a_machine_with_a_failure_reason_is_unhealthy_at_once(
+    aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
+) -> None:
+    """Issue 11 point 1: a provider's terminal failure, whatever the Node says."""
+    await pool.machine("m1")
+    await health_check(aclient, namespace)
+    await until(lambda: _status_is(aclient, namespace, expectedMachines=1, currentHealthy=1))
+    await aclient.patch(
+        Machine.Status, "m1", {"status": {"failureReason": "CreateError", "failureMessage": "no disk"}},
+        namespace=namespace, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    await until(lambda: owner_remediated(aclient, "m1", namespace), within=5)
+    found = await conditions(aclient, Machine, "m1", namespace)
+    assert found["HealthCheckSucceeded"]["reason"] == "MachineHasFailure"
+    assert "CreateError" in found["HealthCheckSucceeded"]["message"]
+
+
+async def test_the_remediate_machine_annotation_requests_remediation(
+    aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
+) -> None:
+    """Issue 11 point 8."""
+    await pool.machine("m1", **{"cluster.x-k8s.io/remediate-machine": ""})
+    await pool.machine("m2")
+    await health_check(aclient, namespace)
+    await until(lambda: owner_remediated(aclient, "m1", namespace), within=5)
+    found = await conditions(aclient, Machine, "m1", namespace)
+    assert found["HealthCheckSucceeded"]["reason"] == "HasRemediateMachineAnnotation"
+
+
+async def test_cluster_name_restricts_the_targets_to_the_checks_cluster(
+    aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
+) -> None:
+    """Issue 11 point 6: another cluster's Machine with matching labels is not a target."""
+    await pool.machine("m1")
+    await pool.machine("theirs", healthy=False, cluster="other")
+    await health_check(aclient, namespace)
+    await until(lambda: _status_is(aclient, namespace, expectedMachines=1, currentHealthy=1))
+    assert (await status(aclient, namespace))["targets"] == ["m1"]
+    await asyncio.sleep(TIMEOUT + 1)
+    assert await conditions(aclient, Machine, "theirs", namespace) == {}
+
+
+async def test_a_machine_being_deleted_is_never_healthy_nor_owner_remediated(
+    aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
+) -> None:
+    """Issue 11 point 5."""
+    await pool.machine("m1")
+    await pool.machine("m2")
+    await health_check(aclient, namespace)
+    await until(lambda: _status_is(aclient, namespace, expectedMachines=2, currentHealthy=2))
+    await aclient.patch(Machine, "m1", {"metadata": {"finalizers": ["example.com/hold"]}},
+                        namespace=namespace, patch_type=PatchType.MERGE)  # fmt: skip
+    await aclient.delete(Machine, "m1", namespace=namespace)
+    await aclient.delete(Node, f"{namespace}-m1")
+    try:
+        await until(lambda: _status_is(aclient, namespace, expectedMachines=2, currentHealthy=1))
+
+        async def marked() -> bool:
+            found = await conditions(aclient, Machine, "m1", namespace)
+            return found.get("HealthCheckSucceeded", {}).get("status") == "False"
+
+        await until(marked, within=5)
+        await asyncio.sleep(1)
+        assert "OwnerRemediated" not in await conditions(aclient, Machine, "m1", namespace)
+    finally:
+        await aclient.patch(Machine, "m1", {"metadata": {"finalizers": None}},
+                            namespace=namespace, patch_type=PatchType.MERGE)  # fmt: skip
+
+
+async def test_a_template_created_after_its_check_is_used_without_waiting_for_the_retry(
+    aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
+) -> None:
+    """The template is read from the informer's cache, whose event wakes the check: no
+    GET per reconcile, and no 30 s wait for the template retry either."""
+    await pool.machine("m1", healthy=False)
+    ref = {"apiVersion": "remediation.metal3.io/v1alpha1", "kind": "Metal3RemediationTemplate", "name": "late"}  # fmt: skip
+    await health_check(aclient, namespace, remediationTemplate=ref)
+
+    async def template_missing() -> bool:
+        found = await conditions(aclient, MachineHealthCheck, "workers", namespace)
+        return "not found" in found.get("RemediationAllowed", {}).get("message", "")
+
+    await until(template_missing, within=10)
+    await aclient.create(
+        Metal3RemediationTemplate(
+            metadata=ObjectMeta(name="late"), spec={"template": {"spec": {}}}
+        ),
+        namespace=namespace,
+    )
+
+    async def remediation() -> Any:
+        try:
+            return await aclient.get(Metal3Remediation, "m1", namespace=namespace)
+        except ApiError:
+            return None
+
+    await until(lambda: _exists(remediation), within=TIMEOUT + 8)
+    found = await conditions(aclient, Machine, "m1", namespace)
+    assert found["HealthCheckSucceeded"]["status"] == "False"  # issue 11 point 7, by template
+
+
+EXAMPLE_GROUP = "remediation.example.com"
+
+
+def example_crd(kind: str) -> dict[str, Any]:
+    plural = kind.lower() + "s"
+    schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{EXAMPLE_GROUP}"},
+        "spec": {
+            "group": EXAMPLE_GROUP,
+            "names": {"kind": kind, "plural": plural, "listKind": f"{kind}List"},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1alpha1", "served": True, "storage": True,
+                          "schema": {"openAPIV3Schema": schema}}],
+        },
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def example_kinds(control_plane: Any) -> None:
+    """A remediation provider other than metal3 (kinds the controller has no informer for
+    until a check names them). Left installed: other tests never see these kinds."""
+    kube = Client(KubeConfig.from_file(control_plane.kubeconfig))
+    kinds = ("ExampleRemediationTemplate", "ExampleRemediation")
+    for kind in kinds:
+        kube.apply(from_dict(example_crd(kind)), field_manager=FIELD_MANAGER, force=True)
+    wait_established(kube, [f"{k.lower()}s.{EXAMPLE_GROUP}" for k in kinds], 30)
+
+
+async def test_a_template_of_another_provider_is_watched_once_named(
+    example_kinds: None, aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
+) -> None:
+    """Any template kind: an informer for it (and its remediation kind) is started the first
+    time a check names it; the remediation object is made from it and withdrawn."""
+    template_kind = create_namespaced_resource(
+        EXAMPLE_GROUP, "v1alpha1", "ExampleRemediationTemplate", "exampleremediationtemplates"
+    )
+    remediation_kind = create_namespaced_resource(
+        EXAMPLE_GROUP, "v1alpha1", "ExampleRemediation", "exampleremediations"
+    )
+    await aclient.create(
+        template_kind(metadata=ObjectMeta(name="power-cycle"), spec={"template": {"spec": {"how": "cycle"}}}),
+        namespace=namespace,
+    )  # fmt: skip
+    await pool.machine("m1", healthy=False)
+    await pool.machine("m2")
+    ref = {"apiVersion": f"{EXAMPLE_GROUP}/v1alpha1", "kind": "ExampleRemediationTemplate", "name": "power-cycle"}  # fmt: skip
+    await health_check(aclient, namespace, remediationTemplate=ref)
+
+    async def remediation() -> Any:
+        try:
+            return await aclient.get(remediation_kind, "m1", namespace=namespace)
+        except ApiError:
+            return None
+
+    await until(lambda: _exists(remediation), within=TIMEOUT + 10)
+    assert (await remediation())["spec"] == {"how": "cycle"}
+    await pool.health("m1", healthy=True)
+    await until(lambda: _gone(remediation), within=10)

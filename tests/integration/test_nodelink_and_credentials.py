@@ -23,7 +23,12 @@ async def node_ref(client: AsyncClient, namespace: str, name: str) -> str | None
     return ((machine.get("status") or {}).get("nodeRef") or {}).get("name")
 
 
-async def test_node_link_sets_and_clears_node_ref(aclient: AsyncClient, namespace: str) -> None:
+async def test_node_link_keeps_a_deleted_nodes_ref_and_follows_its_new_registration(
+    aclient: AsyncClient, namespace: str
+) -> None:
+    """nodeRef is set to the Node found, is not removed when the Node is deleted (as Cluster
+    API: the health check finds the Machine unhealthy at once), and names the new Node (new
+    uid) once the host's Node registers again."""
     manager = Manager(aclient)
     setup(manager, Settings(runtime=RuntimeSettings(namespace=namespace)))
     run = asyncio.create_task(manager.run())
@@ -53,8 +58,16 @@ async def test_node_link_sets_and_clears_node_ref(aclient: AsyncClient, namespac
         await aclient.create(Node(metadata=ObjectMeta(name=f"{namespace}-n2")))
         await until(lambda: _has(aclient, namespace, "m1", node_name))
         await until(lambda: _has(aclient, namespace, f"{namespace}-n2", f"{namespace}-n2"))
+        first: Any = await aclient.get(Machine, "m1", namespace=namespace)
         await aclient.delete(Node, node_name)
-        await until(lambda: _has(aclient, namespace, "m1", None))
+        await asyncio.sleep(1.0)  # node-link saw the deletion (a watch event, milliseconds)
+        kept: Any = await aclient.get(Machine, "m1", namespace=namespace)
+        assert kept.status["nodeRef"] == first.status["nodeRef"]
+        assert "metalmend.dev/node-ref-lost-at" not in (kept.metadata.annotations or {})
+        again: Any = await aclient.create(
+            Node(metadata=ObjectMeta(name=node_name), spec=NodeSpec(providerID=provider))
+        )
+        await until(lambda: _uid_is(aclient, namespace, "m1", again.metadata.uid))
     finally:
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
@@ -65,3 +78,8 @@ async def test_node_link_sets_and_clears_node_ref(aclient: AsyncClient, namespac
 
 async def _has(client: AsyncClient, namespace: str, machine: str, node: str | None) -> bool:
     return await node_ref(client, namespace, machine) == node
+
+
+async def _uid_is(client: AsyncClient, namespace: str, machine: str, uid: str | None) -> bool:
+    found: Any = await client.get(Machine, machine, namespace=namespace)
+    return ((found.get("status") or {}).get("nodeRef") or {}).get("uid") == uid

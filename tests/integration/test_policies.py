@@ -210,5 +210,5 @@ def test_policies_are_valid_admission_objects(kube: Client) -> None:
         for file in sorted(POLICIES.glob("*.yaml"))
         for obj in codecs.load_all_yaml(file.read_text())
     ]
-    assert kinds.count("ValidatingAdmissionPolicy") == 3
-    assert kinds.count("ValidatingAdmissionPolicyBinding") == 3
+    assert kinds.count("ValidatingAdmissionPolicy") == 4
+    assert kinds.count("ValidatingAdmissionPolicyBinding") == 4

@@ -21,7 +21,7 @@ from lightkube.types import PatchType
 from metalmend.api import names
 from metalmend.api.reboot import is_reboot_annotation
 from metalmend.api.resources import BareMetalHost, Machine, MachineHealthCheck, Metal3Remediation
-from metalmend.api.stamps import stamp
+from metalmend.api.stamps import parse_stamp, stamp
 from metalmend.controllers import Setup, healthcheck, machineremediation, nodelink, remediation
 from metalmend.kube.manager import Manager
 from metalmend.policy.fencing import POWERED_OFF_FOR
@@ -403,6 +403,38 @@ async def test_annotation_based_remediation_from_annotations_alone(
     await until(lambda: _lacks(world.host_annotations("host-m1"), names.MACHINE_REMEDIATION_REBOOT))
 
 
+async def test_annotation_flow_finishes_where_cluster_api_keeps_the_deleted_nodes_ref(
+    world: World, controllers: Controllers
+) -> None:
+    """No node-link: status.nodeRef keeps naming the Node this flow deleted, as Cluster API
+    keeps it. The truth table's "node ref" is whether that Node is found: once it is gone
+    the request is removed and the host released (not "delete node" forever, host off). A
+    Node registered again under that name (new uid, nodeRef not updated) is fenced the next
+    time."""
+    await controllers.start(machineremediation.setup)
+    await world.machine("m1")
+    request = {"metadata": {"annotations": {names.EXTERNAL_REMEDIATION: ""}}}
+    key = names.MACHINE_REMEDIATION_REBOOT
+    for _ in range(2):
+        await world.client.patch(Machine, "m1", request, namespace=world.ns,
+                                 patch_type=PatchType.MERGE)  # fmt: skip
+        await until(lambda: _has(world.host_annotations("host-m1"), key))
+        await world.power("host-m1", on=False)
+        await until(lambda: _is_none(world.node_obj("m1")))
+        await until(lambda: _lacks(_annotations(world, Machine, "m1"), names.EXTERNAL_REMEDIATION))
+        await until(lambda: _lacks(world.host_annotations("host-m1"), key))
+        machine = await world.get(Machine, "m1")
+        assert machine.status["nodeRef"]["name"] == world.node_name("m1")  # still named
+        await world.power("host-m1", on=True)
+        # the kubelet registers again: a new Node object; nobody updates nodeRef's uid
+        await world.client.create(
+            Node(
+                metadata=ObjectMeta(name=world.node_name("m1")),
+                spec=NodeSpec(providerID=world.provider_id("m1")),
+            )
+        )
+
+
 async def test_health_check_can_request_by_annotation(
     world: World, controllers: Controllers
 ) -> None:
@@ -426,6 +458,91 @@ async def test_health_check_can_request_by_annotation(
     await until(
         lambda: _lacks(_annotations(world, Machine, "m1"), names.EXTERNAL_REMEDIATION), within=15
     )
+
+
+async def _annotation_check(world: World, startup: str) -> None:
+    """A check asking by annotation for Machines whose Node says KernelDeadlock=True (a
+    condition the node-lifecycle controller leaves alone, so the test owns it)."""
+    await world.client.patch(Machine, "m1", {"metadata": {"labels": {"role": "worker"}}},
+                             namespace=world.ns, patch_type=PatchType.MERGE)  # fmt: skip
+    check = MachineHealthCheck(
+        metadata=ObjectMeta(name="workers", annotations={names.REQUEST_REMEDIATION_BY: "annotation"}),
+        spec={"clusterName": "c", "selector": {"matchLabels": {"role": "worker"}},
+              "nodeStartupTimeout": startup,
+              "unhealthyConditions": [{"type": "KernelDeadlock", "status": "True", "timeout": "1s"}]},
+    )  # fmt: skip
+    await world.client.create(check, namespace=world.ns)
+
+
+async def _deadlock(world: World, machine: str) -> None:
+    now = dt.datetime.now(dt.UTC).isoformat()
+    condition = {"type": "KernelDeadlock", "status": "True", "reason": "DockerHung",
+                 "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
+    await world.client.patch(Node.Status, world.node_name(machine),
+                             {"status": {"conditions": [condition]}})  # fmt: skip
+
+
+async def _power_cycle_by_the_check(world: World) -> None:
+    """The Node hangs; the check asks, machine-remediation powers the host off (the test
+    reports it off, as host-power would), deletes the Node, ends the request and releases
+    the host, which the test then reports on: the server is booting, no Node yet."""
+    key = names.MACHINE_REMEDIATION_REBOOT
+    await _deadlock(world, "m1")
+    await until(lambda: _has(world.host_annotations("host-m1"), key), within=15)
+    await world.power("host-m1", on=False)
+    await until(lambda: _is_none(world.node_obj("m1")))
+    await until(lambda: _lacks(world.host_annotations("host-m1"), key), within=15)
+    await world.power("host-m1", on=True)
+
+
+async def test_a_remediated_server_gets_node_startup_timeout_to_register_its_node_again(
+    world: World, controllers: Controllers
+) -> None:
+    """Health check and annotation flow together, nodeRef kept (no node-link, as Cluster
+    API): the Node this flow deleted is missing, but the server is booting. The check waits
+    for it (nodeStartupTimeout from the end of the remediation) instead of asking again at
+    once, which, with the host read on, would add the reboot key again: a second power
+    cycle, and a loop that never lets the server boot. The new Node ends the wait."""
+    await controllers.start(healthcheck.setup, machineremediation.setup)
+    await world.machine("m1")
+    await _annotation_check(world, startup="10m")
+    await _power_cycle_by_the_check(world)
+    machine = await world.get(Machine, "m1")
+    assert names.EXTERNAL_REMEDIATION not in machine.metadata.annotations
+    assert names.REMEDIATION_ENDED_AT in machine.metadata.annotations
+    await asyncio.sleep(3)  # booting: the kubelet has not registered yet
+    assert names.MACHINE_REMEDIATION_REBOOT not in await world.host_annotations("host-m1")
+    machine = await world.get(Machine, "m1")
+    assert names.EXTERNAL_REMEDIATION not in machine.metadata.annotations, "asked again at once"
+    # the kubelet registers again: a new Node object; nobody updates nodeRef's uid
+    await world.client.create(
+        Node(
+            metadata=ObjectMeta(name=world.node_name("m1")),
+            spec=NodeSpec(providerID=world.provider_id("m1")),
+        )
+    )
+    await until(lambda: _lacks(_annotations(world, Machine, "m1"), names.REMEDIATION_ENDED_AT))
+    await asyncio.sleep(1)
+    assert names.EXTERNAL_REMEDIATION not in await _annotations(world, Machine, "m1")
+    assert names.MACHINE_REMEDIATION_REBOOT not in await world.host_annotations("host-m1")
+
+
+async def test_a_remediated_server_without_a_node_after_node_startup_timeout_is_remediated_again(
+    world: World, controllers: Controllers
+) -> None:
+    await controllers.start(healthcheck.setup, machineremediation.setup)
+    await world.machine("m1")
+    """The wait has an end: a server whose Node is not back nodeStartupTimeout (the schema's
+    least, 30 s) after its remediation ended is asked for again, at that deadline."""
+    await _annotation_check(world, startup="30s")
+    await _power_cycle_by_the_check(world)
+    ended = parse_stamp((await _annotations(world, Machine, "m1"))[names.REMEDIATION_ENDED_AT])
+    assert ended is not None
+    await until(
+        lambda: _has(_annotations(world, Machine, "m1"), names.EXTERNAL_REMEDIATION), within=45
+    )
+    assert dt.datetime.now(dt.UTC) - ended >= dt.timedelta(seconds=30), "not within the window"
+    await until(lambda: _has(world.host_annotations("host-m1"), names.MACHINE_REMEDIATION_REBOOT))
 
 
 # ---- small async predicates -----------------------------------------------------------------

@@ -5,23 +5,25 @@ it proves."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from typing import Any
 
 import pytest
 
 from metalmend.api.names import REBOOT
-from metalmend.bmc.driver import PowerState
+from metalmend.api.power import PowerState
 from metalmend.policy.fencing import POWERED_OFF_FOR
 from metalmend.policy.hostpower import (
+    Decision,
     Host,
     LastCommand,
     PowerCommand,
     PowerSettings,
+    PowerStatus,
     decide,
     forget_refused_command,
 )
+from tests.unit import hostpower_views as views
 
 T0 = dt.datetime(2026, 11, 20, 12, 0, 0, tzinfo=dt.UTC)
 NOW = T0 + dt.timedelta(minutes=1)
@@ -32,18 +34,25 @@ ON, OFF = PowerState.ON, PowerState.OFF
 ABSENT = "absent"
 
 
+BASE = Host(
+    online=True,
+    provisioning_state="provisioned",
+    externally_provisioned=False,
+    annotations={OURS: '{"mode":"hard"}'},
+    power=OFF,
+    status=PowerStatus(
+        powered_on=False, last_powered_on=T0, pending_reboot_since=T0 + dt.timedelta(seconds=30)
+    ),
+)
+
+
 def host(**changes: Any) -> Host:
-    base = Host(
-        online=True,
-        provisioning_state="provisioned",
-        externally_provisioned=False,
-        annotations={OURS: '{"mode":"hard"}'},
-        power=OFF,
-        recorded_on=False,
-        last_powered_on=T0,
-        pending_reboot_since=T0 + dt.timedelta(seconds=30),
-    )
-    return dataclasses.replace(base, **changes)
+    return views.host(BASE, **changes)
+
+
+def requeue_after(decision: Decision) -> float:
+    assert decision.requeue_at is not None
+    return (decision.requeue_at - NOW).total_seconds()
 
 
 def ago(seconds: float) -> dt.datetime:
@@ -86,7 +95,7 @@ ACKNOWLEDGEMENTS = [
 )
 def test_powered_off_for(state: Host, listed: Any) -> None:
     decision = decide(state, NOW, SETTINGS)
-    assert decision.status.get(POWERED_OFF_FOR, ABSENT) == listed
+    assert views.status_changes(state, decision).get(POWERED_OFF_FOR, ABSENT) == listed
 
 
 # id, host: off, held off (or spec.online false), an "on" of ours on record and not obeyed
@@ -107,29 +116,32 @@ def test_an_unobeyed_power_on_is_never_forgotten_while_the_host_is_off(state: Ho
     decision = decide(state, NOW, SETTINGS)
     # Not cancelled by a power-off either: a BMC may ignore a power-off while a power-on
     # is pending (sushy-tools' fake driver does), and carry the "on" out after it.
-    assert decision.command is None
-    assert "lastPowerCommand" not in decision.status  # remediation reads it as in flight
-    assert not decision.status.get(POWERED_OFF_FOR)
+    changes = views.status_changes(state, decision)
+    assert views.command(decision) is None
+    assert "lastPowerCommand" not in changes  # remediation reads it as in flight
+    assert not changes.get(POWERED_OFF_FOR)
 
 
 def test_it_is_watched_closely_while_it_should_land_then_at_the_poll_interval() -> None:
     landing = decide(host(last_command=LastCommand("on", ago(2))), NOW, SETTINGS)
-    assert landing.requeue_after <= SETTINGS.transition_poll
+    assert requeue_after(landing) <= SETTINGS.transition_poll
     late = decide(host(last_command=LastCommand("on", ago(31))), NOW, SETTINGS)
-    assert late.requeue_after == SETTINGS.poll_interval
+    assert requeue_after(late) == SETTINGS.poll_interval
 
 
 def test_once_the_power_on_lands_the_host_is_held_off_and_its_key_listed_after_power_off() -> None:
     landed = host(power=ON, last_command=LastCommand("on", ago(40)), powered_off_for=(OURS,))
     decision = decide(landed, NOW, SETTINGS)
-    assert decision.status[POWERED_OFF_FOR] is None  # read on: nothing is off
-    assert decision.command == "hard off"  # the key holds it off
-    sent = decision.status["lastPowerCommand"]
+    changes = views.status_changes(landed, decision)
+    assert changes[POWERED_OFF_FOR] is None  # read on: nothing is off
+    assert views.command(decision) == "hard off"  # the key holds it off
+    sent = changes["lastPowerCommand"]
     later = NOW + dt.timedelta(seconds=1)
     off = host(last_command=LastCommand(sent["action"], sent["at"]))
     decision = decide(off, later, SETTINGS)
-    assert decision.status["lastPowerCommand"] is None  # obeyed: forgotten
-    assert decision.status[POWERED_OFF_FOR] == [OURS]
+    changes = views.status_changes(off, decision)
+    assert changes["lastPowerCommand"] is None  # obeyed: forgotten
+    assert changes[POWERED_OFF_FOR] == [OURS]
 
 
 def test_a_host_that_must_be_on_is_sent_on_again_when_it_did_not_obey() -> None:
@@ -139,7 +151,7 @@ def test_a_host_that_must_be_on_is_sent_on_again_when_it_did_not_obey() -> None:
         NOW,
         SETTINGS,
     )
-    assert decision.command == "on"
+    assert views.command(decision) == "on"
 
 
 @pytest.mark.parametrize(

@@ -28,8 +28,17 @@ from metalmend.api import names
 from metalmend.api.reboot import reboot_requests
 from metalmend.api.resources import Machine
 from metalmend.controllers.healthcheck import parse_check, target_of
-from metalmend.controllers.remediation import spec_from
-from metalmend.policy.healthcheck import InvalidSpec, NodeCondition, Target, evaluate
+from metalmend.policy.healthcheck import (
+    InvalidSpec,
+    NodeCondition,
+    RemediateBy,
+    Target,
+    Template,
+    View,
+    decide,
+    evaluate,
+)
+from metalmend.policy.remediation import Spec
 
 CRDS = Path(__file__).resolve().parents[2] / "deploy" / "crds"
 # Small and quick: this runs with the unit tests (a few seconds in all).
@@ -134,7 +143,9 @@ MOMENTS = st.datetimes(
 )
 # Anyone may write annotations: any text, and our own key with any value.
 ANNOTATIONS = st.dictionaries(
-    st.sampled_from([names.NODE_REF_LOST_AT, names.SKIP_REMEDIATION, "example.com/other"]),
+    st.sampled_from(
+        [names.REMEDIATE_MACHINE, names.SKIP_REMEDIATION, names.REMEDIATION_ENDED_AT, "x.io/other"]
+    ),
     st.one_of(st.text(max_size=40), MOMENTS.map(lambda m: m.isoformat())),
     max_size=3,
 )
@@ -202,6 +213,10 @@ def test_every_admitted_health_check_evaluates_or_raises_invalid_spec(
     result = evaluate(check, pool, now)
     assert 0 <= result.remediations_allowed <= 2**31 - 1
     assert result.healthy + result.unhealthy == result.expected == len(pool)
+    by = data.draw(st.sampled_from(list(RemediateBy)))
+    template = Template("remediation.metal3.io/v1alpha1", "Metal3Remediation", {})
+    decision = decide(View(check, tuple(pool), remediate_by=by, template=template), now)
+    assert decision.requeue_at == result.next_deadline
 
 
 def test_the_fuzzed_domain_holds_the_values_that_broke() -> None:
@@ -290,7 +305,7 @@ REMEDIATION_SPEC = from_schema(schema("remediation.metal3.io_metal3remediations.
 @FUZZ
 @given(spec=REMEDIATION_SPEC)
 def test_every_admitted_remediation_spec_reads(spec: dict[str, Any]) -> None:
-    read = spec_from(spec)
+    read = Spec.from_wire(spec)
     assert read.strategy in ("reboot", "escalate")
     for seconds in (read.power_off_timeout, read.power_on_timeout):
         # Every admitted timeout is a deadline within the calendar from any time today.

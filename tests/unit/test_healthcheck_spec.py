@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from metalmend.controllers.healthcheck import lost_at, parse_check
+from metalmend.controllers.healthcheck import infrastructure_ready_at, parse_check
 from metalmend.policy.healthcheck import (
     INT32_MAX,
     Check,
@@ -120,11 +120,16 @@ def test_specs_of_the_wrong_shape_raise_only_invalid_spec(bad: dict[str, Any], s
 
 
 @pytest.mark.parametrize(
-    "annotation", ["yesterday", "2026-13-01T00:00:00Z", "0001-01-01T00:00:00+23:59", ""]
+    "stamp", ["yesterday", "2026-13-01T00:00:00Z", "0001-01-01T00:00:00+23:59", "", 5, None]
 )
-def test_an_unparsable_node_ref_lost_annotation_is_ignored(annotation: str) -> None:
-    assert lost_at(annotation) is None
+def test_an_unparsable_infrastructure_ready_time_is_ignored(stamp: object) -> None:
+    """Anyone may write a Machine's conditions: a time that does not parse means startup
+    counts from creation, never a failed reconcile of the whole check."""
+    condition = {"type": "InfrastructureReady", "status": "True", "lastTransitionTime": stamp}
+    assert infrastructure_ready_at([condition]) is None
 
 
-def test_a_valid_node_ref_lost_annotation_is_read() -> None:
-    assert lost_at("2026-11-20T12:00:00Z") == NOW
+def test_infrastructure_ready_is_read_only_when_true() -> None:
+    ready = {"type": "InfrastructureReady", "status": "True", "lastTransitionTime": "2026-11-20T12:00:00Z"}  # fmt: skip
+    assert infrastructure_ready_at([ready]) == NOW
+    assert infrastructure_ready_at([{**ready, "status": "False"}]) is None

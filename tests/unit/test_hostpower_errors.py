@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from lightkube.models.meta_v1 import ObjectMeta
 
 from metalmend.api.names import REBOOT
+from metalmend.api.power import PowerState
 from metalmend.api.resources import BareMetalHost
-from metalmend.bmc.driver import PowerState
 from metalmend.controllers.hostpower import host_power_relevant
 from metalmend.kube.controller import beyond_status
 from metalmend.policy.hostpower import (
@@ -24,16 +24,15 @@ from metalmend.policy.hostpower import (
     LastCommand,
     PowerCommand,
     PowerSettings,
+    PowerStatus,
     RetrySettings,
     credentials_inputs,
     decide,
-    error_status,
-    recovered_status,
-    refused_status,
     retry_delay,
     send_recorded_now,
     user_inputs,
 )
+from tests.unit import hostpower_views as views
 
 RETRY = RetrySettings()
 SETTINGS = PowerSettings(soft_timeout=180, poll_interval=20, transition_poll=1, command_retry=30)
@@ -115,36 +114,58 @@ def test_after_refused_logins_only_a_new_address_or_secret_retries_early() -> No
 
 
 def test_a_failed_attempt_counts_once_and_may_forget_the_command() -> None:
-    status = {"poweredOn": True, "errorCount": 2, "lastPowerCommand": {"action": "on"}}
-    failed = error_status(status, "power management error", "no route", counted=True,
-                          forget_command=True)  # fmt: skip
-    assert failed == {
+    wire = {
+        "poweredOn": True,
+        "errorCount": 2,
+        "lastPowerCommand": {"action": "on", "at": "2026-11-20T11:59:00Z"},
+    }
+    status = PowerStatus.from_wire(wire)
+    failed = status.failed("power management error", "no route", forget_command=True)
+    assert failed.to_wire(wire) == {
         "poweredOn": True,
         "errorCount": 3,
         "errorType": "power management error",
         "errorMessage": "no route",
         "operationalStatus": "error",
     }
-    rewritten = error_status(status, "registration error", "x", counted=False, forget_command=False)
-    assert rewritten["errorCount"] == 2
-    assert rewritten["lastPowerCommand"] == {"action": "on"}
+    kept = status.failed("registration error", "x", forget_command=False).to_wire(wire)
+    assert kept["lastPowerCommand"] == {"action": "on", "at": "2026-11-20T11:59:00.000000Z"}
 
 
 def test_recovery_clears_errors_and_a_refused_writes_condition() -> None:
-    refused = refused_status({"poweredOn": False}, "refused by policy", NOW)
+    refused = PowerStatus(powered_on=False).refused("refused by policy", NOW).to_wire({})
     assert refused["operationalStatus"] == "error"
     (condition,) = refused["conditions"]
     assert condition["type"] == "WritesAccepted"
     assert condition["status"] == "False"
     assert condition["lastTransitionTime"] == "2026-11-20T12:00:00Z"
-    status, recovered = recovered_status({**refused, "errorCount": 4})
-    assert recovered
-    assert status["conditions"] == []
-    assert (status["errorType"], status["errorCount"], status["operationalStatus"]) == ("", 0, "OK")
-    assert recovered_status({"poweredOn": True}) == (
-        {"poweredOn": True, "operationalStatus": "OK"},
-        False,
+    before = {**refused, "errorCount": 4}
+    status = PowerStatus.from_wire(before)
+    assert status.in_error
+    recovered = status.recovered().to_wire(before)
+    assert recovered["conditions"] == []
+    assert (recovered["errorType"], recovered["errorCount"], recovered["operationalStatus"]) == (
+        "",
+        0,
+        "OK",
     )
+    healthy = {"poweredOn": True}
+    assert not PowerStatus.from_wire(healthy).in_error
+    assert PowerStatus.from_wire(healthy).recovered().to_wire(healthy) == {
+        "poweredOn": True,
+        "operationalStatus": "OK",
+    }
+
+
+def test_a_status_written_around_us_reads_as_absent_fields() -> None:
+    hostile = {
+        "poweredOn": "yes",
+        "errorCount": "many",
+        "lastPowerCommand": {"action": "explode", "at": "now"},
+        "poweredOffFor": "all of them",
+        "provisioning": {"lastPoweredOn": "yesterday", "pendingRebootSince": 5},
+    }
+    assert PowerStatus.from_wire(hostile) == PowerStatus()
 
 
 # ---- a recorded command after a restart: when is it sent? ---------------------------------
@@ -180,18 +201,18 @@ def test_when_a_recorded_command_is_sent(
     assert send_recorded_now(last, needed, confirmed, since, SETTINGS) is send
 
 
+BASE = Host(
+    online=True,
+    provisioning_state="provisioned",
+    externally_provisioned=False,
+    annotations={},
+    power=PowerState.OFF,
+    status=PowerStatus(powered_on=False, last_powered_on=NOW - dt.timedelta(hours=1)),
+)
+
+
 def host(**changes: Any) -> Host:
-    base = Host(
-        online=True,
-        provisioning_state="provisioned",
-        externally_provisioned=False,
-        annotations={},
-        power=PowerState.OFF,
-        recorded_on=False,
-        last_powered_on=NOW - dt.timedelta(hours=1),
-        pending_reboot_since=None,
-    )
-    return dataclasses.replace(base, **changes)
+    return views.host(BASE, **changes)
 
 
 def test_a_power_on_recorded_before_a_crash_is_sent_at_once_after_the_restart() -> None:
@@ -199,16 +220,18 @@ def test_a_power_on_recorded_before_a_crash_is_sent_at_once_after_the_restart() 
     command_retry (30 s) when the BMC, just read, says it is still off."""
     recorded = LastCommand("on", NOW - dt.timedelta(seconds=2))
     same_process = decide(host(last_command=recorded), NOW, SETTINGS)
-    assert same_process.command is None  # ours, in flight: wait for it to land
-    restarted = decide(host(last_command=recorded, command_confirmed=False), NOW, SETTINGS)
-    assert restarted.command == "on"
-    assert restarted.status["lastPowerCommand"] == {"action": "on", "at": NOW}
+    assert views.command(same_process) is None  # ours, in flight: wait for it to land
+    unconfirmed = host(last_command=recorded, command_confirmed=False)
+    restarted = decide(unconfirmed, NOW, SETTINGS)
+    assert views.command(restarted) == "on"
+    changes = views.status_changes(unconfirmed, restarted)
+    assert changes["lastPowerCommand"] == {"action": "on", "at": NOW}
 
 
 def test_a_landed_command_is_not_sent_again_after_a_restart() -> None:
     recorded = LastCommand("on", NOW - dt.timedelta(seconds=2))
     landed = host(last_command=recorded, command_confirmed=False, power=PowerState.ON)
-    assert decide(landed, NOW, SETTINGS).command is None
+    assert views.command(decide(landed, NOW, SETTINGS)) is None
 
 
 def test_a_soft_off_sent_again_after_a_restart_keeps_its_time_for_the_escalation() -> None:
@@ -217,10 +240,10 @@ def test_a_soft_off_sent_again_after_a_restart_keeps_its_time_for_the_escalation
     on = host(online=False, power=PowerState.ON, recorded_on=True, last_command=recorded,
               command_confirmed=False)  # fmt: skip
     decision = decide(on, NOW, SETTINGS)
-    assert decision.command == "soft off"
-    assert decision.status.get("lastPowerCommand", {"at": sent})["at"] == sent
+    assert views.command(decision) == "soft off"
+    assert views.status_changes(on, decision).get("lastPowerCommand", {"at": sent})["at"] == sent
     confirmed = decide(dataclasses.replace(on, command_confirmed=True), NOW, SETTINGS)
-    assert confirmed.command is None  # ours: let it run until soft_timeout
+    assert views.command(confirmed) is None  # ours: let it run until soft_timeout
 
 
 # ---- the watch predicate: status-only updates do not wake host-power ----------------------

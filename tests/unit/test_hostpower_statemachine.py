@@ -13,16 +13,16 @@ every reboot request sees the host off before lastPoweredOn passes it.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from metalmend.api.names import REBOOT
+from metalmend.api.power import PowerState
 from metalmend.api.reboot import is_reboot_annotation
-from metalmend.bmc.driver import PowerState
-from metalmend.policy.hostpower import Decision, Host, LastCommand, PowerSettings, decide
+from metalmend.policy.hostpower import Decision, Host, PowerSettings, PowerStatus, SetStatus, decide
+from tests.unit import hostpower_views as views
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 SETTINGS = PowerSettings(soft_timeout=30, poll_interval=20, transition_poll=1, command_retry=10)
@@ -43,7 +43,7 @@ class HostPowerMachine(RuleBasedStateMachine):
         self.online = True
         self.state = "provisioned"
         self.annotations: dict[str, str] = {}
-        self.status: dict[str, Any] = {"poweredOn": True}
+        self.status = PowerStatus(powered_on=True)
         # what the invariants watch
         self.seen_off_for: dict[dt.datetime, bool] = {}  # pending reboot -> host seen off
         self.violations: list[str] = []
@@ -94,66 +94,61 @@ class HostPowerMachine(RuleBasedStateMachine):
         if self.bmc_fails:
             return  # the BMC read fails: an error is recorded, nothing else happens
         before = dict(self.annotations)
-        decision = decide(self.view(), self.now, SETTINGS)
-        self.check_decision(decision, before)
+        view = self.view()
+        decision = decide(view, self.now, SETTINGS)
+        self.check_decision(view, decision, before)
         self.apply_status(decision)
         if crash_after == "status":
             return
-        for key in decision.remove_annotations:
+        for key in views.removed(decision):
             self.annotations.pop(key, None)
-        if crash_after == "annotations" or decision.command is None:
+        command = views.command(decision)
+        if crash_after == "annotations" or command is None:
             return
-        target = decision.command == "on"
-        if decision.command == "soft off" and self.ignores_soft:
+        target = command == "on"
+        if command == "soft off" and self.ignores_soft:
             return
         self.landing = (target, self.now + dt.timedelta(seconds=delay))
         self.tick(0)
 
     def view(self) -> Host:
-        command = self.status.get("lastPowerCommand")
         return Host(
             online=self.online,
             provisioning_state=self.state,
             externally_provisioned=False,
             annotations=dict(self.annotations),
             power=PowerState.ON if self.power_on else PowerState.OFF,
-            recorded_on=self.status.get("poweredOn"),
-            last_powered_on=self.status.get("lastPoweredOn"),
-            pending_reboot_since=self.status.get("pendingRebootSince"),
-            last_command=LastCommand(command["action"], command["at"]) if command else None,
+            status=self.status,
         )
 
     def apply_status(self, decision: Decision) -> None:
-        for name, value in decision.status.items():
-            if value is None:
-                self.status.pop(name, None)
-            else:
-                self.status[name] = value
+        self.status = decision.of(SetStatus)[-1].status
 
-    def check_decision(self, decision: Decision, annotations: dict[str, str]) -> None:
-        pending = self.status.get("pendingRebootSince")
-        last = self.status.get("lastPoweredOn")
+    def check_decision(self, view: Host, decision: Decision, annotations: dict[str, str]) -> None:
+        changes = views.status_changes(view, decision)
+        pending = self.status.pending_reboot_since
+        last = self.status.last_powered_on
         if pending is not None and (last is None or pending > last) and not self.power_on:
             self.seen_off_for[pending] = True
-        new_pending = decision.status.get("pendingRebootSince")
+        new_pending = changes.get("pendingRebootSince")
         if new_pending is not None:
             self.seen_off_for.setdefault(new_pending, not self.power_on)
-        elif "pendingRebootSince" in decision.status:
+        elif "pendingRebootSince" in changes:
             self.seen_off_for.clear()  # deprovisioning withdrew the request
         # invariant 6: only the suffixless form, or all of them when deprovisioning
-        for key in decision.remove_annotations:
+        for key in views.removed(decision):
             if key != REBOOT and self.state != "deprovisioning":
                 self.violations.append(f"removed {key} while {self.state}")
         # invariant 3: no power-on while a keyed annotation remains
         keyed = [k for k in annotations if is_reboot_annotation(k) and k != REBOOT]
         honoured = self.state in ("provisioned", "externally provisioned")
-        if decision.command == "on" and keyed and honoured:
+        if views.command(decision) == "on" and keyed and honoured:
             self.violations.append(f"powered on while {keyed} held the host")
         # invariant 4 and reboot completion: lastPoweredOn moves only on restored power,
         # and never past a reboot request that has not seen the host off
-        moved = decision.status.get("lastPoweredOn")
+        moved = changes.get("lastPoweredOn")
         if moved is not None:
-            restored = self.power_on and self.status.get("poweredOn") is not True
+            restored = self.power_on and self.status.powered_on is not True
             first_sight = self.power_on and last is None
             if not (restored or first_sight):
                 self.violations.append("lastPoweredOn moved without power being restored")
@@ -184,8 +179,8 @@ class HostPowerMachine(RuleBasedStateMachine):
         assert self.power_on, "an online host without reboot annotations stayed off"
         assert not self.violations, self.violations
         assert REBOOT not in self.annotations, "the suffixless annotation outlived its reboot"
-        pending = self.status.get("pendingRebootSince")
-        last = self.status.get("lastPoweredOn")
+        pending = self.status.pending_reboot_since
+        last = self.status.last_powered_on
         assert pending is None or (last is not None and pending < last), "reboot never completed"
 
 

@@ -1,14 +1,15 @@
 """The package's import contract, read from the source with ``ast`` (run by ``make lint``):
 
 - ``metalmend.policy`` decides without I/O: it imports only the standard library, the
-  shared vocabulary in ``metalmend.api``, the power-state vocabulary in
-  ``metalmend.bmc.driver``, and its own modules;
+  shared vocabulary in ``metalmend.api`` (the power vocabulary included), and its own
+  modules;
 - the lab (real control plane, emulated BMCs, kubelet simulators) is a harness: nothing
   outside ``metalmend.lab``, ``metalmend.demo`` and ``metalmend.cli`` imports it;
 - ``metalmend.cli`` loads the lab and the demo only inside the commands that use them, so
   that ``metalmend run`` works where the lab's extras (sushy-tools) are not installed;
 - every third-party module the package imports comes from a distribution it declares
-  (``[project].dependencies``; the lab and the demo may also use the ``lab`` extra).
+  (``[project].dependencies``; the lab and the demo may also use the ``lab`` extra);
+- no test reaches into a controller's private names.
 """
 
 from __future__ import annotations
@@ -251,3 +252,44 @@ def test_only_kube_errors_compares_api_status_codes() -> None:
             ):
                 wrong.append(f"{module_name(path)}:{node.lineno}")
     assert not wrong, "use metalmend.kube.errors:\n" + "\n".join(wrong)
+
+
+TESTS = PACKAGE.parents[1] / "tests"
+
+
+def _private_uses(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """``from metalmend.controllers... import _x`` and ``<controller module>._x``."""
+    aliases: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "metalmend.controllers"
+        ):
+            for alias in node.names:
+                if alias.name.startswith("_"):
+                    yield node.lineno, f"{node.module}.{alias.name}"
+                aliases.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("metalmend.controllers"):
+                    aliases.add(alias.asname or alias.name)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+        ):
+            yield node.lineno, f"{node.value.id}.{node.attr}"
+
+
+def test_no_test_reaches_into_a_controllers_private_names() -> None:
+    """Tests drive controllers through what they offer (observe, decide, act, the Writer:
+    docs/decide-act.md), so that a change inside a controller is seen by the tests that
+    prove it safe instead of being copied around them."""
+    wrong = [
+        f"{path.relative_to(TESTS.parent)}:{line} uses {name}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for line, name in _private_uses(ast.parse(path.read_text(), filename=str(path)))
+    ]
+    assert not wrong, "\n".join(wrong)

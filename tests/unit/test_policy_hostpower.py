@@ -3,15 +3,24 @@ design and of our power handling. Each id reads as the rule it proves."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from typing import Any
 
 import pytest
 
-from metalmend.api.names import REBOOT
-from metalmend.bmc.driver import PowerState
-from metalmend.policy.hostpower import MICROSECOND, Host, LastCommand, PowerSettings, decide
+from metalmend.api.names import REASON_INVALID_REBOOT, REASON_REBOOT_IGNORED, REBOOT
+from metalmend.api.power import PowerState
+from metalmend.policy.hostpower import (
+    MICROSECOND,
+    Decision,
+    Host,
+    LastCommand,
+    PowerSettings,
+    PowerStatus,
+    ReportOnce,
+    decide,
+)
+from tests.unit import hostpower_views as views
 
 T0 = dt.datetime(2026, 11, 20, 12, 0, 0, tzinfo=dt.UTC)
 NOW = T0 + dt.timedelta(minutes=1)
@@ -22,18 +31,28 @@ SETTINGS = PowerSettings(soft_timeout=180, poll_interval=20, transition_poll=1, 
 ON, OFF = PowerState.ON, PowerState.OFF
 
 
+BASE = Host(
+    online=True,
+    provisioning_state="provisioned",
+    externally_provisioned=False,
+    annotations={},
+    power=ON,
+    status=PowerStatus(powered_on=True, last_powered_on=T0),
+)
+
+
 def host(**changes: Any) -> Host:
-    base = Host(
-        online=True,
-        provisioning_state="provisioned",
-        externally_provisioned=False,
-        annotations={},
-        power=ON,
-        recorded_on=True,
-        last_powered_on=T0,
-        pending_reboot_since=None,
-    )
-    return dataclasses.replace(base, **changes)
+    return views.host(BASE, **changes)
+
+
+def reported(decision: Decision, reason: str) -> list[str]:
+    """The messages of the once-per-value Events with ``reason``."""
+    return [a.event.message for a in decision.of(ReportOnce) if a.event.reason == reason]
+
+
+def requeue_after(decision: Decision) -> float:
+    assert decision.requeue_at is not None
+    return (decision.requeue_at - NOW).total_seconds()
 
 
 def ago(seconds: float) -> dt.datetime:
@@ -112,44 +131,47 @@ CASES = [
 def test_rules(state: Host, expected: tuple[str | None, dict[str, Any], list[str]]) -> None:
     command, status, removed = expected
     decision = decide(state, NOW, SETTINGS)
-    assert decision.command == command
+    assert views.command(decision) == command
+    changes = views.status_changes(state, decision)
     for name, value in status.items():
-        assert decision.status.get(name, "absent") == value, name
-    assert decision.remove_annotations == removed
+        assert changes.get(name, "absent") == value, name
+    assert views.removed(decision) == removed
 
 
 def test_annotation_contents_are_ignored_but_preserved() -> None:
     value = "machine 3f2a uid, not JSON"
     decision = decide(host(annotations={KEYED: value}), NOW, SETTINGS)
-    assert decision.command == "soft off"
-    assert KEYED not in decision.remove_annotations
-    assert [r.key for r in decision.invalid] == [KEYED]
+    assert views.command(decision) == "soft off"
+    assert KEYED not in views.removed(decision)
+    assert [m.split(":")[0] for m in reported(decision, REASON_INVALID_REBOOT)] == [KEYED]
 
 
 def test_pending_is_strictly_later_than_a_last_powered_on_of_the_same_instant() -> None:
     first_sight = host(recorded_on=None, last_powered_on=None, annotations={KEYED: ""})
     decision = decide(first_sight, NOW, SETTINGS)
-    assert decision.status["lastPoweredOn"] == NOW
-    assert decision.status["pendingRebootSince"] == NOW + MICROSECOND
-    assert decision.command == "soft off"
+    changes = views.status_changes(first_sight, decision)
+    assert changes["lastPoweredOn"] == NOW
+    assert changes["pendingRebootSince"] == NOW + MICROSECOND
+    assert views.command(decision) == "soft off"
 
 
 def test_unprovisioned_hosts_say_why_nothing_happened() -> None:
     decision = decide(host(provisioning_state="inspecting", annotations={KEYED: ""}), NOW, SETTINGS)
-    assert decision.ignored is not None
-    assert "inspecting" in decision.ignored
+    [why] = reported(decision, REASON_REBOOT_IGNORED)
+    assert "inspecting" in why
 
 
 def test_a_user_can_tell_the_reboot_completed() -> None:
-    decision = decide(host(power=ON, recorded_on=False, **PENDING), NOW, SETTINGS)
+    state = host(power=ON, recorded_on=False, **PENDING)
+    decision = decide(state, NOW, SETTINGS)
     assert [e.reason for e in decision.events] == ["PoweredOn", "RebootCompleted"]
-    assert decision.status["lastPoweredOn"] > PENDING["pending_reboot_since"]
+    assert views.status_changes(state, decision)["lastPoweredOn"] > PENDING["pending_reboot_since"]
 
 
 def test_requeue_is_quick_while_power_changes_and_slow_when_settled() -> None:
-    assert decide(host(online=False), NOW, SETTINGS).requeue_after == SETTINGS.first_poll
+    assert requeue_after(decide(host(online=False), NOW, SETTINGS)) == SETTINGS.first_poll
     landing = host(online=False, last_command=LastCommand("soft off", ago(0.05)))
-    assert decide(landing, NOW, SETTINGS).requeue_after == SETTINGS.first_poll
+    assert requeue_after(decide(landing, NOW, SETTINGS)) == SETTINGS.first_poll
     slow = host(power=OFF, recorded_on=False, last_command=LastCommand("on", ago(8)))
-    assert decide(slow, NOW, SETTINGS).requeue_after == SETTINGS.transition_poll
-    assert decide(host(), NOW, SETTINGS).requeue_after == SETTINGS.poll_interval
+    assert requeue_after(decide(slow, NOW, SETTINGS)) == SETTINGS.transition_poll
+    assert requeue_after(decide(host(), NOW, SETTINGS)) == SETTINGS.poll_interval

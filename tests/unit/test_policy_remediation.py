@@ -134,7 +134,7 @@ def test_another_remediation_on_the_host_waits() -> None:
     decision = r.decide(observed(progress=r.Progress(), host=busy), T0)
     assert kinds(decision) == ["SetProgress"]
     assert "machine-remediation" in progress_of(decision).message
-    assert progress_of(decision).phase == ""
+    assert progress_of(decision).phase is None
 
 
 def test_a_key_still_listed_from_before_is_added_again_only_once_host_power_saw_it_go() -> None:
@@ -143,7 +143,7 @@ def test_a_key_still_listed_from_before_is_added_again_only_once_host_power_saw_
     decision = r.decide(observed(progress=r.Progress(), host=host(WITHDRAWAL_UNSEEN)), T0)
     assert "RequestPowerOff" not in kinds(decision)
     assert "host-power" in progress_of(decision).message
-    assert progress_of(decision).phase == ""
+    assert progress_of(decision).phase is None
     seen = r.decide(observed(progress=r.Progress(), host=host(ON)), T0)  # listing dropped
     assert kinds(seen) == ["SetProgress", "RequestPowerOff"]
 
@@ -217,7 +217,9 @@ def test_fencing_backs_up_deletes_the_node_and_its_pods_then_powers_on() -> None
         "SetProgress",
         "ReleasePower",
     ]
-    assert decision.actions[1] == r.BackupNode({"role": "worker", "zone": "a"}, {"team": "storage"})
+    assert decision.actions[1] == r.BackupNode(
+        r.Backup({"role": "worker", "zone": "a"}, {"team": "storage"})
+    )
     assert r.DeleteNode("node-1", "n-1") in decision.actions
     progress = progress_of(decision)
     assert (progress.phase, progress.fenced_node_uid) == (r.POWER_ON, "n-1")

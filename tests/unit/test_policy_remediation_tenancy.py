@@ -11,8 +11,8 @@ from tests.unit.test_policy_remediation import OFF_FOR_US, T0, host, kinds, obse
 REFUSAL = "Node victim (providerID metal3://lab/worker-2) is not a Node of host ns/h1"
 
 
-@pytest.mark.parametrize("phase", ["", *r.PHASES])
-def test_a_refused_link_does_nothing_but_release(phase: str) -> None:
+@pytest.mark.parametrize("phase", [None, *r.PHASES])
+def test_a_refused_link_does_nothing_but_release(phase: r.Phase | None) -> None:
     decision = r.decide(observed(phase, node=None, link_problem=REFUSAL), T0)
     assert kinds(decision) == ["SetProgress"] or kinds(decision) == []
     progress = [a.progress for a in decision.actions if isinstance(a, r.SetProgress)]

@@ -3,25 +3,28 @@
 The world: one or two hosts whose BMCs land power changes late (and fail), hosts that boot
 after a delay and hang, a kubelet that registers a *new* Node (new uid, fewer labels and
 annotations than the original had) whenever a running host has none, a node monitor, node-link
-(Machine nodeRef follows the Node), a health check played by rules (it creates and deletes
+(Machine nodeRef follows a registered Node, and is kept when it is deleted), a health check played by rules (it creates and deletes
 Metal3Remediation objects and sets and removes the annotation-based flow's annotation), the garbage
 collector, Nodes deleted by others, and ``spec.online`` flips. Optionally a second Machine
 names the first host (and Node), so that two remediations compete for one host. Optionally
 the two hosts' systems sit behind one shared BMC endpoint (a chassis manager, a Redfish
 aggregator): each host's ``spec.bmc.address`` names the endpoint and its own system.
 
-The controllers run their real code where it is pure: ``policy.hostpower.decide`` (the host
-controller), ``policy.remediation.decide`` with ``RemediationController.observe``
-(metal3-remediation) and ``policy.machineremediation.decide`` with ``host_is_on`` and
-``machine_for`` (the annotation-based flow). Every BMC reading and command of the host controller goes
-through the real ``BmcPool`` (its driver cache and its slots) from the host's address, with
-drivers that reach the simulated system their address names. Their writes are modelled as the controllers carry them out:
-status patches carry the resourceVersion decided on (409 otherwise), a reboot key is added
-only if the host is unchanged since observed, DeleteNode has a uid precondition, a patch
-that changes nothing sends nothing, and a failed write ends the reconcile. A reconcile is
-observed and decided at once; its writes then run one by one, interleaved with everything
-else, and a crash (or a restart of everything) can drop the rest at any point. Controllers
-keep no state: everything is read from the modelled API objects.
+The controllers run their real code: host-power's ``begin`` (retry schedule, BMC read,
+``policy.hostpower.decide``), ``act`` and ``succeeded``; metal3-remediation's ``plan``
+(observe, ``policy.remediation.decide``) and ``act``; machine-remediation's ``observe`` and
+``decide``. Their executors write through ``WorldWriter``, the world's implementation of
+``kube.writer.Writer`` (docs/decide-act.md), so a change to a controller's executor is a
+change to this model. Every BMC reading and command of the host controller goes through
+the real ``BmcPool`` (its driver cache and its slots) from the host's address and its
+credentials Secret, with drivers that reach the simulated system their address names.
+The world's writes behave as the API server's: status patches carry the resourceVersion
+decided on (409 otherwise), a reboot key is added only if the host is unchanged since
+observed, deletes have a uid precondition, a patch that changes nothing sends nothing, and
+a failed write ends the reconcile. A reconcile is observed and decided at once; its
+actions then run one by one, interleaved with everything else, and a crash (or a restart
+of everything, which also forgets what host-power kept in memory: the commands it sent and
+its retry schedules) can drop the rest at any point.
 
 Invariants:
 1. (docs/design.md, invariant 1) A Node is deleted or tainted out-of-service by remediation only while the
@@ -38,23 +41,25 @@ Invariants:
 9. (docs/design.md safety invariant 9) Every BMC command and power reading reached the
    system its host names, never another behind the same endpoint.
 
-Four policy bugs this model found are replayed step by step at the end of this file:
-A. (fixed in policy.hostpower) an "on" in flight was forgotten when a reboot key arrived
-   before it landed, so a host that powers on was reported off (invariant 1, ground truth);
-B. (fixed in policy.remediation) a retry reset ``fencedNodeUID`` and deletion then dropped
-   the label backup without a Warning (invariant 3);
-C. (fixed in policy.hostpower and policy.fencing: ``status.poweredOffFor``) an off report
-   written for an earlier, withdrawn reboot request counted for a later remediation
-   (invariant 1, evidence);
-D. (fixed in policy.hostpower) an "on" not obeyed within ``command_retry`` was forgotten
-   while the host was held off, although a slow BMC still carried it out, after fencing
-   (invariant 1, ground truth).
+Four policy bugs this model found are replayed step by step at the end of this file, each
+test named for the rule it now proves:
+- an "on" in flight was forgotten when a reboot key arrived before it landed, so a host
+  that powers on was reported off (invariant 1, ground truth; fixed in policy.hostpower);
+- a retry reset ``fencedNodeUID`` and deletion then dropped the label backup without a
+  Warning (invariant 3; fixed in policy.remediation);
+- an off report written for an earlier, withdrawn reboot request counted for a later
+  remediation (invariant 1, evidence; fixed in policy.hostpower and policy.fencing:
+  ``status.poweredOffFor``);
+- an "on" not obeyed within ``command_retry`` was forgotten while the host was held off,
+  although a slow BMC still carried it out, after fencing (invariant 1, ground truth;
+  fixed in policy.hostpower).
 
 Mutation checks (done by hand, not committed): with ``policy.fencing.reported_off`` weakened to
 ``powered_on is False`` (in policy.remediation and controllers.machineremediation), the
 state machine finds an invariant-1 violation within its 500 examples; with it ignoring
 ``acknowledged``, or with host-power forgetting an unobeyed "on" after ``command_retry``
-again, the replays of C and D fail. With ``BmcPool``'s
+again, the replays of the last two fail. (The first mutation was checked again after the
+controllers' executors moved onto the Writer: invariant 1 is violated within one run.) With ``BmcPool``'s
 drivers keyed by endpoint only (``bmc.pool._driver_key`` returning ``address.key``, as before
 the fix: the first host's driver, and so its system, served every host on the endpoint), it
 finds an invariant-9 violation at once (a shared endpoint, a power reading of h2 reached A).
@@ -64,36 +69,41 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import datetime as dt
 import functools
 import json
 import logging
-from collections.abc import Callable
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from lightkube.resources.core_v1 import Node
+from lightkube import ApiError
+from lightkube.models.meta_v1 import Status
+from lightkube.resources.core_v1 import Node, Secret
 
 from metalmend.api import names
 from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
-from metalmend.bmc import BmcPool, BmcTarget, Credentials, parse
+from metalmend.api.stamps import stamp
+from metalmend.bmc import BmcPool, BmcTarget, parse
+from metalmend.bmc.credentials import HOSTS_ANNOTATION
 from metalmend.bmc.driver import PowerAction, PowerDriver, PowerState
-from metalmend.bmc.errors import BadAddress
+from metalmend.bmc.errors import BadAddress, Unreachable
 from metalmend.controllers import hostpower as hostpower_controller
 from metalmend.controllers import machineremediation as mr_controller
 from metalmend.controllers import remediation as m3_controller
+from metalmend.kube.controller import Result
 from metalmend.kube.store import Store, object_key
 from metalmend.kube.writes import merge_patch
 from metalmend.policy import hostpower as hostpower_policy
 from metalmend.policy import machineremediation as mr_policy
 from metalmend.policy import remediation as policy
-from metalmend.policy.fencing import is_remediation_key, other_remediation
+from metalmend.policy.fencing import is_remediation_key
 from metalmend.settings import FenceMethod, RemediationSettings, RuntimeSettings, Settings
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -104,6 +114,7 @@ POWER = hostpower_policy.PowerSettings(
     soft_timeout=30, poll_interval=20, transition_poll=1, command_retry=10
 )
 HARD = json.dumps({"mode": "hard"})
+OUT_OF_SERVICE = {"key": names.OUT_OF_SERVICE_TAINT, "effect": "NoExecute"}
 MR_KEY = names.MACHINE_REMEDIATION_REBOOT
 WORKERS = (
     *(f"host-power/{h}" for h in HOSTS),
@@ -144,7 +155,12 @@ def note(what: str) -> None:
 
 
 class Conflict(Exception):
-    """A 409 or 404 answer: the reconcile ends here (the key is retried later)."""
+    """The reconcile ends here (the key is retried later)."""
+
+
+def api_error(code: int) -> ApiError:
+    """The API server's answer, as the controllers get it: 409 (another writer won), 404."""
+    return ApiError(status=Status(code=code, message=f"answered {code}"))
 
 
 # ---- API objects: just enough of lightkube's for the controllers' observe functions -----------
@@ -210,7 +226,7 @@ class NodeObj:
 
     @property
     def spec(self) -> Any:
-        taint = SimpleNamespace(key=names.OUT_OF_SERVICE_TAINT)
+        taint = SimpleNamespace(key=names.OUT_OF_SERVICE_TAINT, to_dict=lambda: OUT_OF_SERVICE)
         return SimpleNamespace(taints=[taint] if self.out_of_service else None)
 
 
@@ -255,11 +271,21 @@ class WorldDriver:
         bmc = self.world.systems.get(self.system)
         if bmc is None:  # never a fallback to another system
             raise BadAddress(f"no system {self.system[1]} at {self.system[0]}")
+        if bmc.broken:
+            raise Unreachable("BMC unreachable")
         self.world.reached.append((self.system, what))
         return bmc
 
     async def power_state(self) -> PowerState:
-        return PowerState.ON if self._reach("power reading").on else PowerState.OFF
+        bmc = self._reach("power reading")
+        if not bmc.on:  # ground truth for invariant 1: when host-power last read it off
+            h = next(h for h, b in self.world.bmcs.items() if b is bmc)
+            self.world.off_read[h] = self.world.now
+            if bmc.landing is not None and bmc.landing[0]:
+                note("host-power reads a host off while a power-on is still to land")
+                if (self.world.now - bmc.landing[3]).total_seconds() >= POWER.command_retry:
+                    note("... sent command_retry or longer ago")
+        return PowerState.ON if bmc.on else PowerState.OFF
 
     async def act(self, action: PowerAction) -> None:
         bmc = self._reach(f"{action} command")
@@ -271,6 +297,142 @@ class WorldDriver:
         pass
 
 
+T = TypeVar("T")
+
+
+class CheckedPool(BmcPool):
+    """The real BmcPool (its driver cache and slots), with invariant 9 checked on every
+    call host-power makes: what the call reached is the system the host's address names."""
+
+    def __init__(self, world: RemediationWorld, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.world = world
+
+    async def power_state(self, target: BmcTarget) -> PowerState:
+        self.world.reached.clear()
+        try:
+            return await super().power_state(target)
+        finally:
+            self.check(target)
+
+    async def act(self, target: BmcTarget, action: PowerAction) -> None:
+        self.world.reached.clear()
+        try:
+            await super().act(target, action)
+        finally:
+            self.check(target)
+        self.world.tick(0)
+
+    def check(self, target: BmcTarget) -> None:
+        named = (target.address.key, target.address.system_path)
+        for system, what in self.world.reached:
+            if system != named:
+                self.world.violate(
+                    f"invariant 9: a {what} for system {named[1]} reached system"
+                    f" {system[1]} at {system[0]}"
+                )
+
+
+class WorldWriter:
+    """``kube.writer.Writer`` over the simulated world: the controllers' real executors
+    write through it. Versioned writes answer 409 as the API server does, a patch that
+    changes nothing sends nothing, and the checks of the invariants run at the writes that
+    matter (a Node fenced, a phase reached, an object gone)."""
+
+    def __init__(self, world: RemediationWorld) -> None:
+        self.world = world
+
+    def store(self, resource: Any) -> Store:
+        store: Store = self.world.manager.stores[resource]
+        return store
+
+    async def patch_status(self, resource: Any, obj: Any, status: Mapping[str, Any]) -> Any:
+        new = self.world.patch_status(self.store(resource), obj, status)
+        if new is not None:
+            self.world.status_written(self.store(resource), status)
+        return new
+
+    async def patch_metadata(
+        self,
+        resource: Any,
+        obj: Any,
+        field: str,
+        changes: Mapping[str, str | None],
+        *,
+        require_version: bool = False,
+    ) -> Any | None:
+        store = self.store(resource)
+        return self.world.patch_map(
+            store, obj, field, dict(changes), require_version=require_version
+        )
+
+    async def set_finalizers(self, resource: Any, obj: Any, finalizers: Sequence[str]) -> Any:
+        world, store = self.world, self.store(resource)
+        if list(obj.metadata.finalizers or []) == list(finalizers):
+            return None
+        live = store.get(object_key(obj))
+        if live is None:
+            if finalizers:
+                raise api_error(404)
+            return None
+        if live.metadata.resourceVersion != obj.metadata.resourceVersion:
+            raise api_error(409)
+        if not finalizers and live.metadata.deletionTimestamp is not None:
+            store.delete(object_key(live))
+            if world.acting is not None:
+                world.check_gone(world.acting)
+            return None
+
+        def set_finalizers(o: Any) -> None:
+            o.metadata.finalizers = list(finalizers)
+
+        return world.changed(store, live, set_finalizers)
+
+    async def set_taints(self, node: Any, taints: Sequence[Mapping[str, str]]) -> Any:
+        world = self.world
+        live = world.nodes.get(node.metadata.name)
+        if live is None:
+            raise api_error(404)
+        if live.metadata.resourceVersion != node.metadata.resourceVersion:
+            raise api_error(409)
+        tainted = any(t.get("key") == names.OUT_OF_SERVICE_TAINT for t in taints)
+        if tainted and not live.out_of_service:
+            world.fenced(live, f"tainted Node {live.metadata.name}")
+
+        def set_taint(n: Any) -> None:
+            n.out_of_service = tainted
+
+        return world.changed(world.nodes, live, set_taint)
+
+    async def delete_exact(
+        self, resource: Any, name: str, uid: str, *, namespace: str | None = None
+    ) -> bool:
+        world, store = self.world, self.store(resource)
+        key = f"{namespace}/{name}" if namespace else name
+        found = store.get(key)
+        if found is None or found.metadata.uid != uid:
+            return False
+        if resource is Node:
+            world.fenced(found, f"deleted Node {name}")
+            world.node_deleted(found)
+        elif resource is Machine:
+            note("escalation deleted a Machine")
+        store.delete(key)
+        return True
+
+    async def delete_pods_on(self, node: str) -> None:
+        pass  # no pods in this model
+
+    async def create(self, resource: Any, obj: Any) -> Any:
+        raise AssertionError("nothing is created in this model")
+
+    async def power(self, target: Any, action: PowerAction) -> None:
+        await self.world.pool.act(target, action)
+
+    async def record_event(self, obj: Any, type_: str, reason: str, message: str) -> None:
+        self.world.event_recorded(reason, message)
+
+
 @dataclass
 class Reconcile:
     """One reconcile in flight: what it decided on, and its copy of the object it writes."""
@@ -280,6 +442,7 @@ class Reconcile:
     observed: Any = None
     decision: Any = None
     host_name: str = ""
+    flow: str = ""  # metal3-remediation | machine-remediation | host-power
 
 
 @dataclass
@@ -305,14 +468,15 @@ class RemediationWorld(RuleBasedStateMachine):
         self.reached: list[tuple[tuple[str, str], str]] = []  # what BMC calls reached
         self.landing_delays: tuple[float, float] = (0, 0)  # of the command being sent
         self.loop = asyncio.new_event_loop()
-        self.pool = BmcPool(driver_factory=self.driver_for)
+        self.pool = CheckedPool(self, driver_factory=self.driver_for)
+        self.writer = WorldWriter(self)
+        self.acting: Reconcile | None = None  # the reconcile whose step is running
         self.inflight: dict[str, list[Step]] = {}
         self.violations: list[str] = []
         self.off_read: dict[str, dt.datetime] = {}  # host -> last BMC read that said off
         self.created_at: dict[str, dt.datetime] = {}  # remediation uid -> creation
         self.key_added_at: dict[tuple[str, str], dt.datetime] = {}  # (host, reboot key)
         self.debts: dict[str, Debt] = {}  # remediation uid -> labels owed
-        self.sent: dict[str, hostpower_policy.LastCommand] = {}  # host-power's memory
 
     # ---- set-up ---------------------------------------------------------------------------------
 
@@ -323,7 +487,7 @@ class RemediationWorld(RuleBasedStateMachine):
         two_hosts=st.booleans(),
         shared_host=st.sampled_from([True, True, False]),
         shared_endpoint=st.booleans(),
-        first=st.sampled_from(["metal3", "seed-001", "both", "all"]),
+        first=st.sampled_from(["metal3", "annotation", "both", "all"]),
         starts=st.tuples(*[st.sampled_from(["on", "off", "powering on"])] * len(HOSTS)),
     )
     def build(
@@ -338,17 +502,22 @@ class RemediationWorld(RuleBasedStateMachine):
         """The world at T0. A host starts on; or off (spec.online false, its Node NotReady);
         or powering on (the host controller's "on" sent a second ago, landing in 5s). Its
         system is behind an endpoint of its own, or behind the endpoint both hosts share."""
-        manager: Any = FakeManager(lambda: self.now)
-        options = Settings(
-            runtime=RuntimeSettings(namespace=NS), remediation=RemediationSettings(fence=fence)
+        self.manager: Any = FakeManager(lambda: self.now)
+        self.options = Settings(
+            runtime=RuntimeSettings(namespace=NS),
+            remediation=RemediationSettings(fence=fence),
+            power=POWER,
         )
         self.fence = fence
-        self.m3 = m3_controller.RemediationController(manager, options)
-        self.mr = mr_controller.MachineRemediationController(manager, options)
-        self.hosts: Store = manager.stores[BareMetalHost]
-        self.machines: Store = manager.stores[Machine]
-        self.rems: Store = manager.stores[Metal3Remediation]
-        self.nodes: Store = manager.stores[Node]
+        self.start_controllers()
+        stores = self.manager.stores
+        self.hosts: Store = stores[BareMetalHost]
+        self.machines: Store = stores[Machine]
+        self.rems: Store = stores[Metal3Remediation]
+        self.nodes: Store = stores[Node]
+        secret = Obj("bmc-admin", "uid-secret", annotations={HOSTS_ANNOTATION: "*"})
+        secret.data = {"username": "YWRtaW4=", "password": "cHc="}  # type: ignore[attr-defined]
+        self.put(stores[Secret], secret)
         hosts = HOSTS if two_hosts else HOSTS[:1]
         hour_ago = T0 - dt.timedelta(hours=1)
         for h, start in zip(hosts, starts, strict=False):
@@ -362,7 +531,7 @@ class RemediationWorld(RuleBasedStateMachine):
                 "operationalStatus": "OK",
                 "provisioning": {
                     "state": names.PROVISIONED,
-                    "lastPoweredOn": hostpower_policy.stamp(hour_ago),
+                    "lastPoweredOn": stamp(hour_ago),
                 },
             }
             if start != "on":
@@ -370,8 +539,9 @@ class RemediationWorld(RuleBasedStateMachine):
             if start == "powering on":
                 sent = T0 - dt.timedelta(seconds=1)
                 bmc.landing = (True, T0 + dt.timedelta(seconds=5), 30, sent)
-                status["lastPowerCommand"] = {"action": "on", "at": hostpower_policy.stamp(sent)}
-            spec = {"online": start != "off", "bmc": {"address": address}}
+                status["lastPowerCommand"] = {"action": "on", "at": stamp(sent)}
+            bmc_spec = {"address": address, "credentialsName": "bmc-admin"}
+            spec = {"online": start != "off", "bmc": bmc_spec}
             self.put(self.hosts, Obj(h, f"uid-{h}", body={"spec": spec, "status": status}))
             name = node_of_host(h)
             node = NodeObj(
@@ -392,12 +562,12 @@ class RemediationWorld(RuleBasedStateMachine):
             self.link(m)
         if first in ("metal3", "both", "all"):
             self.mhc_creates_remediation("m1", "reboot", 3, 30, 60)
-        if first in ("seed-001", "both"):
-            self.mhc_requests_seed001("m1")
+        if first in ("annotation", "both"):
+            self.mhc_requests_by_annotation("m1")
         if first == "all":
             self.mhc_creates_remediation("m2", "escalate", 1, 30, 60)
             self.mhc_creates_remediation("m3", "reboot", 2, 30, 60)
-            self.mhc_requests_seed001("m3")
+            self.mhc_requests_by_annotation("m3")
 
     # ---- helpers: the API -----------------------------------------------------------------------
 
@@ -437,11 +607,11 @@ class RemediationWorld(RuleBasedStateMachine):
             return None
         live = store.get(object_key(seen))
         if live is None:
-            raise Conflict("404")
+            raise api_error(404)
         if require_version and live.metadata.resourceVersion != seen.metadata.resourceVersion:
             if store is self.hosts:
                 note("a reboot key was not added: the host changed since observed")
-            raise Conflict("409")
+            raise api_error(409)
 
         if store is self.hosts:
             for k, v in needed.items():
@@ -458,18 +628,18 @@ class RemediationWorld(RuleBasedStateMachine):
 
         return self.changed(store, live, apply)
 
-    def patch_status(self, store: Store, ctx: Reconcile, desired: dict[str, Any]) -> None:
+    def patch_status(self, store: Store, seen: Any, desired: Mapping[str, Any]) -> Any | None:
         """kube.writes.patch_status: merge patch with the resourceVersion decided on."""
-        if not merge_patch(ctx.obj.get("status") or {}, desired):
-            return
-        live = store.get(object_key(ctx.obj))
-        if live is None or live.metadata.resourceVersion != ctx.obj.metadata.resourceVersion:
-            raise Conflict("409")
+        if not merge_patch(seen.get("status") or {}, desired):
+            return None
+        live = store.get(object_key(seen))
+        if live is None or live.metadata.resourceVersion != seen.metadata.resourceVersion:
+            raise api_error(409)
 
         def apply(obj: Any) -> None:
-            obj.body["status"] = copy.deepcopy(desired)
+            obj.body["status"] = copy.deepcopy(dict(desired))
 
-        ctx.obj = self.changed(store, live, apply)
+        return self.changed(store, live, apply)
 
     def delete_object(self, store: Store, obj: Any) -> None:
         if obj.metadata.deletionTimestamp is not None:
@@ -487,25 +657,6 @@ class RemediationWorld(RuleBasedStateMachine):
 
     def driver_for(self, target: BmcTarget, vetted_ip: str | None) -> PowerDriver:
         return WorldDriver(self, target)
-
-    def bmc_call(self, host: Any, call: str, **args: Any) -> Any:
-        """``BmcPool.<call>`` for ``host`` as the host controller makes it, from its address;
-        then invariant 9: what the call reached is the system the host names."""
-        target = BmcTarget(
-            parse(host.body["spec"]["bmc"]["address"]), Credentials("admin", "pw"), namespace=NS
-        )
-        self.reached.clear()
-        result = self.loop.run_until_complete(getattr(self.pool, call)(target, **args))
-        named = (target.address.key, target.address.system_path)
-        for system, what in self.reached:
-            if system != named:
-                self.violate(
-                    f"invariant 9: a {what} for host {host.metadata.name} reached system"
-                    f" {system[1]} at {system[0]}, not {named[1]}"
-                )
-        if not self.reached:
-            self.violate(f"invariant 9: a BMC call for {host.metadata.name} reached no system")
-        return result
 
     def violate(self, message: str) -> None:
         self.violations.append(f"t={(self.now - T0).total_seconds():.3f}s {message}")
@@ -578,9 +729,9 @@ class RemediationWorld(RuleBasedStateMachine):
         elif what == "delete":
             self.mhc_deletes_remediation(m)
         elif what == "request":
-            self.mhc_requests_seed001(m)
+            self.mhc_requests_by_annotation(m)
         elif what == "withdraw":
-            self.mhc_withdraws_seed001(m)
+            self.mhc_withdraws_annotation(m)
         else:
             self.garbage_collector()
 
@@ -619,19 +770,15 @@ class RemediationWorld(RuleBasedStateMachine):
         if machine is None:
             return
         node = self.nodes.get(node_of_host(MACHINES[m]))
-        wanted = None
-        if node is not None:
-            wanted = {"apiVersion": "v1", "kind": "Node", "name": node.metadata.name}
-            wanted["uid"] = node.metadata.uid
+        if node is None:
+            return  # node-link keeps a nodeRef whose Node is gone (policy.nodelink)
+        wanted = {"apiVersion": "v1", "kind": "Node", "name": node.metadata.name}
+        wanted["uid"] = node.metadata.uid
         if (machine.get("status") or {}).get("nodeRef") == wanted:
             return
 
         def relink(obj: Any) -> None:
-            status = obj.body.setdefault("status", {})
-            if wanted is None:
-                status.pop("nodeRef", None)
-            else:
-                status["nodeRef"] = wanted
+            obj.body.setdefault("status", {})["nodeRef"] = wanted
 
         self.changed(self.machines, machine, relink)
 
@@ -679,13 +826,13 @@ class RemediationWorld(RuleBasedStateMachine):
         if rem is not None:
             self.delete_object(self.rems, rem)
 
-    def mhc_requests_seed001(self, m: str) -> None:
+    def mhc_requests_by_annotation(self, m: str) -> None:
         machine = self.machines.get(f"{NS}/{m}")
         if machine is None or names.EXTERNAL_REMEDIATION in machine.metadata.annotations:
             return
         self.patch_map(self.machines, machine, "annotations", {names.EXTERNAL_REMEDIATION: ""})
 
-    def mhc_withdraws_seed001(self, m: str) -> None:
+    def mhc_withdraws_annotation(self, m: str) -> None:
         machine = self.machines.get(f"{NS}/{m}")
         if machine is not None:
             self.patch_map(
@@ -709,7 +856,7 @@ class RemediationWorld(RuleBasedStateMachine):
             return self.plan_host_power(name, delay, boot)
         if kind == "metal3-remediation":
             return self.plan_metal3(name)
-        return self.plan_seed001(name)
+        return self.plan_annotation_flow(name)
 
     def advance(self, worker: str, count: int | None) -> None:
         steps = self.inflight.get(worker)
@@ -717,7 +864,7 @@ class RemediationWorld(RuleBasedStateMachine):
             step = steps.pop(0)
             try:
                 step()
-            except Conflict:
+            except (ApiError, Conflict, LookupError):  # 409/404, or a host gone: ends here
                 steps.clear()
             if count is not None:
                 count -= 1
@@ -813,197 +960,126 @@ class RemediationWorld(RuleBasedStateMachine):
 
     @rule()
     def restart(self) -> None:
+        """metalmend restarts: reconciles in flight are lost, and so is every controller's
+        memory (host-power's commands sent and retry schedules)."""
         self.inflight.clear()
-        self.sent.clear()  # host-power's memory of the commands it sent
+        self.start_controllers()
 
-    # ---- host power: controllers/hostpower.py --------------------------------------------------
+    def start_controllers(self) -> None:
+        """The real controllers, on the world's caches, writing through the world."""
+        manager, options, writer = self.manager, self.options, self.writer
+        self.hp = hostpower_controller.HostPowerController(
+            manager, options, writer=writer, bmcs=self.pool
+        )
+        self.hp.random = random.Random(0)  # retry jitter: the same run replays the same
+        self.m3 = m3_controller.RemediationController(manager, options, writer)
+        self.mr = mr_controller.MachineRemediationController(manager, options, writer)
+
+    # ---- host power: controllers/hostpower.py, its real begin / act / succeeded ------------
 
     def plan_host_power(self, h: str, delay: float, boot: float) -> list[Step]:
-        host = self.hosts.get(f"{NS}/{h}")
-        if host is None:
+        """``HostPowerController.reconcile`` split where a crash or another controller can
+        come in: ``begin`` (schedule, BMC read, decide) now, each action a step, then
+        ``succeeded``. A failed BMC read is reported by ``begin`` at once."""
+        begun = self.run(self.hp.begin(f"{NS}/{h}"))
+        if isinstance(begun, Result):
             return []
-        ctx = Reconcile(obj=host)
-        now, bmc = self.now, self.bmcs[h]
-        if bmc.broken:
-            return [functools.partial(self.host_power_failed, ctx, now, False)]
-        power = self.bmc_call(host, "power_state")
-        if power == PowerState.OFF:
-            self.off_read[h] = now
-        if bmc.landing is not None and bmc.landing[0] and not bmc.on:
-            note("host-power reads a host off while a power-on is still to land")
-            if (now - bmc.landing[3]).total_seconds() >= POWER.command_retry:
-                note("... sent command_retry or longer ago")
-        view = hostpower_controller._view(host, power)
-        # as HostPowerController._attempt: "confirmed" is "this process sent it itself"
-        view = dataclasses.replace(view, command_confirmed=view.last_command == self.sent.get(h))
-        decision = hostpower_policy.decide(view, now, POWER)
-        steps: list[Step] = [functools.partial(self.host_power_status, ctx, decision.status)]
-        if decision.remove_annotations:
-            removals: dict[str, str | None] = {k: None for k in decision.remove_annotations}
-            steps.append(functools.partial(self.host_power_annotations, ctx, removals))
-        if decision.command is not None:
-            steps.append(
-                functools.partial(self.host_power_command, h, ctx, decision, now, delay, boot)
-            )
+        attempt, decision = begun
+        ctx = Reconcile(obj=attempt.host, host_name=h, decision=decision, flow="host-power")
+
+        def act(action: hostpower_policy.Action) -> None:
+            if isinstance(action, hostpower_policy.SendPower):
+                self.landing_delays = (delay, boot)
+            self.run(self.hp.act(attempt, action), ctx)
+            if attempt.ended is not None:  # the BMC refused the command: reported, ends here
+                raise Conflict("attempt ended")
+
+        steps: list[Step] = [functools.partial(act, action) for action in decision.actions]
+
+        def succeeded() -> None:
+            self.hp.succeeded(attempt, decision)
+
+        steps.append(succeeded)
         return steps
 
-    def host_power_status(self, ctx: Reconcile, changes: dict[str, Any]) -> None:
-        status = hostpower_controller._with_changes(ctx.obj.get("status") or {}, changes)
-        if status.get("errorType") or status.get("operationalStatus") == "error":
-            status.update(errorType="", errorMessage="", errorCount=0, operationalStatus="OK")
-        status.setdefault("operationalStatus", "OK")
-        self.patch_status(self.hosts, ctx, status)
-
-    def host_power_annotations(self, ctx: Reconcile, removals: dict[str, str | None]) -> None:
-        ctx.obj = self.patch_map(self.hosts, ctx.obj, "annotations", removals) or ctx.obj
-
-    def host_power_command(
-        self,
-        h: str,
-        ctx: Reconcile,
-        decision: hostpower_policy.Decision,
-        now: dt.datetime,
-        delay: float,
-        boot: float,
-    ) -> None:
-        bmc, command = self.bmcs[h], decision.command
-        if bmc.broken:  # unreachable: nothing sent, the command is forgotten
-            self.host_power_failed(ctx, now, True)
-            raise Conflict("BMC error")
-        self.landing_delays = (delay, boot)
-        if command == "on":
-            self.bmc_call(ctx.obj, "power_on")
-        else:
-            self.bmc_call(ctx.obj, "power_off", hard=command == "hard off")
-        recorded = decision.status.get("lastPowerCommand") or {}
-        assert command is not None
-        self.sent[h] = hostpower_policy.LastCommand(command, recorded.get("at", now))
-        self.tick(0)
-
-    def host_power_failed(self, ctx: Reconcile, now: dt.datetime, forget: bool) -> None:
-        status = dict(ctx.obj.get("status") or {})
-        count = int(status.get("errorCount") or 0) + 1
-        status.update(
-            errorType="power management error",
-            errorMessage="BMC unreachable",
-            errorCount=count,
-            operationalStatus="error",
-        )
-        if forget:
-            status.pop("lastPowerCommand", None)
-        self.patch_status(self.hosts, ctx, status)
-
-    # ---- metal3-remediation: controllers/remediation.py ----------------------------------------
+    # ---- metal3-remediation: controllers/remediation.py, its real plan and act ------------
 
     def plan_metal3(self, m: str) -> list[Step]:
-        rem = self.rems.get(f"{NS}/{m}")
-        if rem is None:
+        planned = self.run(self.m3.plan(f"{NS}/{m}"))
+        if planned is None:
             return []
-        host = self.m3.host_object(rem)
-        observed = self.m3.observe(rem, host)
-        decision = policy.decide(observed, self.now, self.m3.settings)
-        ctx = Reconcile(obj=rem, host=host, observed=observed, decision=decision)
-        return [functools.partial(self.metal3_act, ctx, action) for action in decision.actions]
+        ctx = Reconcile(
+            obj=planned.remediation,
+            host=planned.host,
+            observed=planned.observed,
+            decision=planned.decision,
+            flow="metal3-remediation",
+        )
 
-    def metal3_act(self, ctx: Reconcile, action: policy.Action) -> None:
+        def act(action: policy.Action) -> None:
+            ctx.obj = self.run(self.m3.act(ctx.obj, action, ctx.host), ctx) or ctx.obj
+
+        return [functools.partial(act, action) for action in planned.decision.actions]
+
+    def run(self, work: Awaitable[T], ctx: Reconcile | None = None) -> T:
+        """Run one controller coroutine to its end; ``ctx``: whose step it is (the checks
+        at the world's writes read it)."""
+        self.acting = ctx
+        try:
+            return self.loop.run_until_complete(work)
+        finally:
+            self.acting = None
+
+    # ---- what the writes of a reconcile tell the checks ---------------------------------
+
+    def fenced(self, node: Any, what: str) -> None:
+        """A Node is deleted or tainted out-of-service: invariant 1 for the flow doing it."""
+        ctx = self.acting
+        assert ctx is not None, "a Node fenced outside any reconcile"
+        if ctx.flow == "metal3-remediation":
+            uid = ctx.obj.metadata.uid
+            key = m3_controller.reboot_key(ctx.obj)
+            self.check_fence(ctx.host, key, self.created_at[uid], what)
+            note(f"metal3-remediation {what.split()[0]} a Node")
+        else:
+            # The annotation-based flow is keyed by host: its request is its reboot key (a
+            # Machine asking while the key is held joins that request).
+            since = self.key_added_at[(ctx.host_name, MR_KEY)]
+            self.check_fence(ctx.obj, MR_KEY, since, what)
+            note("machine-remediation deleted a Node")
+
+    def node_deleted(self, node: Any) -> None:
+        ctx = self.acting
+        if ctx is None or ctx.flow != "metal3-remediation":
+            return
         uid = ctx.obj.metadata.uid
-        key = m3_controller.reboot_key(ctx.obj)
-        match action:
-            case policy.SetProgress(progress=progress):
-                status = m3_controller.progress_to(ctx.obj.get("status") or {}, progress)
-                self.patch_status(self.rems, ctx, status)
-                note(f"metal3-remediation phase {progress.phase or '(none)'}")
-                was = ctx.observed.progress.phase
-                if progress.phase == policy.WAITING and was != policy.WAITING:
-                    self.check_restored(ctx, "reached waiting")
-            case policy.AddFinalizer() | policy.RemoveFinalizer():
-                self.metal3_finalizer(ctx, isinstance(action, policy.AddFinalizer))
-            case policy.BackupNode(labels=labels, annotations=annotations):
-                backup: dict[str, str | None] = {
-                    names.NODE_LABELS_BACKUP: json.dumps(dict(labels), sort_keys=True),
-                    names.NODE_ANNOTATIONS_BACKUP: json.dumps(dict(annotations), sort_keys=True),
-                }
-                new = self.patch_map(
-                    self.rems, ctx.obj, "annotations", backup, require_version=True
-                )
-                ctx.obj = new or ctx.obj
-            case policy.Event(reason=reason, message=message):
-                if reason == names.REASON_WAITING_FOR_HOST and "host-power" in message:
-                    note("metal3-remediation waits: host-power has not seen its key withdrawn")
-                elif reason == names.REASON_WAITING_FOR_HOST:
-                    note("metal3-remediation waits: another remediation holds the host")
-            case policy.RequestPowerOff():
-                if ctx.host is None:
-                    raise Conflict("host vanished")
-                self.patch_map(
-                    self.hosts, ctx.host, "annotations", {key: HARD}, require_version=True
-                )
-            case policy.ReleasePower():
-                if ctx.host is None:
-                    raise Conflict("host vanished")
-                self.patch_map(self.hosts, ctx.host, "annotations", {key: None})
-            case policy.DeleteNode(name=name, uid=node_uid):
-                node = self.nodes.get(name)
-                if node is not None and node.metadata.uid == node_uid:
-                    self.check_fence(ctx.host, key, self.created_at[uid], f"deleted Node {name}")
-                    self.nodes.delete(name)
-                    debt = self.debts.get(uid)
-                    if debt is None:
-                        labels, kept = dict(node.metadata.labels), dict(node.metadata.annotations)
-                        self.debts[uid] = Debt(labels, kept)
-                    else:
-                        debt.outstanding = True
-                    note("metal3-remediation deleted a Node")
-            case policy.TaintNode(name=name) | policy.UntaintNode(name=name):
-                node = self.nodes.get(name)
-                if node is None:
-                    return
-                taint = isinstance(action, policy.TaintNode)
-                if taint and not node.out_of_service:
-                    self.check_fence(ctx.host, key, self.created_at[uid], f"tainted Node {name}")
-                    note("metal3-remediation tainted a Node")
+        debt = self.debts.get(uid)
+        if debt is None:
+            labels, kept = dict(node.metadata.labels), dict(node.metadata.annotations)
+            self.debts[uid] = Debt(labels, kept)
+        else:
+            debt.outstanding = True
 
-                def set_taint(n: Any) -> None:
-                    n.out_of_service = taint
-
-                self.changed(self.nodes, node, set_taint)
-            case policy.RestoreNode(name=name, labels=labels, annotations=annotations):
-                node = self.nodes.get(name)
-                if node is not None:
-                    node = self.patch_map(self.nodes, node, "labels", dict(labels)) or node
-                    self.patch_map(self.nodes, node, "annotations", dict(annotations))
-            case policy.DeleteMachine():
-                machine = self.m3.machine_of(ctx.obj)
-                if machine is not None:
-                    self.machines.delete(object_key(machine))
-                    note("escalation deleted a Machine")
-            case policy.DeletePods():
-                pass  # no pods in this model
-
-    def metal3_finalizer(self, ctx: Reconcile, add: bool) -> None:
-        live = self.rems.get(object_key(ctx.obj))
-        if live is None:
-            if add:
-                raise Conflict("404")
+    def status_written(self, store: Store, status: Mapping[str, Any]) -> None:
+        ctx = self.acting
+        if store is not self.rems or ctx is None or ctx.flow != "metal3-remediation":
             return
-        if live.metadata.resourceVersion != ctx.obj.metadata.resourceVersion:
-            raise Conflict("409")
-        wanted = [f for f in live.metadata.finalizers if f != names.REMEDIATION_FINALIZER]
-        if add:
-            wanted.append(names.REMEDIATION_FINALIZER)
-        if not add and not wanted and live.metadata.deletionTimestamp is not None:
-            self.rems.delete(object_key(live))
-            self.check_gone(ctx)
-            return
+        phase = status.get("phase")
+        note(f"metal3-remediation phase {phase or '(none)'}")
+        if phase == policy.WAITING and ctx.observed.progress.phase != policy.WAITING:
+            self.check_restored(ctx, "reached waiting")
 
-        def set_finalizers(obj: Any) -> None:
-            obj.metadata.finalizers = wanted
-
-        ctx.obj = self.changed(self.rems, live, set_finalizers)
+    def event_recorded(self, reason: str, message: str) -> None:
+        if reason == names.REASON_WAITING_FOR_HOST and "host-power" in message:
+            note("metal3-remediation waits: host-power has not seen its key withdrawn")
+        elif reason == names.REASON_WAITING_FOR_HOST:
+            note("metal3-remediation waits: another remediation holds the host")
 
     # ---- annotation-based flow: controllers/machineremediation.py -------------------------------------------
 
-    def plan_seed001(self, h: str) -> list[Step]:
+    def plan_annotation_flow(self, h: str) -> list[Step]:
+        """machine-remediation's real ``observe`` and ``decide`` now, then its real ``act``
+        through the world's Writer, one action per step."""
         key = f"{NS}/{h}"
         host = self.hosts.get(key)
         if host is None:
@@ -1011,61 +1087,23 @@ class RemediationWorld(RuleBasedStateMachine):
         quiet = logging.getLogger(mr_controller.__name__)
         quiet.disabled = True  # "several Machines name one host": that is the point here
         try:
-            machine = self.mr.machine_for(key)
+            view = self.mr.observe(key, host)
         finally:
             quiet.disabled = False
-        annotations = host.metadata.annotations or {}
-        node_ref = mr_controller._node_ref(machine)
-        observed = mr_policy.Observed(
-            node_ref=node_ref is not None,
-            needs_remediation=machine is not None
-            and names.EXTERNAL_REMEDIATION in (machine.metadata.annotations or {}),
-            powered_on=mr_controller.host_is_on(host),
-            reboot_annotation=MR_KEY in annotations,
-        )
-        action = mr_policy.decide(observed)
-        ctx = Reconcile(obj=host, host_name=h)
-        if action is mr_policy.Action.ADD_REBOOT_ANNOTATION:
-            if other_remediation(annotations, MR_KEY):
+        decision = mr_policy.decide(view, self.now)
+        ctx = Reconcile(obj=host, host=host, observed=view, decision=decision, host_name=h,
+                        flow="machine-remediation")  # fmt: skip
+        for told in decision.events:
+            if "being remediated by" in told.message:
                 note("machine-remediation waits: another remediation holds the host")
-                return []  # an Event: the host is busy
-            if mr_controller.withdrawal_pending(host):
+            elif "withdrawn" in told.message:
                 note("machine-remediation waits: host-power has not seen its key withdrawn")
-                return []  # an Event; host-power's status write wakes it
-            return [
-                functools.partial(
-                    self.patch_map,
-                    self.hosts,
-                    host,
-                    "annotations",
-                    {MR_KEY: HARD},
-                    require_version=True,
-                )
-            ]
-        if action is mr_policy.Action.DELETE_NODE:
-            return [functools.partial(self.seed001_fence, ctx, node_ref or {})]
-        if action is mr_policy.Action.REMOVE_NEEDS_REMEDIATION:
-            removal: dict[str, str | None] = {names.EXTERNAL_REMEDIATION: None}
-            return [
-                functools.partial(self.patch_map, self.machines, machine, "annotations", removal)
-            ]
-        if action is mr_policy.Action.REMOVE_REBOOT_ANNOTATION:
-            return [
-                functools.partial(self.patch_map, self.hosts, host, "annotations", {MR_KEY: None})
-            ]
-        return []
+        machine = [self.machines.get(view.machine) if view.machine else None]
 
-    def seed001_fence(self, ctx: Reconcile, node_ref: dict[str, Any]) -> None:
-        name = node_ref.get("name", "")
-        node = self.nodes.get(name)
-        uid = node_ref.get("uid") or (node.metadata.uid if node is not None else None)
-        if uid and node is not None and node.metadata.uid == uid:
-            # The annotation-based flow is keyed by host: its request is its reboot key (a Machine
-            # asking while the key is held joins that request).
-            since = self.key_added_at[(ctx.host_name, MR_KEY)]
-            self.check_fence(ctx.obj, MR_KEY, since, f"deleted Node {name}")
-            self.nodes.delete(name)
-            note("machine-remediation deleted a Node")
+        def act(action: mr_policy.Action) -> None:
+            machine[0] = self.run(self.mr.act(host, machine[0], action), ctx) or machine[0]
+
+        return [functools.partial(act, action) for action in decision.actions]
 
     # ---- checks ----------------------------------------------------------------------------------
 
@@ -1154,7 +1192,7 @@ class RemediationWorld(RuleBasedStateMachine):
         for rem in list(self.rems.values()):
             self.delete_object(self.rems, rem)
         for m in MACHINES:
-            self.mhc_withdraws_seed001(m)
+            self.mhc_withdraws_annotation(m)
         for _ in range(150):
             self.tick(3)
             self.world_round()
@@ -1222,8 +1260,9 @@ def reconcile(world: RemediationWorld, *workers: str, delay: float = 0, boot: fl
         world.reconcile(worker, delay, boot)
 
 
-def test_fixed_bug_a_a_power_on_in_flight_is_not_forgotten() -> None:
-    """Found by this model, fixed: policy.hostpower cleared lastPowerCommand "on" as soon as it reads the power it now
+def test_a_power_on_in_flight_is_never_forgotten_when_a_reboot_key_arrives() -> None:
+    """Found by this model, fixed: policy.hostpower cleared lastPowerCommand "on" as soon as
+    it reads the power it now
     wants (off, because a reboot key arrived), although the "on" it sent may still land;
     policy.fencing then reports the host off ("not in the middle of powering it on")."""
     world = strict_world(first="metal3", start="powering on")  # "on" sent at T0-1s, lands T0+5s
@@ -1240,8 +1279,9 @@ def test_fixed_bug_a_a_power_on_in_flight_is_not_forgotten() -> None:
     assert not world.violations, world.violations
 
 
-def test_fixed_bug_b_a_retry_remembers_the_deleted_node_and_deletion_keeps_its_labels() -> None:
-    """Found by this model, fixed: a new attempt reset status.fencedNodeUID; _release decides whether to wait for the
+def test_a_retry_remembers_the_deleted_node_and_deletion_keeps_its_labels() -> None:
+    """Found by this model, fixed: a new attempt reset status.fencedNodeUID; deletion
+    decides whether to wait for the
     Node (to restore the backup) on fencedNodeUID, so the backup is dropped silently."""
     world = strict_world(first="metal3", start="on")  # reboot, powerOnTimeout 60s
     m3 = "metal3-remediation/m1"
@@ -1260,7 +1300,7 @@ def test_fixed_bug_b_a_retry_remembers_the_deleted_node_and_deletion_keeps_its_l
 
 
 def test_fencing_never_trusts_an_off_report_older_than_its_own_request() -> None:
-    """Found by this model, fixed (it was "bug C"): "reported off" meant pendingRebootSince
+    """Found by this model, fixed : "reported off" meant pendingRebootSince
     later than lastPoweredOn. A withdrawn reboot request leaves that true while the host
     stays off, so a later remediation's key made the host "reported off" at once, on a BMC
     reading older than its request (a host powered on from outside meanwhile would have
@@ -1296,7 +1336,7 @@ def test_fencing_never_trusts_an_off_report_while_a_power_on_may_still_land() ->
     11 s, and a Metal3Remediation asks for h1 meanwhile. Now an unobeyed "on" stays on
     record until the host is read on, and the key is listed only after it was powered off
     again."""
-    world = strict_world(first="seed-001", start="on")  # m1 asks by annotation
+    world = strict_world(first="annotation", start="on")  # m1 asks by annotation
     mr, hp, m3 = "machine-remediation/h1", "host-power/h1", "metal3-remediation/m1"
     reconcile(world, mr)  # the annotation-based flow's reboot key
     reconcile(world, hp, hp)  # hard off (lands at once); reads off: key listed

@@ -38,7 +38,8 @@ REASON_WRITE_REFUSED = "WriteRefused"  # the API server refused one of our write
 # MachineHealthCheck (Cluster API v1beta1, its machine health checking proposal)
 SKIP_REMEDIATION = "cluster.x-k8s.io/skip-remediation"
 PAUSED = "cluster.x-k8s.io/paused"
-NODE_REF_LOST_AT = "metalmend.dev/node-ref-lost-at"  # set by node-link when it clears nodeRef
+REMEDIATE_MACHINE = "cluster.x-k8s.io/remediate-machine"  # a manual remediation request
+CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"  # a Machine's cluster
 CONDITION_HEALTH_CHECK_SUCCEEDED = "HealthCheckSucceeded"
 CONDITION_OWNER_REMEDIATED = "OwnerRemediated"
 CONDITION_REMEDIATION_ALLOWED = "RemediationAllowed"
@@ -53,6 +54,10 @@ REASON_TEMPLATE_NOT_FOUND = "RemediationTemplateNotFound"
 # On a Machine: the request of the annotation-based flow
 EXTERNAL_REMEDIATION = "host.metal3.io/external-remediation"
 MACHINE_REMEDIATION_REBOOT = "reboot.metal3.io/machine-remediation"  # and its reboot key
+# On a Machine: when machine-remediation ended its last remediation (removed the request),
+# an api/stamps.py stamp; the health check gives the server nodeStartupTimeout from then to
+# register its Node again (docs/healthcheck.md). Tenant-writable: read as absent if bad.
+REMEDIATION_ENDED_AT = "metalmend.dev/remediation-ended-at"
 METAL3_REMEDIATION_REBOOT_PREFIX = "reboot.metal3.io/metal3-remediation-"  # + object uid
 REMEDIATION_FINALIZER = "remediation.metal3.io"
 NODE_LABELS_BACKUP = "remediation.metal3.io/node-labels-backup"  # as CAPM3 names them

@@ -1,48 +1,73 @@
-"""The MachineHealthCheck controller: gathers each check's targets (Machines and their
-Nodes), asks policy.healthcheck for verdicts, and carries them out:
+"""The MachineHealthCheck controller, in the house shape (docs/decide-act.md): ``observe``
+builds a frozen view of one check from the informers' caches (its targets: the Machines
+of its cluster that its selector picks, and their Nodes; its remediation template and
+the remediation objects already there), policy.healthcheck ``decide``s, and ``act`` carries
+each action out through the ``Writer``:
 
 - remediation by conditions on the Machine (HealthCheckSucceeded=False, OwnerRemediated=False),
   or, with ``remediationTemplate``, by creating an external remediation object (same name
   and namespace as the Machine, ownerReference to it, kind = template kind without
   "Template") and deleting it once the Node is healthy again (Cluster API's machine
-  health checking proposal, external remediation);
+  health checking proposal, external remediation), or by metal3's external-remediation
+  annotation;
 - the check's status (expectedMachines, currentHealthy, remediationsAllowed, targets,
   conditions) written only when it changed;
 - a requeue at the exact next timeout expiry.
+
+Reads come from caches, never from a GET per reconcile: Metal3RemediationTemplate and
+Metal3Remediation have informers from the start; any other template kind gets an
+informer (for the template kind and its remediation kind, in the watched namespace) the
+first time a check names it. Where that informer cannot sync (RBAC grants only ``get``
+on that kind, say), the template is read by one GET and the remediation objects by one
+list, as before, so a check that worked keeps working.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from lightkube import ApiError
+from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import Node
 
 from metalmend.api import indexes, links, names
-from metalmend.api.resources import Machine, MachineHealthCheck, Metal3Remediation
+from metalmend.api.resources import (
+    Machine,
+    MachineHealthCheck,
+    Metal3Remediation,
+    Metal3RemediationTemplate,
+)
 from metalmend.api.selector import matches
-from metalmend.api.stamps import parse_stamp, stamp
+from metalmend.api.stamps import parse_stamp
 from metalmend.kube import errors
 from metalmend.kube.controller import DONE, Controller, Result, TerminalError
+from metalmend.kube.informer import Informer
 from metalmend.kube.manager import Manager
-from metalmend.kube.store import object_key
-from metalmend.kube.writes import patch_annotations, patch_status
+from metalmend.kube.store import object_key, split_key
+from metalmend.kube.writer import KubeWriter, Writer
+from metalmend.log import fields
+from metalmend.policy import healthcheck as policy
+from metalmend.policy.decision import Event
 from metalmend.policy.healthcheck import (
     Check,
-    Evaluation,
     InvalidSpec,
     NodeCondition,
+    RemediateBy,
     Target,
     check_from_spec,
-    evaluate,
 )
 from metalmend.settings import RequestRemediationBy, Settings
 
 log = logging.getLogger(__name__)
+
+METAL3_API = "remediation.metal3.io/v1alpha1"
+SYNC_WAIT = 5.0  # seconds a new template informer may take to list before we read directly
 
 
 def skipped(obj: Any) -> bool:
@@ -50,12 +75,52 @@ def skipped(obj: Any) -> bool:
     return names.SKIP_REMEDIATION in annotations or names.PAUSED in annotations
 
 
+def generic(api_version: str, kind: str) -> Any:
+    group, _, version = api_version.rpartition("/")
+    return create_namespaced_resource(group, version, kind, kind.lower() + "s")
+
+
+class KindCaches:
+    """Informers by (apiVersion, kind) for the template and remediation kinds checks
+    name: the ones given at construction, and others started on first use."""
+
+    def __init__(self, client: AsyncClient, namespace: str | None) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.informers: dict[tuple[str, str], Informer] = {}
+        self.on_change: list[Callable[[Any | None, Any | None], None]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def preset(self, api_version: str, kind: str, informer: Informer) -> None:
+        self.informers[(api_version, kind)] = informer
+
+    async def synced(self, api_version: str, kind: str) -> Informer | None:
+        """The informer of that kind, once it has listed; None while it cannot (then read
+        directly). A new informer is waited for at most SYNC_WAIT, once."""
+        informer = self.informers.get((api_version, kind))
+        if informer is None:
+            informer = Informer(self.client, generic(api_version, kind), namespace=self.namespace)
+            for handler in self.on_change:
+                informer.add_handler(handler)
+            self.informers[(api_version, kind)] = informer
+            self._tasks.append(asyncio.create_task(informer.run(), name=f"informer {kind}"))
+            log.info("watching a remediation kind", extra=fields(kind=kind, api=api_version))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(informer.synced.wait(), SYNC_WAIT)
+        return informer if informer.synced.is_set() else None
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
 class HealthCheckController:
-    def __init__(self, manager: Manager, settings: Settings) -> None:
+    def __init__(self, manager: Manager, settings: Settings, writer: Writer | None = None) -> None:
         self.manager = manager
         self.client = manager.client
         self.clock = manager.clock
-        self.events = manager.events
+        self.writer: Writer = writer or KubeWriter(manager.client, manager.events)
         ns = settings.runtime.namespace
         self.checks = manager.informer(MachineHealthCheck, namespace=ns)
         self.machines = manager.informer(
@@ -63,151 +128,95 @@ class HealthCheckController:
         )
         self.nodes = manager.informer(Node)
         self.remediations = manager.informer(Metal3Remediation, namespace=ns)
+        self.templates = manager.informer(Metal3RemediationTemplate, namespace=ns)
+        self.kinds = KindCaches(manager.client, ns)
+        self.kinds.preset(METAL3_API, "Metal3Remediation", self.remediations)
+        self.kinds.preset(METAL3_API, "Metal3RemediationTemplate", self.templates)
+        manager.on_stop(self.kinds.stop)
         self.settings = settings.health_checks
+        self.policy_settings = policy.Settings(template_retry=self.settings.template_retry)
 
     # ---- observe ----------------------------------------------------------------------
 
     def selected(self, check: Any) -> list[Any]:
-        selector = (check.get("spec") or {}).get("selector") or {}
+        """The check's Machines: its namespace, its cluster, its selector (as Cluster API,
+        which adds ``cluster.x-k8s.io/cluster-name=<clusterName>`` to the selector)."""
+        spec = check.get("spec") or {}
+        selector = spec.get("selector") or {}
         ns = check.metadata.namespace
         return [
             m
             for m in self.machines.store.values()
-            if m.metadata.namespace == ns and matches(selector, m.metadata.labels)
+            if m.metadata.namespace == ns
+            and cluster_of(m) == spec.get("clusterName")
+            and matches(selector, m.metadata.labels)
         ]
 
-    def target(self, machine: Any, existing: set[str] | None) -> Target:
-        node_name = next(iter(links.node_of(machine)), None)
-        node = self.nodes.store.get(node_name) if node_name else None
-        return target_of(machine, node, self.clock.now(), self._remediating(machine, existing))
-
-    def _remediating(self, machine: Any, existing: set[str] | None) -> bool:
-        """``existing``: names of the external remediation objects in the Machine's
-        namespace (None: remediation by conditions)."""
-        if existing is not None:
-            return machine.metadata.name in existing
-        conditions = (machine.get("status") or {}).get("conditions") or []
-        return any(
-            c.get("type") == names.CONDITION_OWNER_REMEDIATED and c.get("status") == "False"
-            for c in conditions
-        )
-
-    # ---- reconcile ----------------------------------------------------------------------
-
-    async def reconcile(self, key: str) -> Result:
-        check = self.checks.store.get(key)
-        if check is None or skipped(check):
-            return DONE
-        now = self.clock.now()
+    def observe(
+        self, check: Any, template: Any | None, existing: Mapping[str, str] | None
+    ) -> policy.View:
+        """``template``: the remediation template found (None: not found or none named);
+        ``existing``: remediation objects of the template's kind in the check's namespace,
+        name -> uid ("" while being deleted)."""
         spec = check.get("spec") or {}
+        status = policy.CheckStatus.from_wire(check.get("status"))
+        generation = check.metadata.generation
         try:
             rules = parse_check(spec)
         except InvalidSpec as error:
-            await self._write_status(check, None, str(error), [])
-            await self.events.warning(check, names.REASON_INVALID_SPEC, str(error))
-            raise TerminalError(f"invalid spec: {error}") from None  # until it is edited
-        template = spec.get("remediationTemplate")
-        elsewhere = (template or {}).get("namespace")
-        if elsewhere and elsewhere != check.metadata.namespace:
-            # As Cluster API's webhook: a check may not copy another namespace's template
-            # (the CRD cannot say so; its rules do not see metadata.namespace).
-            message = (
-                f"remediationTemplate.namespace {elsewhere!r} must be empty or this check's"
-                f" own namespace {check.metadata.namespace!r}"
-            )
-            await self._write_status(check, None, message, [])
-            await self.events.warning(check, names.REASON_INVALID_SPEC, message)
-            raise TerminalError(f"invalid spec: {message}")
-        external = await self._template(check, template) if template else None
-        if template and external is None:
-            message = (
-                f"remediation template {template.get('kind')}/{template.get('name')} not found"
-            )
-            await self._write_status(check, None, message, [])
-            await self.events.warning(check, names.REASON_TEMPLATE_NOT_FOUND, message)
-            return Result.at(now + dt.timedelta(seconds=self.settings.template_retry))
+            return policy.View(None, spec_error=str(error), status=status, generation=generation)
+        ref = spec.get("remediationTemplate")
+        if ref and (problem := template_elsewhere(check, ref)):
+            return policy.View(None, spec_error=problem, status=status, generation=generation)
+        remediate_by = self.remediate_by(check)
         machines = [m for m in self.selected(check) if not skipped(m)]
-        overlaps = self._overlapping(check, machines)
-        by_annotation = not template and self._requests_by_annotation(check)
-        if by_annotation:  # metal3's annotation-based remediation: Machines carry the request
-            existing: set[str] | None = {
-                m.metadata.name
+        if remediate_by == RemediateBy.ANNOTATION:  # the Machines carry the request
+            existing = {
+                m.metadata.name: ""
                 for m in machines
                 if names.EXTERNAL_REMEDIATION in (m.metadata.annotations or {})
             }
-        else:
-            existing = (
-                await self._existing(template, check.metadata.namespace) if template else None
-            )
-        targets = [self.target(m, existing) for m in machines]
-        verdict = evaluate(rules, targets, now)
-        by_key = {object_key(m): m for m in machines}
-        for machine_key in verdict.remediate:
-            if by_annotation:
-                await self._annotate(check, by_key[machine_key], verdict)
-            else:
-                await self._remediate(check, by_key[machine_key], verdict, template, external)
-        for machine_key in verdict.withdraw:
-            if by_annotation:
-                await self._withdraw_annotation(check, by_key[machine_key])
-            elif template is not None and external is not None:
-                await self._withdraw(check, by_key[machine_key], template)
-        await self._mark_healthy(by_key, verdict, external)
-        await self._write_status(check, verdict, verdict.spec_error, overlaps)
-        if verdict.next_deadline is not None:
-            return Result.at(verdict.next_deadline)
-        return DONE
+        missing = ""
+        if ref and template is None:
+            missing = f"remediation template {ref.get('kind')}/{ref.get('name')} not found"
+        now = self.clock.now()
+        return policy.View(
+            check=rules,
+            targets=tuple(self.target(m, existing, remediate_by, now) for m in machines),
+            remediate_by=remediate_by,
+            template=template_of(ref, template) if ref else None,
+            template_missing=missing,
+            overlaps=tuple(self.overlapping(check, machines)),
+            status=status,
+            generation=generation,
+        )
 
-    def _requests_by_annotation(self, check: Any) -> bool:
+    def remediate_by(self, check: Any) -> RemediateBy:
+        if (check.get("spec") or {}).get("remediationTemplate"):
+            return RemediateBy.TEMPLATE
         chosen = (check.metadata.annotations or {}).get(names.REQUEST_REMEDIATION_BY)
-        return (chosen or self.settings.request_remediation_by) == RequestRemediationBy.ANNOTATION
+        if (chosen or self.settings.request_remediation_by) == RequestRemediationBy.ANNOTATION:
+            return RemediateBy.ANNOTATION
+        return RemediateBy.CONDITIONS
 
-    async def _annotate(self, check: Any, machine: Any, verdict: Evaluation) -> None:
-        """The machine remediation controller acts on this annotation (metal3's annotation-based
-        remediation design)."""
-        await patch_annotations(self.client, Machine, machine, {names.EXTERNAL_REMEDIATION: ""})
-        reason = verdict.verdicts[object_key(machine)]
-        await self.events.normal(
-            check,
-            names.REASON_REMEDIATION_REQUESTED,
-            f"{machine.metadata.name}: {reason.reason}: {reason.message}",
-        )
+    def target(
+        self,
+        machine: Any,
+        existing: Mapping[str, str] | None,
+        remediate_by: RemediateBy,
+        now: dt.datetime,
+    ) -> Target:
+        node_name = next(iter(links.node_of(machine)), None)
+        node = self.nodes.store.get(node_name) if node_name else None
+        name = machine.metadata.name
+        if remediate_by == RemediateBy.CONDITIONS:
+            remediating = owner_remediating(machine)
+        else:
+            remediating = existing is not None and name in existing
+        uid = (existing or {}).get(name, "") if remediate_by == RemediateBy.TEMPLATE else ""
+        return target_of(machine, node, now, remediating, remediation_uid=uid)
 
-    async def _withdraw_annotation(self, check: Any, machine: Any) -> None:
-        await patch_annotations(self.client, Machine, machine, {names.EXTERNAL_REMEDIATION: None})
-        await self.events.normal(
-            check,
-            names.REASON_REMEDIATION_WITHDRAWN,
-            f"{machine.metadata.name}: Node healthy again",
-        )
-
-    async def _template(self, check: Any, ref: dict[str, Any]) -> Any | None:
-        try:
-            resource = generic(ref.get("apiVersion", ""), ref.get("kind", ""))
-        except ValueError:  # lightkube cannot model it (the CRD now refuses such references)
-            return None
-        namespace = ref.get("namespace") or check.metadata.namespace
-        try:
-            return await self.client.get(resource, ref.get("name", ""), namespace=namespace)
-        except ApiError as error:
-            if errors.is_not_found(error):
-                return None
-            raise
-
-    async def _existing(self, ref: dict[str, Any], namespace: str) -> set[str]:
-        """Names of this template's remediation objects in ``namespace``: from the cache
-        for Metal3Remediation, by one list call for any other kind."""
-        kind = str(ref.get("kind", "")).removesuffix("Template")
-        if kind == "Metal3Remediation":
-            return {
-                o.metadata.name
-                for o in self.remediations.store.values()
-                if o.metadata.namespace == namespace
-            }
-        resource = generic(ref.get("apiVersion", ""), kind)
-        return {o.metadata.name async for o in self.client.list(resource, namespace=namespace)}
-
-    def _overlapping(self, check: Any, machines: list[Any]) -> list[str]:
+    def overlapping(self, check: Any, machines: list[Any]) -> list[str]:
         mine = {object_key(m) for m in machines}
         others = []
         for other in self.checks.store.values():
@@ -220,173 +229,105 @@ class HealthCheckController:
                 others.append(other.metadata.name)
         return sorted(others)
 
-    async def _remediate(
-        self, check: Any, machine: Any, verdict: Evaluation, ref: Any, template: Any
-    ) -> None:
-        reason = verdict.verdicts[object_key(machine)]
-        message = f"{reason.reason}: {reason.message}"
-        if template is None:
-            await self._set_machine_conditions(
-                machine,
-                {
-                    names.CONDITION_HEALTH_CHECK_SUCCEEDED: (
-                        "False",
-                        reason.reason,
-                        reason.message,
-                    ),
-                    names.CONDITION_OWNER_REMEDIATED: ("False", "WaitingForRemediation", message),
-                },
-            )
-        else:
-            await self._create_external(machine, ref, template)
-        await self.events.normal(
-            check, names.REASON_REMEDIATION_REQUESTED, f"{machine.metadata.name}: {message}"
-        )
+    # ---- cached reads of the template and its remediation objects ---------------------------
 
-    async def _create_external(self, machine: Any, ref: dict[str, Any], template: Any) -> None:
-        kind = str(ref["kind"]).removesuffix("Template")
-        resource = generic(ref.get("apiVersion", ""), kind)
-        body = ((template.get("spec") or {}).get("template") or {}).get("spec") or {}
-        owner = OwnerReference(
-            apiVersion="cluster.x-k8s.io/v1beta1",
-            kind="Machine",
-            name=machine.metadata.name,
-            uid=machine.metadata.uid,
-        )
-        obj = resource(
-            metadata=ObjectMeta(
-                name=machine.metadata.name,
-                namespace=machine.metadata.namespace,
-                ownerReferences=[owner],
-            ),
-            spec=dict(body),
-        )
+    async def template(self, check: Any) -> Any | None:
+        ref = (check.get("spec") or {}).get("remediationTemplate") or {}
+        api_version, kind = ref.get("apiVersion", ""), ref.get("kind", "")
+        name = str(ref.get("name", ""))
+        namespace = check.metadata.namespace
         try:
-            await self.client.create(obj)
+            informer = await self.kinds.synced(api_version, kind)
+            if informer is not None:
+                return informer.store.get(f"{namespace}/{name}")
+            return await self.client.get(generic(api_version, kind), name, namespace=namespace)
+        except ValueError:  # lightkube cannot model it (the CRD now refuses such references)
+            return None
         except ApiError as error:
-            if not errors.is_conflict(error):  # created before: nothing more to do
-                raise
+            if errors.is_not_found(error):
+                return None
+            raise
 
-    async def _withdraw(self, check: Any, machine: Any, ref: dict[str, Any]) -> None:
-        kind = str(ref["kind"]).removesuffix("Template")
-        resource = generic(ref.get("apiVersion", ""), kind)
-        try:
-            await self.client.delete(
-                resource, machine.metadata.name, namespace=machine.metadata.namespace
-            )
-        except ApiError as error:
-            if not errors.is_not_found(error):
-                raise
-        await self.events.normal(
-            check,
-            names.REASON_REMEDIATION_WITHDRAWN,
-            f"{machine.metadata.name}: Node healthy again",
-        )
-
-    async def _mark_healthy(
-        self, machines: dict[str, Any], verdict: Evaluation, external: Any
-    ) -> None:
-        for key, result in verdict.verdicts.items():
-            if result.kind != "healthy" or key not in machines:
-                continue
-            # Cluster API's machine health checking proposal: a passing check after a failed
-            # one does not update the conditions of a Machine its owner is remediating.
-            if external is None and self._remediating(machines[key], None):  # conditions
-                continue
-            await self._set_machine_conditions(
-                machines[key], {names.CONDITION_HEALTH_CHECK_SUCCEEDED: ("True", "", "")}
-            )
-
-    async def _set_machine_conditions(
-        self, machine: Any, wanted: dict[str, tuple[str, str, str]]
-    ) -> None:
-        status = dict(machine.get("status") or {})
-        conditions = merge_conditions(status.get("conditions") or [], wanted, self.clock.now())
-        if conditions != (status.get("conditions") or []):
-            status["conditions"] = conditions
-            await patch_status(self.client, Machine, machine, status)
-
-    async def _write_status(
-        self, check: Any, verdict: Evaluation | None, problem: str, overlaps: list[str]
-    ) -> None:
-        status = dict(check.get("status") or {})
-        wanted: dict[str, tuple[str, str, str]] = {}
-        if verdict is not None:
-            status.update(
-                expectedMachines=verdict.expected,
-                currentHealthy=verdict.healthy,
-                remediationsAllowed=verdict.remediations_allowed,
-                targets=sorted(k.split("/", 1)[1] for k in verdict.verdicts),
-            )
-            if verdict.allowed:
-                wanted[names.CONDITION_REMEDIATION_ALLOWED] = ("True", "", "")
-            else:
-                reason = names.REASON_INVALID_SPEC if problem else names.REASON_TOO_MANY_UNHEALTHY
-                wanted[names.CONDITION_REMEDIATION_ALLOWED] = (
-                    "False", reason, problem or verdict.blocked_reason,
-                )  # fmt: skip
+    async def existing(self, check: Any) -> dict[str, str]:
+        """Remediation objects of the template's kind in the check's namespace: name ->
+        uid ("" for one being deleted: it still counts, but is not deleted again)."""
+        ref = (check.get("spec") or {}).get("remediationTemplate") or {}
+        api_version = ref.get("apiVersion", "")
+        kind = str(ref.get("kind", "")).removesuffix("Template")
+        namespace = check.metadata.namespace
+        informer = await self.kinds.synced(api_version, kind)
+        if informer is not None:
+            found = [o for o in informer.store.values() if o.metadata.namespace == namespace]
         else:
-            wanted[names.CONDITION_REMEDIATION_ALLOWED] = (
-                "False",
-                names.REASON_INVALID_SPEC,
-                problem,
-            )
-        if overlaps:
-            message = (
-                f"Machines also selected by {', '.join(overlaps)}: their verdicts may disagree"
-            )
-            wanted[names.REASON_OVERLAPPING] = ("True", names.REASON_OVERLAPPING, message)
-        status["observedGeneration"] = check.metadata.generation
-        previous = {c.get("type"): c for c in status.get("conditions") or []}
-        status["conditions"] = merge_conditions(
-            status.get("conditions") or [], wanted, self.clock.now()
-        )
-        if names.REASON_OVERLAPPING in previous and not overlaps:
-            status["conditions"] = [
-                c for c in status["conditions"] if c["type"] != names.REASON_OVERLAPPING
-            ]
-        await self._announce(check, previous, wanted, verdict)
-        await patch_status(self.client, MachineHealthCheck, check, status)
+            resource = generic(api_version, kind)
+            found = [o async for o in self.client.list(resource, namespace=namespace)]
+        return {
+            o.metadata.name: "" if o.metadata.deletionTimestamp else str(o.metadata.uid)
+            for o in found
+        }
 
-    async def _announce(
-        self,
-        check: Any,
-        previous: dict[Any, Any],
-        wanted: dict[str, tuple[str, str, str]],
-        verdict: Evaluation | None,
-    ) -> None:
-        """One Warning when remediation becomes blocked (and something is unhealthy)."""
-        status, reason, message = wanted.get(names.CONDITION_REMEDIATION_ALLOWED, ("", "", ""))
-        before = previous.get(names.CONDITION_REMEDIATION_ALLOWED) or {}
-        newly_blocked = status == "False" and before.get("status") != "False"
-        if newly_blocked and (verdict is None or verdict.unhealthy > 0):
-            await self.events.warning(check, reason, message)
-        overlap = wanted.get(names.REASON_OVERLAPPING)
-        if overlap and names.REASON_OVERLAPPING not in previous:
-            await self.events.warning(check, names.REASON_OVERLAPPING, overlap[2])
+    # ---- reconcile ----------------------------------------------------------------------
+
+    async def reconcile(self, key: str) -> Result:
+        check = self.checks.store.get(key)
+        if check is None or skipped(check):
+            return DONE
+        template, existing = None, None
+        spec = check.get("spec") or {}
+        if spec.get("remediationTemplate") and not template_elsewhere(
+            check, spec["remediationTemplate"]
+        ):
+            template = await self.template(check)
+            existing = await self.existing(check) if template is not None else None
+        view = self.observe(check, template, existing)
+        decision = policy.decide(view, self.clock.now(), self.policy_settings)
+        machines = {object_key(m): m for m in self.machines.store.values()}
+        for action in decision.actions:
+            check = await self.act(check, action, machines) or check
+        return Result.at(decision.requeue_at) if decision.requeue_at else DONE
+
+    async def act(self, check: Any, action: policy.Action, machines: dict[str, Any]) -> Any | None:
+        """Carry one action out; return the check if the action changed it. ``machines``
+        (by key) is updated with each Machine an action changes."""
+        match action:
+            case policy.SetStatus(status=status):
+                wire = status.to_wire(check.get("status") or {})
+                return await self.writer.patch_status(MachineHealthCheck, check, wire)
+            case policy.SetMachineConditions(machine=key, conditions=conditions):
+                machine = machines[key]
+                wanted = dict(machine.get("status") or {})
+                wanted["conditions"] = [dict(c) for c in conditions]
+                machines[key] = await self.writer.patch_status(Machine, machine, wanted) or machine
+            case (
+                policy.RequestRemediationByAnnotation(machine=key)
+                | policy.WithdrawAnnotation(machine=key)
+            ):
+                asking = isinstance(action, policy.RequestRemediationByAnnotation)
+                changes = {names.EXTERNAL_REMEDIATION: "" if asking else None}
+                machine = machines[key]
+                # Asking is conditional on the Machine decided on: from an older version
+                # (before machine-remediation ended the last request and stamped the end),
+                # it would ask again at once for a server that is booting.
+                changed = await self.writer.patch_metadata(
+                    Machine, machine, "annotations", changes, require_version=asking
+                )
+                machines[key] = changed or machine
+            case policy.CreateRemediation():
+                resource = generic(action.api_version, action.kind)
+                await self.writer.create(resource, remediation_object(resource, action))
+            case policy.DeleteRemediation(machine=key, api_version=api, kind=kind, uid=uid):
+                namespace, name = split_key(key)
+                await self.writer.delete_exact(generic(api, kind), name, uid, namespace=namespace)
+            case policy.MachineEvent(machine=key, type=kind, reason=reason, message=message):
+                await self.writer.record_event(machines[key], str(kind), reason, message)
+            case Event(type=kind, reason=reason, message=message):
+                await self.writer.record_event(check, str(kind), reason, message)
+            case policy.StopUntilEdited(message=message):
+                raise TerminalError(f"invalid spec: {message}")  # until it is edited
+        return None
 
 
-def merge_conditions(
-    current: list[dict[str, Any]], wanted: dict[str, tuple[str, str, str]], now: dt.datetime
-) -> list[dict[str, Any]]:
-    """``current`` with each wanted (status, reason, message) set; lastTransitionTime moves
-    only when the status changes, so an unchanged condition is an unchanged list."""
-    by_type = {c.get("type"): dict(c) for c in current}
-    for kind, (status, reason, message) in wanted.items():
-        old = by_type.get(kind)
-        new: dict[str, Any] = {"type": kind, "status": status}
-        if reason:
-            new["reason"] = reason
-        if message:
-            new["message"] = message
-        if status == "False":
-            new["severity"] = "Warning"
-        if old is None or old.get("status") != status:
-            new["lastTransitionTime"] = stamp(now)
-        else:
-            new["lastTransitionTime"] = old.get("lastTransitionTime", stamp(now))
-        by_type[kind] = new
-    return [by_type[k] for k in sorted(by_type, key=str)]
+# ---- between API objects and policy values -------------------------------------------------
 
 
 def parse_check(spec: dict[str, Any]) -> Check:
@@ -394,37 +335,113 @@ def parse_check(spec: dict[str, Any]) -> Check:
     return check_from_spec(spec)
 
 
-def target_of(machine: Any, node: Any | None, now: dt.datetime, remediating: bool) -> Target:
+def cluster_of(machine: Any) -> Any:
+    """A Machine's cluster: its ``cluster.x-k8s.io/cluster-name`` label (which Cluster
+    API's Machine webhook sets from spec.clusterName); without the label (no webhook
+    here), spec.clusterName."""
+    label = (machine.metadata.labels or {}).get(names.CLUSTER_NAME_LABEL)
+    return label if label else (machine.get("spec") or {}).get("clusterName")
+
+
+def template_elsewhere(check: Any, ref: Mapping[str, Any]) -> str:
+    """As Cluster API's webhook: a check may not copy another namespace's template (also
+    refused at admission by deploy/policies/machinehealthcheck-admission.yaml; this is
+    for checks stored before, or where that policy is not installed)."""
+    elsewhere = ref.get("namespace")
+    if elsewhere and elsewhere != check.metadata.namespace:
+        return (
+            f"remediationTemplate.namespace {elsewhere!r} must be empty or this check's"
+            f" own namespace {check.metadata.namespace!r}"
+        )
+    return ""
+
+
+def template_of(ref: Mapping[str, Any], template: Any | None) -> policy.Template | None:
+    if template is None:
+        return None
+    body = ((template.get("spec") or {}).get("template") or {}).get("spec") or {}
+    kind = str(ref.get("kind", "")).removesuffix("Template")
+    return policy.Template(str(ref.get("apiVersion", "")), kind, dict(body))
+
+
+def remediation_object(resource: Any, action: policy.CreateRemediation) -> Any:
+    namespace, name = split_key(action.machine)
+    owner = OwnerReference(
+        apiVersion="cluster.x-k8s.io/v1beta1", kind="Machine", name=name, uid=action.machine_uid
+    )
+    metadata = ObjectMeta(name=name, namespace=namespace, ownerReferences=[owner])
+    return resource(metadata=metadata, spec=dict(action.spec))
+
+
+def owner_remediating(machine: Any) -> bool:
+    """OwnerRemediated=False: the Machine's owner is remediating it (conditions)."""
+    conditions = (machine.get("status") or {}).get("conditions") or []
+    return any(
+        c.get("type") == names.CONDITION_OWNER_REMEDIATED and c.get("status") == "False"
+        for c in conditions
+        if isinstance(c, Mapping)
+    )
+
+
+def _time(text: Any) -> dt.datetime | None:
+    """A condition time as written by anyone: one that does not parse is absent."""
+    try:
+        return parse_stamp(text) if isinstance(text, str) else None
+    except (ValueError, OverflowError):
+        return None
+
+
+def failure_of(status: Mapping[str, Any]) -> str:
+    """Cluster API's MachineHasFailure: failureReason, else failureMessage."""
+    for field, label in (("failureReason", "FailureReason"), ("failureMessage", "FailureMessage")):
+        value = status.get(field)
+        if value:
+            return f"{label}: {value}"
+    return ""
+
+
+def infrastructure_ready_at(conditions: list[Any]) -> dt.datetime | None:
+    for c in conditions:
+        if isinstance(c, Mapping) and c.get("type") == "InfrastructureReady":
+            return _time(c.get("lastTransitionTime")) if c.get("status") == "True" else None
+    return None
+
+
+def target_of(
+    machine: Any,
+    node: Any | None,
+    now: dt.datetime,
+    remediating: bool,
+    remediation_uid: str = "",
+) -> Target:
     """What policy.healthcheck reads of a Machine and its Node (None: not found)."""
     conditions: dict[str, NodeCondition] = {}
     for c in (node.status.conditions if node is not None and node.status else None) or []:
         since = c.lastTransitionTime or c.lastHeartbeatTime or now
         conditions[c.type] = NodeCondition(c.status, since)
-    lost = (machine.metadata.annotations or {}).get(names.NODE_REF_LOST_AT)
+    status = machine.get("status") or {}
+    status = status if isinstance(status, Mapping) else {}
+    machine_conditions = status.get("conditions") or []
+    machine_conditions = machine_conditions if isinstance(machine_conditions, list) else []
+    annotations = machine.metadata.annotations or {}
     return Target(
         machine=object_key(machine),
         created=machine.metadata.creationTimestamp or now,
         node_ref=next(iter(links.node_of(machine)), None),
-        node_ref_lost=lost_at(lost),
         node_exists=node is not None,
         conditions=conditions,
         remediating=remediating,
+        failure=failure_of(status),
+        remediation_requested=names.REMEDIATE_MACHINE in annotations,
+        deleting=machine.metadata.deletionTimestamp is not None,
+        infrastructure_ready_at=infrastructure_ready_at(machine_conditions),
+        uid=str(machine.metadata.uid or ""),
+        machine_conditions=tuple(dict(c) for c in machine_conditions if isinstance(c, Mapping)),
+        remediation_uid=remediation_uid,
+        # tenant-writable: a value that is not a time reads as absent (policy says what a
+        # time in the future means)
+        remediation_ended_at=_time(annotations.get(names.REMEDIATION_ENDED_AT)),
     )
-
-
-def lost_at(annotation: str | None) -> dt.datetime | None:
-    """When the Machine lost its nodeRef, from our annotation. Anyone may edit annotations:
-    one that does not parse is ignored (startup then counts from creation) rather than
-    failing the whole check's reconcile."""
-    try:
-        return parse_stamp(annotation)
-    except (ValueError, OverflowError):
-        return None
-
-
-def generic(api_version: str, kind: str) -> Any:
-    group, _, version = api_version.rpartition("/")
-    return create_namespaced_resource(group, version, kind, kind.lower() + "s")
 
 
 def setup(manager: Manager, settings: Settings) -> None:
@@ -434,7 +451,7 @@ def setup(manager: Manager, settings: Settings) -> None:
     def checks_in(namespace: str | None) -> list[str]:
         return [object_key(c) for c in checks.store.values() if c.metadata.namespace == namespace]
 
-    def for_machine(old: Any, new: Any) -> list[str]:
+    def for_namespace(old: Any, new: Any) -> list[str]:
         obj = new if new is not None else old
         return checks_in(obj.metadata.namespace)
 
@@ -449,6 +466,13 @@ def setup(manager: Manager, settings: Settings) -> None:
 
     runner = manager.add(Controller("machine-health-check", controller.reconcile, workers=2))
     runner.watch(checks)
-    runner.watch(controller.machines, for_machine)
+    runner.watch(controller.machines, for_namespace)
     runner.watch(controller.nodes, for_node)
-    runner.watch(controller.remediations, for_machine)
+    runner.watch(controller.remediations, for_namespace)
+    runner.watch(controller.templates, for_namespace)
+
+    def other_kind_changed(old: Any, new: Any) -> None:  # an informer started on demand
+        for key in for_namespace(old, new):
+            runner.queue.add(key)
+
+    controller.kinds.on_change.append(other_kind_changed)

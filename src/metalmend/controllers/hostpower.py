@@ -1,7 +1,8 @@
 """The host power controller: BareMetalHost power follows ``spec.online`` and the reboot
-annotations of metal3's reboot interface, through the host's BMC. Decisions and status
-rules are in policy.hostpower; this module reads, calls the policy and carries the
-decision out, in this order:
+annotations of metal3's reboot interface, through the host's BMC. In the shape of
+docs/decide-act.md: ``begin`` reads the host from the cache and its power from the BMC and
+asks policy.hostpower to decide; ``act`` carries each action out through the Writer, in
+the decision's order:
 
 1. status (facts first: pendingRebootSince is on record before the host goes off),
 2. annotation removals (only the suffixless form, or all on deprovisioning),
@@ -11,12 +12,14 @@ A crash between any two steps is safe: the next reconcile reads the BMC again an
 rules pick up where this one stopped; a command recorded in step 1 but never sent is sent
 again at once, because this process did not send it (``policy.hostpower.send_recorded_now``).
 
-Failing hosts are tried on their own schedule only (``policy.hostpower.RetrySettings``):
-the schedule lives here, per host, in memory. A reconcile that arrives before a failing
+Failing hosts are tried on their own schedule only (``policy.hostpower.after_failure``);
+the schedule is kept here, per host, in memory. A reconcile that arrives before a failing
 host's next attempt (its own status write, an Event, anyone's unrelated update, a resync)
 returns that time and touches neither the BMC nor the API server. After a restart the
 schedule is gone: each failing host gets one immediate attempt, and its consecutive
 failures are taken from ``status.errorCount`` so the next wait is as long as before.
+The status rules of a failed attempt, a recovery and a refused write are
+``PowerStatus.failed``, ``recovered`` and ``refused`` in the policy.
 """
 
 from __future__ import annotations
@@ -32,9 +35,8 @@ from lightkube import ApiError
 from lightkube.resources.core_v1 import Secret
 
 from metalmend.api import indexes, names
-from metalmend.api.power import PowerAction
+from metalmend.api.power import PowerState
 from metalmend.api.resources import BareMetalHost
-from metalmend.api.stamps import parse_stamp
 from metalmend.bmc import AuthenticationFailed, BmcError, BmcPool, BmcTarget, parse
 from metalmend.bmc import credentials as bmc_credentials
 from metalmend.bmc.errors import Busy, TimedOut
@@ -42,24 +44,9 @@ from metalmend.kube import errors
 from metalmend.kube.controller import DONE, Controller, Result, beyond_status
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
-from metalmend.kube.writes import patch_annotations, patch_status
+from metalmend.kube.writer import KubeWriter, Writer
 from metalmend.log import fields
-from metalmend.policy.fencing import POWERED_OFF_FOR
-from metalmend.policy.hostpower import (
-    WRITES_CONDITION,
-    Decision,
-    Host,
-    LastCommand,
-    credentials_inputs,
-    decide,
-    error_status,
-    forget_refused_command,
-    recovered_status,
-    refused_status,
-    retry_delay,
-    user_inputs,
-    with_changes,
-)
+from metalmend.policy import hostpower as policy
 from metalmend.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -73,23 +60,28 @@ OUTCOME_BUSY = "busy"  # the BMC was busy with other calls: tried again shortly
 OUTCOME_REFUSED = "write_refused"
 
 
-@dataclass(frozen=True)
-class Schedule:
-    """The retry schedule of one failing host."""
+@dataclass
+class Attempt:
+    """One reconcile that reached the BMC: what it decided on, and the host as last
+    written (each versioned write of the decision carries the version before it)."""
 
-    failures: int  # consecutive failed attempts
-    authentication_failures: int  # ... of which the last ones were refused logins
-    next_attempt: dt.datetime
-    inputs: tuple[tuple[str, str], ...]  # the user's inputs then: a change retries early
-    unwritten: tuple[str, str, bool] | None = None  # error status still to write (409)
+    key: str
+    host: Any
+    target: BmcTarget
+    now: dt.datetime
+    ended: Result | None = None  # set when an action failed: the reconcile ends there
 
 
 class HostPowerController:
-    def __init__(self, manager: Manager, settings: Settings) -> None:
-        self.manager = manager
-        self.client = manager.client
+    def __init__(
+        self,
+        manager: Manager,
+        settings: Settings,
+        *,
+        writer: Writer | None = None,
+        bmcs: BmcPool | None = None,
+    ) -> None:
         self.clock = manager.clock
-        self.events = manager.events
         # (CREDENTIALS) hosts indexed by the Secret they name; one labelled-Secret informer
         # per namespace whose BMC Secrets may be read.
         self.hosts = manager.informer(
@@ -110,13 +102,14 @@ class HostPowerController:
         self.credentials = bmc_credentials.CredentialStore(
             {scope: informer.store for scope, informer in self.secrets.items()}
         )
-        self.bmcs = BmcPool(settings.bmc)
+        self.bmcs = bmcs or BmcPool(settings.bmc)
+        self.writer = writer or KubeWriter(manager.client, manager.events, self.bmcs)
         self.settings = settings.power
         self.retry = settings.power_retry
         self.random = random.Random()
-        self._schedules: dict[str, Schedule] = {}  # failing hosts, by key
-        self._sent: dict[str, LastCommand] = {}  # the power command this process sent
-        self._reported: set[tuple[str, ...]] = set()  # warnings already given, per value
+        self._schedules: dict[str, policy.Schedule] = {}  # failing hosts, by key
+        self._sent: dict[str, policy.LastCommand] = {}  # the power command this process sent
+        self._reported: set[tuple[str, ...]] = set()  # ReportOnce topics already told
 
     def reset_backoff(self, key: str) -> None:
         """Forget ``key``'s retry schedule: its next reconcile tries the BMC at once.
@@ -133,7 +126,22 @@ class HostPowerController:
         schedule = self._schedules.get(key)
         return schedule.next_attempt if schedule is not None else None
 
+    # ---- reconcile: begin (schedule, BMC read, decide), act, succeeded ---------------------
+
     async def reconcile(self, key: str) -> Result:
+        begun = await self.begin(key)
+        if isinstance(begun, Result):
+            return begun
+        attempt, decision = begun
+        for action in decision.actions:
+            await self.act(attempt, action)
+            if attempt.ended is not None:
+                return attempt.ended
+        return self.succeeded(attempt, decision)
+
+    async def begin(self, key: str) -> Result | tuple[Attempt, policy.Decision]:
+        """Wait for the host's schedule, or read its BMC and decide. A Result when the
+        reconcile ends here (host gone, backing off, BMC busy or failing)."""
         host = self.hosts.store.get(key)
         if host is None:
             self._schedules.pop(key, None)
@@ -141,55 +149,86 @@ class HostPowerController:
             return DONE
         now = self.clock.now()
         schedule = self._schedules.get(key)
-        if schedule is not None and now < schedule.next_attempt and not _changed(schedule, host):
+        if (
+            schedule is not None
+            and now < schedule.next_attempt
+            and not _user_changed(schedule, host)
+        ):
             if schedule.unwritten is not None:  # the failure's status write lost a race
-                await self._write_error(key, host, schedule, schedule.unwritten)
+                await self._write_error(key, host, schedule)
             return Result.at(schedule.next_attempt, OUTCOME_BACKOFF)
         try:
-            return await self._attempt(key, host, now)
-        except Busy as busy:
-            # Not the BMC's failure, and no attempt: nothing written, nothing counted, and
-            # no worker waits for the BMC to be free.
-            delay = busy.retry_after * (1.0 + BUSY_JITTER * self.random.random())
-            log.debug("BMC busy", extra=fields(host=key, retry_in=f"{delay:.2f}s"))
-            return Result.at(now + dt.timedelta(seconds=delay), OUTCOME_BUSY)
-
-    async def _attempt(self, key: str, host: Any, now: dt.datetime) -> Result:
-        try:
-            target = await self._target(host)
+            target = self._target(host)
             power = await self.bmcs.power_state(target)
+        except Busy as busy:
+            return self._busy(key, busy, now)
         except BmcError as error:
             return await self._failed(key, host, error, now)
-        view = _view(host, power)
-        view = dataclasses.replace(view, command_confirmed=view.last_command == self._sent.get(key))
-        decision = decide(view, now, self.settings)
-        # A refused removal stays reported until a removal succeeds (not cleared and set
-        # again by every attempt): the facts are written first, the recovery after.
-        refused_before = bool(decision.remove_annotations) and _writes_refused(host)
+        view = self.observe(key, host, power)
+        return Attempt(key, host, target, now), policy.decide(view, now, self.settings)
+
+    def observe(self, key: str, host: Any, power: PowerState) -> policy.Host:
+        spec = host.get("spec") or {}
+        status = policy.PowerStatus.from_wire(host.get("status") or {})
+        provisioning = (host.get("status") or {}).get("provisioning") or {}
+        return policy.Host(
+            online=bool(spec.get("online", False)),
+            provisioning_state=str(provisioning.get("state") or ""),
+            externally_provisioned=bool(spec.get("externallyProvisioned", False)),
+            annotations=dict(host.metadata.annotations or {}),
+            power=power,
+            status=status,
+            command_confirmed=status.last_command == self._sent.get(key),
+        )
+
+    async def act(self, attempt: Attempt, action: policy.Action) -> None:
+        """Carry one action out through the writer; a refused write or a failed send ends
+        the attempt (``attempt.ended``) after reporting it."""
+        writer, host = self.writer, attempt.host
         try:
-            host = await self._write_status(host, decision, recover=not refused_before) or host
-            if decision.remove_annotations:
-                changes: dict[str, str | None] = {k: None for k in decision.remove_annotations}
-                host = await patch_annotations(self.client, BareMetalHost, host, changes) or host
-            if refused_before:
-                host = await self._write_status(host, Decision()) or host
+            match action:
+                case policy.SetStatus(status=status):
+                    wire = status.to_wire(host.get("status") or {})
+                    attempt.host = await writer.patch_status(BareMetalHost, host, wire) or host
+                case policy.RemoveAnnotations(keys=keys):
+                    changes: dict[str, str | None] = {k: None for k in keys}
+                    new = await writer.patch_metadata(BareMetalHost, host, "annotations", changes)
+                    attempt.host = new or host
+                case policy.SendPower(command=command):
+                    await self._send(attempt, command)
+                case policy.Event(type=kind, reason=reason, message=message):
+                    await writer.record_event(host, kind, reason, message)
+                case policy.ReportOnce(event=event, topic=topic):
+                    if (str(host.metadata.uid), *topic) not in self._reported:
+                        self._reported.add((str(host.metadata.uid), *topic))
+                        await writer.record_event(host, event.type, event.reason, event.message)
         except ApiError as error:
             if not errors.is_refused(error):  # RBAC or an admission policy said no
                 raise
-            return await self._refused(key, host, error, decision, now)
-        if decision.command is not None:
-            try:
-                await self._send(target, decision.command)
-            except BmcError as error:
-                forget = forget_refused_command(decision.command, isinstance(error, TimedOut))
-                return await self._failed(key, host, error, now, forget_command=forget)
-            recorded = decision.status.get("lastPowerCommand") or {}
-            self._sent[key] = LastCommand(decision.command, recorded.get("at", now))
-        self._schedules.pop(key, None)
-        await self._tell(host, decision)
-        return Result.at(now + dt.timedelta(seconds=decision.requeue_after))
+            attempt.ended = await self._refused(attempt, action, error)
 
-    async def _target(self, host: Any) -> BmcTarget:
+    async def _send(self, attempt: Attempt, command: policy.LastCommand) -> None:
+        try:
+            await self.writer.power(attempt.target, command.action)
+        except Busy as busy:
+            # Recorded, not sent: unconfirmed, so the next attempt sends it at once.
+            attempt.ended = self._busy(attempt.key, busy, attempt.now)
+            return
+        except BmcError as error:
+            forget = policy.forget_refused_command(command.action, isinstance(error, TimedOut))
+            attempt.ended = await self._failed(
+                attempt.key, attempt.host, error, attempt.now, forget_command=forget
+            )
+            return
+        self._sent[attempt.key] = command
+
+    def succeeded(self, attempt: Attempt, decision: policy.Decision) -> Result:
+        self._schedules.pop(attempt.key, None)
+        return Result.at(decision.requeue_at)
+
+    # ---- the BMC, its credentials and its failures ------------------------------------------
+
+    def _target(self, host: Any) -> BmcTarget:
         """The host's BMC and credentials, from the cache; CredentialsError (reported on the
         host, nothing sent) when its Secret is missing, unlabelled or not bound to it."""
         bmc = (host.get("spec") or {}).get("bmc") or {}
@@ -213,65 +252,56 @@ class HostPowerController:
                 self.reset_backoff(key)
         return keys
 
-    async def _send(self, target: BmcTarget, command: PowerAction) -> None:
-        await self.bmcs.act(target, command)
-
-    async def _write_status(
-        self, host: Any, decision: Decision, *, recover: bool = True
-    ) -> Any | None:
-        status = with_changes(host.get("status") or {}, decision.status)
-        recovered = False
-        if recover:
-            status, recovered = recovered_status(status)
-        if recovered:
-            await self.events.normal(host, names.REASON_BMC_RECOVERED, "BMC answers again")
-        return await patch_status(self.client, BareMetalHost, host, status)
+    def _busy(self, key: str, busy: Busy, now: dt.datetime) -> Result:
+        """Not the BMC's failure, and no attempt: nothing written, nothing counted, and no
+        worker waits for the BMC to be free."""
+        delay = busy.retry_after * (1.0 + BUSY_JITTER * self.random.random())
+        log.debug("BMC busy", extra=fields(host=key, retry_in=f"{delay:.2f}s"))
+        return Result.at(now + dt.timedelta(seconds=delay), OUTCOME_BUSY)
 
     async def _failed(
         self, key: str, host: Any, error: BmcError, now: dt.datetime, forget_command: bool = False
     ) -> Result:
-        """One failed attempt: schedule the next, report it once on the host."""
-        previous = self._schedules.get(key)
-        if previous is not None:
-            failures = previous.failures + 1
-            authentication = previous.authentication_failures
-        else:  # first failure, or first attempt after a restart: continue where status is
-            failures = int((host.get("status") or {}).get("errorCount") or 0) + 1
-            authentication = 0
-        auth = isinstance(error, AuthenticationFailed)
-        authentication = authentication + 1 if auth else 0
-        delay = retry_delay(failures, authentication, self.random.random(), self.retry)
-        spec, annotations = host.get("spec") or {}, host.metadata.annotations or {}
+        """One failed attempt: schedule the next (policy.hostpower.after_failure), report it
+        once on the host."""
+        status = policy.PowerStatus.from_wire(host.get("status") or {})
+        schedule = policy.after_failure(
+            self._schedules.get(key),
+            status,
+            authentication=isinstance(error, AuthenticationFailed),
+            spec=host.get("spec") or {},
+            annotations=host.metadata.annotations or {},
+            now=now,
+            jitter=self.random.random(),
+            settings=self.retry,
+        )
         message = str(error)
-        schedule = Schedule(
-            failures=failures,
-            authentication_failures=authentication,
-            next_attempt=now + dt.timedelta(seconds=delay),
-            inputs=(credentials_inputs if auth else user_inputs)(spec, annotations),
-            unwritten=(error.error_type, message, forget_command),
+        schedule = dataclasses.replace(
+            schedule, unwritten=(error.error_type, message, forget_command)
         )
         self._schedules[key] = schedule
-        await self._write_error(key, host, schedule, schedule.unwritten)
-        await self.events.warning(host, names.REASON_BMC_ERROR, message)
+        await self._write_error(key, host, schedule)
+        await self.writer.record_event(host, "Warning", names.REASON_BMC_ERROR, message)
+        delay = (schedule.next_attempt - now).total_seconds()
         log.warning(
             "BMC error",
-            extra=fields(host=key, error=message, attempt=failures, retry_in=f"{delay:.1f}s"),
-        )
+            extra=fields(host=key, error=message, attempt=schedule.failures,
+                         retry_in=f"{delay:.1f}s"),
+        )  # fmt: skip
         return Result.at(schedule.next_attempt, OUTCOME_BMC_ERROR)
 
-    async def _write_error(
-        self, key: str, host: Any, schedule: Schedule, error: tuple[str, str, bool] | None
-    ) -> None:
+    async def _write_error(self, key: str, host: Any, schedule: policy.Schedule) -> None:
         """Write the failed attempt to status (counted once: ``errorCount`` counts attempts).
         A conflict leaves it for the next reconcile, which writes it without a BMC call."""
-        if error is None:
+        if schedule.unwritten is None:
             return
-        error_type, message, forget = error
-        status = error_status(
-            host.get("status") or {}, error_type, message, counted=True, forget_command=forget
+        error_type, message, forget = schedule.unwritten
+        current = host.get("status") or {}
+        failed = policy.PowerStatus.from_wire(current).failed(
+            error_type, message, forget_command=forget
         )
         try:
-            await patch_status(self.client, BareMetalHost, host, status)
+            await self.writer.patch_status(BareMetalHost, host, failed.to_wire(current))
         except ApiError as problem:
             if errors.is_refused(problem):  # said by the Event and the log instead
                 log.warning(
@@ -279,113 +309,57 @@ class HostPowerController:
                     extra=fields(host=key, error=str(problem.status.message)),
                 )
             elif errors.is_not_found(problem) or errors.is_conflict(problem):
-                self._schedules[key] = schedule  # still unwritten; the retry is fresh
-                return
+                return  # still unwritten; the retry is fresh
             else:
                 raise
         if forget:
             self._sent.pop(key, None)
         self._schedules[key] = dataclasses.replace(schedule, unwritten=None)
 
-    async def _refused(
-        self, key: str, host: Any, error: ApiError, decision: Decision, now: dt.datetime
-    ) -> Result:
+    async def _refused(self, attempt: Attempt, action: policy.Action, error: ApiError) -> Result:
         """The API server refused our status or annotation write (RBAC, or an admission
         policy such as deploy/policies/reboot-annotation-writers.yaml without our identity):
         say so on the host where an operator looks, and retry on the ordinary schedule."""
-        what = (
-            f"removal of {', '.join(decision.remove_annotations)}"
-            if decision.remove_annotations
-            else "status update"
-        )
+        key, host, now = attempt.key, attempt.host, attempt.now
+        current = host.get("status") or {}
+        if isinstance(action, policy.RemoveAnnotations):
+            what = f"removal of {', '.join(action.keys)}"
+            intended = policy.PowerStatus.from_wire(current)
+        else:
+            what = "status update"
+            intended = (
+                action.status
+                if isinstance(action, policy.SetStatus)
+                else policy.PowerStatus.from_wire(current)
+            )
         reason = " ".join(str(error.status.message or "").split())[:500]
         message = (
             f"the API server refused metalmend's {what} ({errors.code(error)}): {reason};"
             " the host's reboot cannot finish until metalmend may write it"
         )
-        previous = self._schedules.get(key)
-        failures = (previous.failures if previous is not None else 0) + 1
-        delay = retry_delay(failures, 0, self.random.random(), self.retry)
-        spec, annotations = host.get("spec") or {}, host.metadata.annotations or {}
-        self._schedules[key] = Schedule(
-            failures, 0, now + dt.timedelta(seconds=delay), user_inputs(spec, annotations)
+        self._schedules[key] = policy.after_failure(
+            self._schedules.get(key),
+            intended,
+            authentication=False,
+            spec=host.get("spec") or {},
+            annotations=host.metadata.annotations or {},
+            now=now,
+            jitter=self.random.random(),
+            settings=self.retry,
         )
-        status = refused_status(
-            with_changes(host.get("status") or {}, decision.status), message, now
-        )
+        status = intended.refused(message, now).to_wire(current)
         try:
-            await patch_status(self.client, BareMetalHost, host, status)
+            await self.writer.patch_status(BareMetalHost, host, status)
         except ApiError as problem:  # the status write itself refused: the Event must do
             log.debug("cannot report refusal in status", extra=fields(host=key, error=str(problem)))
-        await self.events.warning(host, names.REASON_WRITE_REFUSED, message)
+        await self.writer.record_event(host, "Warning", names.REASON_WRITE_REFUSED, message)
         log.warning("write refused", extra=fields(host=key, error=message))
         return Result.at(self._schedules[key].next_attempt, OUTCOME_REFUSED)
 
-    async def _tell(self, host: Any, decision: Decision) -> None:
-        for event in decision.events:
-            await self.events.record(host, event.type, event.reason, event.message)
-        uid = str(host.metadata.uid)
-        for request in decision.invalid:
-            value = (host.metadata.annotations or {}).get(request.key, "")
-            if self._first_time(uid, "invalid", request.key, value):
-                await self.events.warning(
-                    host, names.REASON_INVALID_REBOOT,
-                    f"{request.key}: {request.problem}; using the default mode (soft)",
-                )  # fmt: skip
-        if decision.ignored and self._first_time(uid, "ignored", decision.ignored):
-            await self.events.normal(host, names.REASON_REBOOT_IGNORED, decision.ignored)
 
-    def _first_time(self, *what: str) -> bool:
-        if what in self._reported:
-            return False
-        self._reported.add(what)
-        return True
-
-
-def _view(host: Any, power: Any) -> Host:
-    spec = host.get("spec") or {}
-    status = host.get("status") or {}
-    provisioning = status.get("provisioning") or {}
-    command = status.get("lastPowerCommand") or {}
-    last_command = None
-    if command.get("action") in tuple(PowerAction) and command.get("at"):
-        action = PowerAction(command["action"])
-        last_command = LastCommand(action, parse_stamp(command["at"]) or dt.datetime.min)
-    return Host(
-        online=bool(spec.get("online", False)),
-        provisioning_state=str(provisioning.get("state") or ""),
-        externally_provisioned=bool(spec.get("externallyProvisioned", False)),
-        annotations=dict(host.metadata.annotations or {}),
-        power=power,
-        recorded_on=status.get("poweredOn"),
-        last_powered_on=parse_stamp(provisioning.get("lastPoweredOn")),
-        pending_reboot_since=parse_stamp(provisioning.get("pendingRebootSince")),
-        last_command=last_command,
-        powered_off_for=_keys(status.get(POWERED_OFF_FOR)),
-    )
-
-
-def _keys(listed: Any) -> tuple[str, ...]:
-    """status.poweredOffFor as written by us; anything else lists nothing."""
-    if not isinstance(listed, list):
-        return ()
-    return tuple(k for k in listed if isinstance(k, str))
-
-
-# The state machine tests (tests/unit/test_remediation_statemachine.py) model this step.
-_with_changes = with_changes
-
-
-def _changed(schedule: Schedule, host: Any) -> bool:
-    """A user changed what they ask of the host since its last failed attempt."""
+def _user_changed(schedule: policy.Schedule, host: Any) -> bool:
     spec, annotations = host.get("spec") or {}, host.metadata.annotations or {}
-    inputs = credentials_inputs if schedule.authentication_failures else user_inputs
-    return inputs(spec, annotations) != schedule.inputs
-
-
-def _writes_refused(host: Any) -> bool:
-    conditions = (host.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == WRITES_CONDITION and c.get("status") == "False" for c in conditions)
+    return policy.user_changed(schedule, spec, annotations)
 
 
 def host_power_relevant(old: Any | None, new: Any | None) -> bool:
@@ -395,10 +369,10 @@ def host_power_relevant(old: Any | None, new: Any | None) -> bool:
     wake the key; the host's poll and retry schedules do."""
     if beyond_status(old, new):
         return True
-    return bool(_provisioning_state(old) != _provisioning_state(new))
+    return bool(provisioning_state(old) != provisioning_state(new))
 
 
-def _provisioning_state(host: Any) -> Any:
+def provisioning_state(host: Any) -> Any:
     return ((host.get("status") or {}).get("provisioning") or {}).get("state")
 
 

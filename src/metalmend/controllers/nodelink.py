@@ -1,5 +1,7 @@
 """node-link: keeps ``Machine.status.nodeRef`` true where no Cluster API runs, linking a
-Machine only to a Node of a host it legitimately has (policy.nodelink, api/links.py)."""
+Machine only to a Node of a host it legitimately has (policy.nodelink, api/links.py), in
+the decide/act shape of docs/decide-act.md. A nodeRef whose Node was deleted is kept, as
+Cluster API keeps it: the health check then finds the Machine unhealthy at once."""
 
 from __future__ import annotations
 
@@ -7,15 +9,15 @@ from typing import Any
 
 from lightkube.resources.core_v1 import Node
 
-from metalmend.api import indexes, links, names
+from metalmend.api import indexes, links
 from metalmend.api.resources import BareMetalHost, Machine
-from metalmend.api.stamps import stamp
 from metalmend.controllers.tenancy import report
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
-from metalmend.kube.writes import patch_annotations, patch_status
-from metalmend.policy.nodelink import NodeFacts, desired_node_ref
+from metalmend.kube.writer import KubeWriter, Writer
+from metalmend.policy import nodelink as policy
+from metalmend.policy.nodelink import NodeFacts
 from metalmend.settings import Settings
 
 
@@ -24,68 +26,77 @@ def node_facts(node: Any) -> NodeFacts:
     return NodeFacts(name=node.metadata.name, uid=node.metadata.uid, provider_id=provider or None)
 
 
-def setup(manager: Manager, settings: Settings) -> None:
-    machines = manager.informer(
-        Machine,
-        namespace=settings.runtime.namespace,
-        indexes=indexes.of(
-            indexes.MACHINES_BY_PROVIDER_ID,
-            indexes.MACHINES_BY_NAME,
-            indexes.MACHINES_BY_CONFIRMING_HOST,
-        ),
-    )
-    nodes = manager.informer(Node, indexes=indexes.of(indexes.NODES_BY_PROVIDER_ID))
-    hosts = manager.informer(BareMetalHost, namespace=settings.runtime.namespace)
+class NodeLinkController:
+    def __init__(self, manager: Manager, settings: Settings, writer: Writer | None = None) -> None:
+        self.writer = writer or KubeWriter(manager.client, manager.events)
+        self.clock = manager.clock
+        self.machines = manager.informer(
+            Machine,
+            namespace=settings.runtime.namespace,
+            indexes=indexes.of(
+                indexes.MACHINES_BY_PROVIDER_ID,
+                indexes.MACHINES_BY_NAME,
+                indexes.MACHINES_BY_CONFIRMING_HOST,
+            ),
+        )
+        self.nodes = manager.informer(Node, indexes=indexes.of(indexes.NODES_BY_PROVIDER_ID))
+        self.hosts = manager.informer(BareMetalHost, namespace=settings.runtime.namespace)
 
-    async def reconcile(key: str) -> Result:
-        machine = machines.store.get(key)
-        if machine is None:
-            return DONE
-        provider = (machine.get("spec") or {}).get("providerID")
+    def observe(self, machine: Any) -> policy.View:
+        """The Machine, the host its rules may ask, and the Nodes that could be its own."""
+        provider = (machine.get("spec") or {}).get("providerID") or None
         identity = links.machine_identity(machine)
         link = links.host_link_of(machine)
         host_key = links.host_key_for_link(identity, link, provider)
-        found_host = hosts.store.get(host_key) if host_key else None
-        known = {host_key: links.host_facts(found_host)} if found_host is not None else {}
-        by_provider = {
-            p: node_facts(n)
-            for p in [provider]
-            if p
-            for n in nodes.store.by_index(indexes.NODES_BY_PROVIDER_ID.name, p)
-        }
-        named = nodes.store.get(machine.metadata.name)
-        verdict = desired_node_ref(
-            identity,
-            provider,
-            link,
-            known,
-            by_provider,
-            node_facts(named) if named is not None else None,
+        host = self.hosts.store.get(host_key) if host_key else None
+        with_provider = (
+            self.nodes.store.by_index(indexes.NODES_BY_PROVIDER_ID.name, provider)
+            if provider
+            else []
         )
-        machine = await _report(machine, link, verdict.refusal, verdict.reason)
-        wanted = verdict.node_ref
-        status = dict(machine.get("status") or {})
-        if wanted == status.get("nodeRef"):
-            return DONE
-        if wanted is None:
-            status.pop("nodeRef", None)
-            # When it was lost, for the health check's nodeStartupTimeout
-            # (Cluster API's machine health checking proposal).
-            lost = {names.NODE_REF_LOST_AT: stamp(manager.clock.now())}
-            machine = await patch_annotations(manager.client, Machine, machine, lost) or machine
-        else:
-            status["nodeRef"] = wanted
-        await patch_status(manager.client, Machine, machine, status)
-        return DONE
+        by_provider = (
+            {provider: node_facts(with_provider[-1])} if provider and with_provider else {}
+        )
+        named = self.nodes.store.get(machine.metadata.name)
+        node_ref = (machine.get("status") or {}).get("nodeRef")
+        ref_name = str(node_ref.get("name") or "") if isinstance(node_ref, dict) else ""
+        return policy.View(
+            machine=identity,
+            key=object_key(machine),
+            provider_id=provider,
+            link=link,
+            hosts={host_key: links.host_facts(host)} if host is not None else {},
+            nodes_by_provider=by_provider,
+            node_named_like_machine=node_facts(named) if named is not None else None,
+            node_ref=dict(node_ref) if isinstance(node_ref, dict) else None,
+            node_ref_found=bool(ref_name) and self.nodes.store.get(ref_name) is not None,
+        )
 
-    async def _report(machine: Any, link: links.HostLink, refusal: str, reason: str) -> Any:
-        for type_, why, because in (
-            (names.CONDITION_HOST_LINK, link.refusal, link.reason),
-            (names.CONDITION_NODE_LINK, refusal, reason),
-        ):
-            args = (manager.client, manager.events, manager.clock, machine, type_, why, because)
-            machine = await report(*args) or machine
-        return machine
+    async def reconcile(self, key: str) -> Result:
+        machine = self.machines.store.get(key)
+        if machine is None:
+            return DONE
+        decision = policy.decide(self.observe(machine))
+        for action in decision.actions:
+            machine = await self.act(machine, action) or machine
+        return Result.at(decision.requeue_at)
+
+    async def act(self, machine: Any, action: policy.Action) -> Any | None:
+        """Carry one action out through the writer; return the Machine if it changed."""
+        match action:
+            case policy.SetLinkCondition(type=type_, refusal=refusal, reason=reason):
+                return await report(self.writer, self.clock, machine, type_, refusal, reason)
+            case policy.SetNodeRef():
+                status = action.to_wire(machine.get("status") or {})
+                return await self.writer.patch_status(Machine, machine, status)
+            case policy.Event(type=kind, reason=reason, message=message):
+                await self.writer.record_event(machine, kind, reason, message)
+        return None
+
+
+def setup(manager: Manager, settings: Settings) -> None:
+    controller = NodeLinkController(manager, settings)
+    machines = controller.machines
 
     def machines_of(old: Any, new: Any) -> list[str]:
         keys: set[str] = set()
@@ -108,7 +119,7 @@ def setup(manager: Manager, settings: Settings) -> None:
         found = machines.store.by_index(indexes.MACHINES_BY_CONFIRMING_HOST.name, object_key(host))
         return sorted(object_key(m) for m in found)
 
-    controller = manager.add(Controller("node-link", reconcile, workers=2))
-    controller.watch(machines)
-    controller.watch(nodes, machines_of)
-    controller.watch(hosts, machines_of_host)
+    runner = manager.add(Controller("node-link", controller.reconcile, workers=2))
+    runner.watch(machines)
+    runner.watch(controller.nodes, machines_of)
+    runner.watch(controller.hosts, machines_of_host)

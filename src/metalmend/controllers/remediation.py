@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
-from lightkube import ALL_NS, ApiError
-from lightkube.resources.core_v1 import Node, Pod
-from lightkube.types import PatchType
+from lightkube.resources.core_v1 import Node
 
 from metalmend.api import indexes, links, names
 from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
-from metalmend.api.stamps import parse_stamp, stamp
 from metalmend.controllers.tenancy import report
-from metalmend.kube import errors
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
-from metalmend.kube.writes import delete_exact, patch_annotations, patch_labels, patch_status
+from metalmend.kube.writer import KubeWriter, Writer
 from metalmend.log import fields
 from metalmend.policy import remediation as policy
 from metalmend.policy.fencing import host_power, other_remediation
@@ -39,14 +36,25 @@ OUT_OF_SERVICE = {"key": names.OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "e
 
 
 def reboot_key(remediation: Any) -> str:
+    """The reboot annotation key this remediation holds its host off with (one per object:
+    policy.fencing tells ours from another's)."""
     return f"{names.METAL3_REMEDIATION_REBOOT_PREFIX}{remediation.metadata.uid}"
 
 
+@dataclass(frozen=True)
+class Planned:
+    """One reconcile's decision and what it was made on."""
+
+    remediation: Any
+    host: Any | None  # the host object as observed (versioned writes carry its version)
+    observed: policy.Observed
+    decision: policy.Decision
+
+
 class RemediationController:
-    def __init__(self, manager: Manager, settings: Settings) -> None:
-        self.client = manager.client
+    def __init__(self, manager: Manager, settings: Settings, writer: Writer | None = None) -> None:
+        self.writer = writer or KubeWriter(manager.client, manager.events)
         self.clock = manager.clock
-        self.events = manager.events
         ns = settings.runtime.namespace
         self.remediations = manager.informer(
             Metal3Remediation, namespace=ns, indexes=indexes.of(indexes.REMEDIATIONS_BY_NODE)
@@ -88,8 +96,7 @@ class RemediationController:
 
     def observe(self, remediation: Any, found: Any | None) -> policy.Observed:
         """``found``: the host object, as ``host_object`` returned it for this decision."""
-        status = remediation.get("status") or {}
-        progress = progress_from(status)
+        progress = policy.Progress.from_wire(remediation.get("status") or {})
         machine = self.machine_of(remediation)
         host, problem, link_problem = None, "", ""
         link = links.host_link_of(machine) if machine is not None else links.HostLink(None)
@@ -118,7 +125,7 @@ class RemediationController:
             if refusal:  # never fenced, tainted, evicted or restored: not this host's Node
                 node, link_problem = None, refusal
         return policy.Observed(
-            spec=spec_from(remediation.get("spec") or {}),
+            spec=policy.Spec.from_wire(remediation.get("spec") or {}),
             progress=progress,
             has_finalizer=names.REMEDIATION_FINALIZER in (remediation.metadata.finalizers or []),
             deleting_since=remediation.metadata.deletionTimestamp,
@@ -127,175 +134,110 @@ class RemediationController:
             host=host,
             host_problem=problem,
             node=node_view(node) if node is not None else None,
-            backup=backup_from(remediation.metadata.annotations or {}),
+            backup=policy.Backup.from_wire(remediation.metadata.annotations or {}),
             link_problem=link_problem,
         )
 
     # ---- reconcile ----------------------------------------------------------------------
 
     async def reconcile(self, key: str) -> Result:
+        planned = await self.plan(key)
+        if planned is None:
+            return DONE
+        remediation = planned.remediation
+        for action in planned.decision.actions:
+            remediation = await self.act(remediation, action, planned.host) or remediation
+        return Result.at(planned.decision.requeue_at)
+
+    async def plan(self, key: str) -> Planned | None:
+        """Observe from the caches and decide (after telling the Machine whether its host
+        link is refused). None when the object is gone."""
         remediation = self.remediations.store.get(key)
         if remediation is None:
-            return DONE
+            return None
         # The host as decided on: adding our key is conditional on this very version, so
         # that two remediations that both saw a free host cannot both take it.
         host = self.host_object(remediation)
         machine = self.machine_of(remediation)
         if machine is not None:  # the Machine's own word on its host link (api/links.py)
             link = links.host_link_of(machine)
-            await report(self.client, self.events, self.clock, machine,
+            await report(self.writer, self.clock, machine,
                          names.CONDITION_HOST_LINK, link.refusal, link.reason)  # fmt: skip
-        decision = policy.decide(self.observe(remediation, host), self.clock.now(), self.settings)
-        for action in decision.actions:
-            remediation = await self.act(remediation, action, host) or remediation
-        return Result.at(decision.requeue_at)
+        observed = self.observe(remediation, host)
+        decision = policy.decide(observed, self.clock.now(), self.settings)
+        return Planned(remediation, host, observed, decision)
 
     async def act(self, obj: Any, action: policy.Action, host: Any | None) -> Any | None:
-        """Carry one action out; return our object if the action changed it."""
+        """Carry one action out through the writer; return our object if the action changed
+        it (the next versioned write of this decision carries the new version)."""
+        writer = self.writer
         match action:
             case policy.SetProgress(progress=progress):
-                status = progress_to(obj.get("status") or {}, progress)
-                return await patch_status(self.client, Metal3Remediation, obj, status)
+                status = progress.to_wire(obj.get("status") or {})
+                return await writer.patch_status(Metal3Remediation, obj, status)
             case policy.AddFinalizer() | policy.RemoveFinalizer():
-                return await self._finalizer(obj, add=isinstance(action, policy.AddFinalizer))
-            case policy.BackupNode(labels=labels, annotations=annotations):
-                backup = {
-                    names.NODE_LABELS_BACKUP: json.dumps(dict(labels), sort_keys=True),
-                    names.NODE_ANNOTATIONS_BACKUP: json.dumps(dict(annotations), sort_keys=True),
-                }
-                return await patch_annotations(
-                    self.client, Metal3Remediation, obj, backup, require_version=True
+                present = list(obj.metadata.finalizers or [])
+                wanted = [f for f in present if f != names.REMEDIATION_FINALIZER]
+                if isinstance(action, policy.AddFinalizer):
+                    wanted.append(names.REMEDIATION_FINALIZER)
+                return await writer.set_finalizers(Metal3Remediation, obj, wanted)
+            case policy.BackupNode(backup=backup):
+                return await writer.patch_metadata(
+                    Metal3Remediation, obj, "annotations", backup.to_wire(), require_version=True
                 )
             case policy.Event(type=kind, reason=reason, message=message):
-                await self.events.record(obj, kind, reason, message)
+                await writer.record_event(obj, kind, reason, message)
+            case policy.RequestPowerOff() | policy.ReleasePower():
+                if host is None:
+                    raise LookupError(f"host of {object_key(obj)} vanished")  # decide() saw it
+                asked = HARD if isinstance(action, policy.RequestPowerOff) else None
+                # Adding our key is conditional on the host as decided on: two remediations
+                # that both saw a free host cannot both take it.
+                await writer.patch_metadata(
+                    BareMetalHost, host, "annotations", {reboot_key(obj): asked},
+                    require_version=asked is not None,
+                )  # fmt: skip
             case _:
-                await self._act_elsewhere(obj, action, host)
+                await self._act_on_node_or_machine(obj, action)
         return None
 
-    async def _act_elsewhere(self, obj: Any, action: policy.Action, host: Any | None) -> None:
-        if isinstance(action, policy.RequestPowerOff | policy.ReleasePower) and host is None:
-            raise LookupError(f"host of {object_key(obj)} vanished")  # decide() saw it
+    async def _act_on_node_or_machine(self, obj: Any, action: policy.Action) -> None:
+        writer = self.writer
         match action:
-            case policy.RequestPowerOff():
-                changes = {reboot_key(obj): HARD}
-                await patch_annotations(
-                    self.client, BareMetalHost, host, changes, require_version=True
-                )
-            case policy.ReleasePower():
-                await patch_annotations(self.client, BareMetalHost, host, {reboot_key(obj): None})
             case policy.DeleteNode(name=name, uid=uid):
-                if await delete_exact(self.client, Node, name, uid):
+                if await writer.delete_exact(Node, name, uid):
                     log.info("node deleted", extra=fields(remediation=object_key(obj), node=name))
             case policy.DeletePods(node=node_name):
-                await delete_pods_bound_to(self.client, node_name)
+                await writer.delete_pods_on(node_name)
             case policy.TaintNode(name=name) | policy.UntaintNode(name=name):
-                await self._taint(name, present=isinstance(action, policy.TaintNode))
+                node = self.nodes.store.get(name)
+                if node is not None:
+                    taints = out_of_service_taints(node, isinstance(action, policy.TaintNode))
+                    await writer.set_taints(node, taints)
             case policy.RestoreNode(name=name, labels=labels, annotations=annotations):
                 found = self.nodes.store.get(name)
                 if found is not None:
-                    found = await patch_labels(self.client, Node, found, dict(labels)) or found
-                    await patch_annotations(self.client, Node, found, dict(annotations))
+                    found = await writer.patch_metadata(Node, found, "labels", labels) or found
+                    await writer.patch_metadata(Node, found, "annotations", annotations)
             case policy.DeleteMachine():
                 machine = self.machine_of(obj)
                 if machine is not None and machine.metadata.deletionTimestamp is None:
-                    await delete_if_present(self.client, Machine, machine)
-
-    async def _finalizer(self, obj: Any, add: bool) -> Any:
-        present = list(obj.metadata.finalizers or [])
-        wanted = [f for f in present if f != names.REMEDIATION_FINALIZER]
-        if add:
-            wanted.append(names.REMEDIATION_FINALIZER)
-        body = {"metadata": {"finalizers": wanted, "resourceVersion": obj.metadata.resourceVersion}}
-        try:
-            return await self.client.patch(
-                Metal3Remediation,
-                obj.metadata.name,
-                body,
-                namespace=obj.metadata.namespace,
-                patch_type=PatchType.MERGE,
-            )
-        except ApiError as error:
-            if errors.is_not_found(error) and not add:
-                return None  # the last finalizer removed: the object is gone
-            raise
-
-    async def _taint(self, name: str, present: bool) -> None:
-        node = self.nodes.store.get(name)
-        if node is None:
-            return
-        taints = [
-            t.to_dict() for t in (node.spec.taints or []) if t.key != names.OUT_OF_SERVICE_TAINT
-        ]
-        if present:
-            taints.append(dict(OUT_OF_SERVICE))
-        body = {
-            "metadata": {"resourceVersion": node.metadata.resourceVersion},
-            "spec": {"taints": taints},
-        }
-        await self.client.patch(Node, name, body, patch_type=PatchType.MERGE)
+                    await writer.delete_exact(
+                        Machine, machine.metadata.name, machine.metadata.uid,
+                        namespace=machine.metadata.namespace,
+                    )  # fmt: skip
 
 
-async def delete_pods_bound_to(client: Any, node: str) -> None:
-    """The host is reported off: nothing of these pods runs any more. Deleting them at
-    once (what the pod garbage collector would do some time after the Node is gone)
-    lets their controllers start them elsewhere now."""
-    async for pod in client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": node}):
-        await delete_if_present(client, Pod, pod, grace_period=0)
+def out_of_service_taints(node: Any, present: bool) -> list[dict[str, str]]:
+    """The Node's taints with ours (node.kubernetes.io/out-of-service) present or not,
+    every other taint kept."""
+    taints = [t.to_dict() for t in (node.spec.taints or []) if t.key != names.OUT_OF_SERVICE_TAINT]
+    if present:
+        taints.append(dict(OUT_OF_SERVICE))
+    return taints
 
 
-async def delete_if_present(client: Any, resource: Any, obj: Any, **kw: Any) -> None:
-    try:
-        await client.delete(resource, obj.metadata.name, namespace=obj.metadata.namespace, **kw)
-    except ApiError as error:
-        if not errors.is_not_found(error):
-            raise
-
-
-# ---- status and spec, between API objects and policy values -------------------------------
-
-
-def spec_from(spec: dict[str, Any]) -> policy.Spec:
-    return policy.Spec(
-        strategy=str(spec.get("strategy") or "reboot"),
-        delete_after_retries=int(spec.get("deleteAfterRetries", 3)),
-        power_off_timeout=float(spec.get("powerOffTimeoutSeconds", 120)),
-        power_on_timeout=float(spec.get("powerOnTimeoutSeconds", 600)),
-    )
-
-
-def progress_from(status: dict[str, Any]) -> policy.Progress:
-    return policy.Progress(
-        phase=str(status.get("phase") or ""),
-        retry_count=int(status.get("retryCount") or 0),
-        last_remediated=parse_stamp(status.get("lastRemediated")),
-        phase_since=parse_stamp(status.get("phaseSince")),
-        next_attempt_at=parse_stamp(status.get("nextAttemptAt")),
-        node=status.get("node") or None,
-        fenced_node_uid=status.get("fencedNodeUID") or None,
-        message=str(status.get("message") or ""),
-        host=status.get("host") or None,
-    )
-
-
-def progress_to(status: dict[str, Any], progress: policy.Progress) -> dict[str, Any]:
-    status = dict(status)
-    values: dict[str, Any] = {
-        "phase": progress.phase or None,
-        "retryCount": progress.retry_count,
-        "lastRemediated": stamp(progress.last_remediated) if progress.last_remediated else None,
-        "phaseSince": stamp(progress.phase_since) if progress.phase_since else None,
-        "nextAttemptAt": stamp(progress.next_attempt_at) if progress.next_attempt_at else None,
-        "node": progress.node,
-        "fencedNodeUID": progress.fenced_node_uid,
-        "message": progress.message or None,
-        "host": progress.host,
-    }
-    for name, value in values.items():
-        if value is None:
-            status.pop(name, None)
-        else:
-            status[name] = value
-    return status
+# ---- views, from API objects to policy values --------------------------------------------
 
 
 def host_view(host: Any, key: str) -> policy.HostView:
@@ -327,18 +269,6 @@ def node_view(node: Any) -> policy.NodeView:
         out_of_service=any(t.key == names.OUT_OF_SERVICE_TAINT for t in taints or []),
         ready_since=ready.lastTransitionTime if ready is not None else None,
     )
-
-
-def backup_from(annotations: dict[str, str]) -> policy.Backup | None:
-    if names.NODE_LABELS_BACKUP not in annotations:
-        return None
-    try:
-        labels = json.loads(annotations[names.NODE_LABELS_BACKUP])
-        kept = json.loads(annotations.get(names.NODE_ANNOTATIONS_BACKUP) or "{}")
-    except ValueError:
-        log.warning("unreadable node backup annotations; ignoring them")
-        return None
-    return policy.Backup(labels=dict(labels), annotations=dict(kept))
 
 
 def setup(manager: Manager, settings: Settings) -> None:

@@ -11,9 +11,8 @@ from metalmend.api.links import REASON_VALID
 from metalmend.api.resources import Machine
 from metalmend.api.stamps import stamp
 from metalmend.clock import Clock
-from metalmend.kube.events import EventRecorder
 from metalmend.kube.store import object_key
-from metalmend.kube.writes import patch_status
+from metalmend.kube.writer import Writer
 from metalmend.log import fields
 
 log = logging.getLogger(__name__)
@@ -47,8 +46,7 @@ def wanted_condition(
 
 
 async def report(
-    client: Any,
-    events: EventRecorder,
+    writer: Writer,
     clock: Clock,
     machine: Any,
     type_: str,
@@ -64,10 +62,10 @@ async def report(
     if wanted is None:
         return None
     status["conditions"] = [c for c in conditions if c.get("type") != type_] + [wanted]
-    updated = await patch_status(client, Machine, machine, status)
+    updated = await writer.patch_status(Machine, machine, status)
     if refusal:
         # Once per refusal: a reconcile that finds the same condition writes nothing above.
         log.warning("link refused", extra=fields(machine=object_key(machine), reason=reason,
                                                  message=refusal))  # fmt: skip
-        await events.warning(machine, reason, refusal)
+        await writer.record_event(machine, "Warning", reason, refusal)
     return updated

@@ -26,6 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from metalmend.lab import siteetcd
 from metalmend.lab.bmcs import HostPower, RedfishPower, start_ipmi_bmcs
 from metalmend.lab.faults import FaultInjector
 from metalmend.lab.inventory import HardwareConfig, HostSpec, status_path
@@ -65,6 +66,9 @@ async def serve(config: HardwareConfig) -> None:
     for line in lines.values():
         await line.start()
     tasks = [asyncio.create_task(k.run()) for k in kubelets.values()]
+    # The site etcd's members live on their hosts, following each host's kubelet (siteetcd).
+    members = {m.member.host: m for m in siteetcd.members_for(lab_dir, kubelets)}
+    tasks += [asyncio.create_task(m.run()) for m in members.values()]
     log.info("hardware up: %d hosts", len(config.hosts))
     (lab_dir / "hardware" / "faults").mkdir(parents=True, exist_ok=True)
     while True:
@@ -78,6 +82,7 @@ async def serve(config: HardwareConfig) -> None:
                 "power": "on" if kubelet.state != "off" else "off",
                 "kubelet": kubelet.state,
                 "pods": kubelet.pods,
+                "etcd": members[spec.name].state if spec.name in members else "-",
                 "bmc_line": faults.bmc,
                 "faults": asdict(faults),  # as applied: `lab fault` waits to see its own
             }

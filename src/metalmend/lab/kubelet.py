@@ -4,6 +4,12 @@ After power-on and a boot delay it registers its Node (labels, providerID, capac
 renews its Lease, reports Ready and runs the pods bound to it (pretend containers, real
 pod status); while the host is off, or its kernel hung, it is silent; a power cycle
 clears a hang and restarts the pods.
+
+The shutdown-kubelet DaemonSet (deploy/teardown/shutdown-kubelet.yaml) is honoured as on a
+real server: once its pod lands on this Node (the lab's controller-manager runs the
+DaemonSet controller and its scheduler binds the pod), the kubelet starts the pod, then
+stops and stays stopped ("disabled": across power cycles too, until the hardware process
+is restarted), so its Lease is no longer renewed.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from metalmend.kube import errors
 from metalmend.kube.writes import delete_exact
 from metalmend.lab.inventory import HostSpec
+from metalmend.policy.teardown import SHUTDOWN_KUBELET_APP
 
 log = logging.getLogger("metalmend.lab.kubelet")
 
@@ -79,8 +86,9 @@ class KubeletSim:
         self.spec = spec
         self.powered = powered  # None while off, else the boot number
         self.hung = False
+        self.disabled = False  # `systemctl disable --now kubelet` ran on this host
         self.boot: int | None = None
-        self.state = "off"  # off, booting, running, hung
+        self.state = "off"  # off, booting, running, hung, disabled
         self._booted_at: float | None = None
         self._registered = False
         self._last_status = 0.0
@@ -117,6 +125,9 @@ class KubeletSim:
             return
         if self.hung:
             self.state = "hung"
+            return
+        if self.disabled:
+            self.state = "disabled"
             return
         if self.state == "hung":
             self._last_status = 0.0  # back from a hang: report Ready at once
@@ -272,6 +283,10 @@ class KubeletSim:
             {"metadata": {"uid": uid}, "status": _running_status(pod, running)},
             namespace=meta["namespace"],
         )
+        if (meta.get("labels") or {}).get("app.kubernetes.io/name") == SHUTDOWN_KUBELET_APP:
+            # What its container does on a real server: this kubelet stops for good.
+            log.info("kubelet %s: disabled and stopped by %s", self.spec.name, meta["name"])
+            self.disabled = True
 
 
 def _reported(status: dict[str, Any], running: _RunningPod) -> bool:

@@ -6,16 +6,18 @@ described by ``.lab/lab.json`` (supervisor and component pids, ports), which is 
 and ``status`` find it, and which lets ``down`` clean up even after the supervisor was
 killed with SIGKILL.
 
-The supervisor restarts ``metalmend run`` when it dies, as a Deployment's kubelet would
-(CrashLoopBackOff, with lab-sized waits: 1 s doubling to 30 s, back to 1 s once it has run
-for a minute), so that crash tests can kill the controller of a lab as started by default.
-Restarts are logged and counted in ``lab.json`` (``lab status`` shows them). Any other
-component dying still stops the lab: nothing in the lab is expected to crash but us.
+The supervisor restarts ``metalmend run`` and ``metalmend serve`` (lab.serve) when they die,
+as a Deployment's kubelet would (CrashLoopBackOff, with lab-sized waits: 1 s doubling to
+30 s, back to 1 s once it has run for a minute), so that crash tests can kill the
+controller (or the service) of a lab as started by default. Restarts are logged and
+counted in ``lab.json`` (``lab status`` shows them). Any other component dying still stops
+the lab: nothing in the lab is expected to crash but us.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -34,7 +36,8 @@ from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Node
 
 from metalmend.kube.crds import install_crds
-from metalmend.lab import hosts
+from metalmend.lab import hosts, siteetcd
+from metalmend.lab import serve as lab_serve
 from metalmend.lab.controlplane import (
     Component,
     ControlPlane,
@@ -67,6 +70,7 @@ class LabState:
     started_in_seconds: float = 0.0
     error: str = ""
     restarts: dict[str, int] = field(default_factory=dict)  # component -> times restarted
+    design_ref: str = ""  # the site design's URL (its EtcdClusters document), with >= 3 hosts
 
     @classmethod
     def read(cls, lab_dir: Path) -> LabState | None:
@@ -120,6 +124,7 @@ class LabOptions:
     controllers: str = DEFAULT_CONTROLLERS  # `metalmend run` ("" none)
     soft_power_off_timeout: float = 30.0
     apiserver_args: tuple[str, ...] = ()  # extra kube-apiserver flags (a benchmark's audit log)
+    serve: bool = True  # `metalmend serve` and .lab/endpoints.json (lab.serve)
 
 
 RESTART_FIRST_WAIT = 1.0  # seconds before the first restart after a crash
@@ -157,6 +162,7 @@ class RunningLab:
     hardware: HardwareConfig | None = None
     extras: dict[str, Component] = field(default_factory=dict)
     restarting: dict[str, Restarts] = field(default_factory=dict)  # restarted when they die
+    endpoints: lab_serve.Endpoints | None = None  # what .lab/endpoints.json says
     say: Callable[[str], None] = field(default=lambda line: print(f"lab: {line}", flush=True))
 
     def client(self) -> Client:
@@ -231,6 +237,8 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
             start_hosts(running, options)
         if options.controllers:
             start_controllers(running, options.controllers, options.soft_power_off_timeout)
+        if options.serve:
+            start_serve(running)
         state.ready, state.server = True, plane.server
         state.kubeconfig = str(kubeconfig.resolve())
         state.started_in_seconds = round(plane.started_in or 0.0, 2)
@@ -242,6 +250,7 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
                 component.stop()
         if plane is not None:
             plane.stop()
+        lab_serve.remove_endpoints(lab_dir)
         (lab_dir / "lab.json").unlink(missing_ok=True)
 
 
@@ -278,6 +287,7 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
             running,
             start_component("redfish-emulator", hosts.emulator_argv(conf), workdir, emulator_ready),
         )
+    site = siteetcd.plan(options.lab_dir, config.hosts, running.plane.binaries.etcd)
     config_file = workdir / "config.json"
     config.write(config_file)
     _record(
@@ -288,6 +298,12 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
         ),
     )  # fmt: skip
     hosts.register(running.client(), config)
+    if site is not None:  # the site etcd (on the hosts) and the design declaring it
+        siteetcd.wait_healthy(site)
+        argv = siteetcd.design_server_argv(options.lab_dir, site)
+        ready = lambda: siteetcd.design_served(site)  # noqa: E731
+        _record(running, start_component("design-server", argv, workdir, ready))
+        running.state.design_ref = site.design_url
 
 
 def controller_argv(
@@ -317,6 +333,19 @@ def start_controllers(running: RunningLab, controllers: str, soft_timeout: float
 
     _record(running, start_component("metalmend", argv, running.plane.workdir.parent, ready))
     running.restarting["metalmend"] = Restarts()
+
+
+def start_serve(running: RunningLab) -> None:
+    """`metalmend serve`, restarted when it dies as `metalmend run` is, and
+    .lab/endpoints.json saying how to call it (lab.serve)."""
+    lab_dir = running.plane.workdir.parent
+    component, endpoints = lab_serve.start(running.plane, running.client(), lab_dir)
+    _record(running, component)
+    running.restarting[lab_serve.COMPONENT] = Restarts()
+    # The design URL exists with the site etcd (start_hosts, >= 3 hosts): else left out.
+    endpoints = dataclasses.replace(endpoints, design_ref=running.state.design_ref or None)
+    running.endpoints = endpoints
+    endpoints.write(lab_dir)
 
 
 @contextlib.contextmanager
@@ -390,6 +419,7 @@ def down(lab_dir: Path, timeout: float = 30.0) -> bool:
         if alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+    lab_serve.remove_endpoints(lab_dir)
     (lab_dir / "lab.json").unlink(missing_ok=True)
     return True
 
@@ -424,6 +454,7 @@ class LabStatus:
     apiserver_ready: bool = False
     components: list[ComponentStatus] = field(default_factory=list)
     hosts: list[HostStatus] = field(default_factory=list)
+    site_etcd: siteetcd.SiteStatus | None = None
 
 
 def status(lab_dir: Path) -> LabStatus:
@@ -443,6 +474,9 @@ def status(lab_dir: Path) -> LabStatus:
     if state.ready:
         report.apiserver_ready = _apiserver_ready(lab_dir)
         report.hosts = _host_status(lab_dir, report.apiserver_ready)
+        with contextlib.suppress(OSError, ValueError):
+            hardware = json.loads(status_path(lab_dir).read_text())
+            report.site_etcd = siteetcd.status(lab_dir, hardware)
     return report
 
 

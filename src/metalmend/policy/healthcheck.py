@@ -1,34 +1,69 @@
-"""MachineHealthCheck evaluation (Cluster API's machine health checking proposal, v1beta1
-semantics), pure.
+"""MachineHealthCheck, pure: Cluster API's machine health checking, v1beta1 as Cluster
+API release 1.9 behaves (the "MachineHealthCheck" proposal,
+https://github.com/kubernetes-sigs/cluster-api/blob/main/docs/proposals/20191030-machine-health-checking.md,
+and its controller, ``internal/controllers/machinehealthcheck``).
 
-``evaluate(check, targets, now)`` answers, for one MachineHealthCheck: which targets are
-healthy, unhealthy (and why) or not yet decided (and when to look again); whether the
-short-circuit allows remediation; which targets to remediate now and which remediations
-to withdraw because their Node is healthy again; and the next deadline, so that the
-controller requeues at the exact next timeout expiry instead of polling.
+``decide(view, now, settings)`` reads one check and its targets as observed
+(docs/decide-act.md) and returns what to do: the conditions to set on each Machine, the
+remediations to request or withdraw, the check's new status, the Events, and the exact
+next deadline (a timeout expiring) instead of polling. ``evaluate(check, targets, now)``
+is the arithmetic underneath: a verdict per target and the short-circuit.
 
-Rules (each is a test id in tests/unit/test_policy_healthcheck.py):
-- a Machine whose nodeRef names a Node that does not exist is unhealthy at once;
-- a Machine without nodeRef is unhealthy once ``nodeStartupTimeout`` (default 10m, 0
-  disables) has passed since the later of its creation and its last nodeRef loss;
-- a Node condition matching an ``unhealthyConditions`` entry (type and status) for at
-  least its timeout makes the Machine unhealthy; before that the Machine is *waiting*,
-  and the expiry is a deadline;
-- unhealthy = expected - healthy, so targets being remediated, targets still waiting for
-  their Node, and targets whose unhealthy condition has not lasted its timeout yet, all
-  count against the limit. The last is stricter than Cluster API, which counts them
-  healthy: in a partition nodes go Unknown seconds apart, and counting only expired ones
-  would let the first few be fenced before the short-circuit sees the rest;
-- ``unhealthyRange`` "[min-max]" takes precedence: remediation only while
-  min <= unhealthy <= max; otherwise ``maxUnhealthy`` (int or percent of expected, rounded
-  down; default 100%): remediation only while unhealthy <= maxUnhealthy (as Cluster API);
-- targets skipped (skip-remediation, paused) are not targets at all;
-- a timeout so long that its deadline falls beyond the calendar (year 9999) never
-  expires: the target waits, with no deadline to requeue at. The CRD refuses durations
-  longer than Kubernetes can represent (about 292 years), but objects stored before that
-  rule, or written around it, must not crash the check;
-- a timeout of 0 makes a matching condition unhealthy as soon as it is seen (as Cluster
-  API, whose v1beta2 ``timeoutSeconds`` has minimum 0).
+Verdict of one target, the first rule that applies (each is a test id in
+tests/unit/test_policy_healthcheck.py):
+
+1. the annotation ``cluster.x-k8s.io/remediate-machine`` (an operator's manual request)
+   makes it unhealthy (HasRemediateMachineAnnotation); the short-circuit still applies;
+2. ``status.failureReason`` or ``status.failureMessage`` makes it unhealthy at once
+   (MachineHasFailure), whatever its Node says: bare-metal providers report terminal
+   provisioning failures this way;
+3. a nodeRef naming a Node that does not exist is unhealthy at once (NodeNotFound). Nobody
+   clears nodeRef (Cluster API never does, nor does metalmend's node-link), so a Node
+   deleted under its Machine is found here, in every set-up. Except after a remediation
+   by annotation: machine-remediation deletes the Node, ends the request and stamps the
+   Machine ``metalmend.dev/remediation-ended-at``; the server is then booting, and its Node
+   missing is *waiting* for ``nodeStartupTimeout`` from that stamp (0: no limit, as for a
+   new Machine), NodeNotFound only after. Asking again at once would power-cycle the host
+   again as soon as it is read on, before its kubelet can register: a loop that never
+   lets the server boot. A stamp that does not parse, or lies in the future (beyond
+   ``CLOCK_SKEW``), is read as absent: a tenant can only make its own Machine wait;
+4. without nodeRef, the Machine is unhealthy once ``nodeStartupTimeout`` (default 10m;
+   0 disables) has passed since the latest of: its creation, its own
+   InfrastructureReady, its Cluster's InfrastructureReady and ControlPlaneInitialized
+   where a Cluster is known (each when True; a BareMetalHost may take longer to provision
+   than the timeout; docs/healthcheck.md says why no Cluster is read yet), and the end of
+   its last remediation by annotation (rule 3);
+5. a Node condition matching an ``unhealthyConditions`` entry (type and status) for at
+   least its timeout makes it unhealthy (UnhealthyNode); before that it is *waiting*, with
+   the expiry as a deadline. A timeout of 0 is unhealthy as soon as seen (as Cluster API,
+   whose v1beta2 ``timeoutSeconds`` has minimum 0); one whose deadline falls beyond the
+   calendar (year 9999) never expires;
+6. otherwise healthy, except that a Machine being deleted is never healthy (it waits).
+
+Counting, as Cluster API (``healthCheckTargets`` in ``machinehealthcheck_targets.go``:
+targets are healthy, unhealthy, or neither, and unhealthy = expected - currentHealthy):
+targets being remediated, waiting for their Node, whose condition has not lasted its
+timeout yet, or being deleted, are not healthy and so count against the limit. In a
+partition Nodes go Unknown seconds apart: the short-circuit sees all of them before the
+first timeout expires. ``unhealthyRange`` "[min-max]" takes precedence: remediation only
+while min <= unhealthy <= max; otherwise ``maxUnhealthy`` (a count, or a percentage of
+expected rounded down; default 100%): remediation only while unhealthy <= maxUnhealthy.
+Machines skipped (skip-remediation, paused) and other clusters' Machines are not
+targets at all (the controller's selection).
+
+What is done:
+
+- every unhealthy Machine gets ``HealthCheckSucceeded=False`` (its reason and message),
+  also while the short-circuit blocks remediation and whatever the remediation method:
+  an operator sees which Machines failed exactly when nothing is remediated; every healthy
+  Machine gets ``HealthCheckSucceeded=True`` (unless its owner is remediating it by
+  conditions: the proposal leaves that Machine's conditions to its owner);
+- an unhealthy Machine not already being remediated, and not being deleted, is remediated
+  while the short-circuit allows: ``OwnerRemediated=False`` (conditions), an external
+  remediation object from the template, or metal3's external-remediation annotation;
+- a healthy Machine being remediated by template or annotation has it withdrawn;
+- Events as Cluster API names them (MachineMarkedUnhealthy and DetectedUnhealthy on the
+  Machine, RemediationRestricted on the check) beside metalmend's own.
 
 Every input the CRD schema admits evaluates; a spec that cannot be honoured raises
 ``InvalidSpec`` (from ``check_from_spec``/``parse_duration``) or comes back as
@@ -41,8 +76,13 @@ import datetime as dt
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from metalmend.api import names
+from metalmend.api.stamps import stamp
+from metalmend.policy.decision import Decision, Event, EventType
 
 DEFAULT_NODE_STARTUP_TIMEOUT = 600.0
 # ASCII digits only: ``\d`` also matches other scripts' digits, some of which int() refuses.
@@ -51,14 +91,40 @@ _PERCENT = re.compile(r"^([0-9]+)%$")
 _COUNT = re.compile(r"^[0-9]+$")
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+# A remediation-ended stamp later than now by more than this was not written by
+# machine-remediation (it stamps before writing, the check reads after): read as absent.
+# The allowance is for clocks of two metalmend processes that differ a little.
+CLOCK_SKEW = dt.timedelta(seconds=60)
 # Status counters are int32 in the CRD (as in Cluster API): a spec like "[0-99999999999]"
 # must not make the status write fail.
 INT32_MAX = 2**31 - 1
+
+# Cluster API's names (v1beta1 condition reasons and controller Events).
+REASON_REMEDIATE_ANNOTATION = "HasRemediateMachineAnnotation"
+REASON_MACHINE_HAS_FAILURE = "MachineHasFailure"
+REASON_NODE_NOT_FOUND = "NodeNotFound"
+REASON_NODE_STARTUP_TIMEOUT = "NodeStartupTimeout"
+REASON_UNHEALTHY_NODE = "UnhealthyNode"
+REASON_WAITING_FOR_REMEDIATION = "WaitingForRemediation"
+# metalmend's: a Node missing since machine-remediation power-cycled its server (rule 3).
+REASON_WAITING_FOR_NODE_AFTER_REMEDIATION = "WaitingForNodeAfterRemediation"
+EVENT_MACHINE_MARKED_UNHEALTHY = "MachineMarkedUnhealthy"
+EVENT_DETECTED_UNHEALTHY = "DetectedUnhealthy"
+EVENT_REMEDIATION_RESTRICTED = "RemediationRestricted"
 
 
 class InvalidSpec(ValueError):
     """A MachineHealthCheck spec this policy cannot honour; the message says what is wrong
     in the user's terms. The only exception the policy raises."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What decide needs of the health-check settings (metalmend.settings.HealthCheckSettings
+    holds the operator's value)."""
+
+    template_retry: float = 30.0
+    """Seconds before looking again for a remediationTemplate that does not exist."""
 
 
 @dataclass(frozen=True)
@@ -84,21 +150,36 @@ class NodeCondition:
 
 @dataclass(frozen=True)
 class Target:
+    """One Machine as the check reads it (and its Node, if found)."""
+
     machine: str  # namespace/name
     created: dt.datetime
     node_ref: str | None = None
-    node_ref_lost: dt.datetime | None = None  # when nodeRef was last cleared
     node_exists: bool = False
-    conditions: Mapping[str, NodeCondition] = field(default_factory=dict)
-    remediating: bool = False  # a remediation object or condition is already there
+    conditions: Mapping[str, NodeCondition] = field(default_factory=dict)  # the Node's
+    remediating: bool = False  # a remediation (object, annotation or condition) is there
+    failure: str = ""  # "FailureReason: ..." / "FailureMessage: ..." from the Machine
+    remediation_requested: bool = False  # cluster.x-k8s.io/remediate-machine
+    deleting: bool = False  # metadata.deletionTimestamp is set
+    infrastructure_ready_at: dt.datetime | None = None  # Machine InfrastructureReady=True
+    cluster_ready_at: dt.datetime | None = None  # latest of the Cluster's ready conditions
+    uid: str = ""
+    machine_conditions: tuple[Mapping[str, Any], ...] = ()  # the Machine's status.conditions
+    remediation_uid: str = ""  # the external remediation object's uid (template)
+    # names.REMEDIATION_ENDED_AT as read (None: absent or not a time): when
+    # machine-remediation last ended a remediation of this Machine
+    remediation_ended_at: dt.datetime | None = None
 
 
-VerdictKind = Literal["healthy", "unhealthy", "waiting"]
+class Health(StrEnum):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    WAITING = "waiting"  # neither: not yet decided (or being deleted)
 
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: VerdictKind
+    kind: Health
     reason: str = ""
     message: str = ""
     deadline: dt.datetime | None = None  # when a waiting target must be looked at again
@@ -122,16 +203,18 @@ class Evaluation:
 def evaluate(check: Check, targets: Sequence[Target], now: dt.datetime) -> Evaluation:
     verdicts = {t.machine: verdict(check, t, now) for t in targets}
     expected = len(targets)
-    healthy = sum(1 for v in verdicts.values() if v.kind == "healthy")
+    healthy = sum(1 for v in verdicts.values() if v.kind == Health.HEALTHY)
     unhealthy = expected - healthy
     allowed, remaining, blocked, error = short_circuit(check, expected, unhealthy)
     remaining = min(remaining, INT32_MAX)
     result = Evaluation(verdicts, expected, healthy, unhealthy, allowed, remaining, blocked, error)
     for target in sorted(targets, key=lambda t: t.machine):
         kind = verdicts[target.machine].kind
-        if kind == "unhealthy" and allowed and not target.remediating:
+        # A Machine being deleted is going away anyway: remediating it would only fight
+        # its deletion (and Cluster API never marks it OwnerRemediated).
+        if kind == Health.UNHEALTHY and allowed and not target.remediating and not target.deleting:
             result.remediate.append(target.machine)
-        elif kind == "healthy" and target.remediating:
+        elif kind == Health.HEALTHY and target.remediating:
             result.withdraw.append(target.machine)
     deadlines = [v.deadline for v in verdicts.values() if v.deadline is not None]
     result.next_deadline = min(deadlines) if deadlines else None
@@ -139,24 +222,87 @@ def evaluate(check: Check, targets: Sequence[Target], now: dt.datetime) -> Evalu
 
 
 def verdict(check: Check, target: Target, now: dt.datetime) -> Verdict:
+    found = _machine_verdict(check, target, now)
+    if target.deleting and found.kind == Health.HEALTHY:
+        return Verdict(Health.WAITING, "MachineDeleting", "the Machine is being deleted")
+    return found
+
+
+def _machine_verdict(check: Check, target: Target, now: dt.datetime) -> Verdict:
+    if target.remediation_requested:
+        message = f"marked for remediation via the {names.REMEDIATE_MACHINE} annotation"
+        return Verdict(Health.UNHEALTHY, REASON_REMEDIATE_ANNOTATION, message)
+    if target.failure:
+        return Verdict(Health.UNHEALTHY, REASON_MACHINE_HAS_FAILURE, target.failure)
     if target.node_ref is not None:
         if not target.node_exists:
-            return Verdict("unhealthy", "NodeNotFound", f"Node {target.node_ref} does not exist")
+            return _node_missing(check, target, now)
         return _conditions(check, target, now)
+    return _startup(check, target, now)
+
+
+def remediation_ended(target: Target, now: dt.datetime) -> dt.datetime | None:
+    """When machine-remediation ended the Machine's last remediation, if that stamp can be
+    believed: one later than ``now`` by more than CLOCK_SKEW is not machine-remediation's
+    (a tenant may write the annotation): absent."""
+    ended = target.remediation_ended_at
+    if ended is None or ended > now + CLOCK_SKEW:
+        return None
+    return ended
+
+
+def _node_missing(check: Check, target: Target, now: dt.datetime) -> Verdict:
+    """Rule 3: NodeNotFound, unless the server was power-cycled by a remediation that ended
+    less than nodeStartupTimeout ago (0: no limit): then it is booting, and waits."""
+    ended = remediation_ended(target, now)
+    missing = f"Node {target.node_ref} does not exist (deleted?)"
+    if ended is None:
+        return Verdict(Health.UNHEALTHY, REASON_NODE_NOT_FOUND, missing)
+    timeout = _startup_timeout(check)
+    since = f"since the remediation that ended {stamp(ended)}"
+    deadline = after(ended, timeout) if timeout > 0 else None
+    if timeout == 0 or deadline is None:  # 0: no limit, as for a new Machine; or never
+        message = f"waiting for Node {target.node_ref} to register again {since} (no limit)"
+        return Verdict(Health.WAITING, REASON_WAITING_FOR_NODE_AFTER_REMEDIATION, message)
+    if now < deadline:
+        message = f"waiting for Node {target.node_ref} to register again {since}"
+        return Verdict(Health.WAITING, REASON_WAITING_FOR_NODE_AFTER_REMEDIATION, message, deadline)
+    limit = _span(dt.timedelta(seconds=timeout))
+    message = f"Node {target.node_ref} not registered again within {limit} {since}"
+    return Verdict(Health.UNHEALTHY, REASON_NODE_NOT_FOUND, message)
+
+
+def startup_began(target: Target, now: dt.datetime) -> tuple[dt.datetime, str]:
+    """When the wait for a Node began, and what that moment is: the latest of the
+    Machine's creation, its Cluster being ready, its infrastructure being ready and the
+    end of its last remediation by annotation (``remediation_ended``)."""
+    moments = [
+        (target.created, "creation"),
+        (target.cluster_ready_at, "its Cluster became ready"),
+        (target.infrastructure_ready_at, "its infrastructure became ready"),
+        (remediation_ended(target, now), "its last remediation ended"),
+    ]
+    known = [(moment, what) for moment, what in moments if moment is not None]
+    return max(known, key=lambda pair: pair[0])
+
+
+def _startup(check: Check, target: Target, now: dt.datetime) -> Verdict:
     timeout = _startup_timeout(check)
     if timeout == 0:
-        return Verdict("waiting", "NodeStartupTimeoutDisabled", "no Node yet; no startup timeout")
-    started = max(target.created, target.node_ref_lost or target.created)
-    deadline = after(started, timeout)
+        message = "no Node yet; no startup timeout"
+        return Verdict(Health.WAITING, "NodeStartupTimeoutDisabled", message)
+    began, since = startup_began(target, now)
+    deadline = after(began, timeout)
     if deadline is None:
-        return Verdict("waiting", "NodeStartup", "waiting for a Node (nodeStartupTimeout: never)")
+        message = "waiting for a Node (nodeStartupTimeout: never)"
+        return Verdict(Health.WAITING, "NodeStartup", message)
     if now >= deadline:
-        lost = target.node_ref_lost is not None and target.node_ref_lost > target.created
-        since = "losing its Node" if lost else "creation"
-        return Verdict(
-            "unhealthy", "NodeStartupTimeout", f"no Node {_span(now - started)} after {since}"
+        message = (
+            f"Node failed to report startup in {_span(dt.timedelta(seconds=timeout))}"
+            f" (no Node {_span(now - began)} after {since})"
         )
-    return Verdict("waiting", "NodeStartup", "waiting for a Node", deadline)
+        return Verdict(Health.UNHEALTHY, REASON_NODE_STARTUP_TIMEOUT, message)
+    return Verdict(Health.WAITING, "NodeStartup", "waiting for a Node", deadline)
 
 
 def _conditions(check: Check, target: Target, now: dt.datetime) -> Verdict:
@@ -174,12 +320,12 @@ def _conditions(check: Check, target: Target, now: dt.datetime) -> Verdict:
             limit = _span(dt.timedelta(seconds=rule.timeout))
             lasted = _span(now - condition.since)
             message = f"{rule.type}={rule.status} for {lasted} (timeout {limit})"
-            return Verdict("unhealthy", "UnhealthyNode", message)
+            return Verdict(Health.UNHEALTHY, REASON_UNHEALTHY_NODE, message)
         soonest = deadline if soonest is None else min(soonest, deadline)
     if pending:
         message = "an unhealthy condition has not lasted its timeout yet"
-        return Verdict("waiting", "ConditionPending", message, soonest)
-    return Verdict("healthy")
+        return Verdict(Health.WAITING, "ConditionPending", message, soonest)
+    return Verdict(Health.HEALTHY)
 
 
 def short_circuit(check: Check, expected: int, unhealthy: int) -> tuple[bool, int, str, str]:
@@ -311,3 +457,354 @@ def _span(delta: dt.timedelta) -> str:
     if seconds % 60 == 0 and seconds >= 60:
         return f"{seconds // 60}m"
     return f"{seconds}s"
+
+
+# ---- conditions -------------------------------------------------------------------------
+
+Wanted = Mapping[str, tuple[str, str, str]]  # condition type -> (status, reason, message)
+
+
+def merge_conditions(
+    current: Sequence[Mapping[str, Any]], wanted: Wanted, now: dt.datetime
+) -> tuple[dict[str, Any], ...]:
+    """``current`` with each wanted (status, reason, message) set; lastTransitionTime moves
+    only when the status changes, so an unchanged condition is an unchanged list. The
+    order of ``current`` is kept (new types go last): another writer of the same list
+    (Cluster API's Machine controller) must not see it reordered on every reconcile."""
+    by_type = {str(c.get("type")): dict(c) for c in current if isinstance(c, Mapping)}
+    for kind, (status, reason, message) in sorted(wanted.items()):
+        old = by_type.get(kind)
+        new: dict[str, Any] = {"type": kind, "status": status}
+        if reason:
+            new["reason"] = reason
+        if message:
+            new["message"] = message
+        if status == "False":
+            new["severity"] = "Warning"
+        if old is None or old.get("status") != status:
+            new["lastTransitionTime"] = stamp(now)
+        else:
+            new["lastTransitionTime"] = old.get("lastTransitionTime", stamp(now))
+        by_type[kind] = new
+    return tuple(by_type.values())
+
+
+def condition_of(conditions: Sequence[Mapping[str, Any]], kind: str) -> Mapping[str, Any]:
+    return next((c for c in conditions if c.get("type") == kind), {})
+
+
+# ---- the check's status: owns its wire format ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckStatus:
+    """``status`` of a MachineHealthCheck (the fields this controller owns)."""
+
+    expected_machines: int | None = None
+    current_healthy: int | None = None
+    remediations_allowed: int | None = None
+    targets: tuple[str, ...] | None = None  # Machine names
+    observed_generation: int | None = None
+    conditions: tuple[Mapping[str, Any], ...] = ()
+
+    @classmethod
+    def from_wire(cls, status: Mapping[str, Any] | None) -> CheckStatus:
+        """Tolerant: a field of the wrong shape reads as absent; never raises."""
+        status = status if isinstance(status, Mapping) else {}
+        targets = status.get("targets")
+        conditions = status.get("conditions")
+        return cls(
+            expected_machines=_int(status.get("expectedMachines")),
+            current_healthy=_int(status.get("currentHealthy")),
+            remediations_allowed=_int(status.get("remediationsAllowed")),
+            targets=tuple(str(t) for t in targets) if isinstance(targets, list) else None,
+            observed_generation=_int(status.get("observedGeneration")),
+            conditions=tuple(
+                dict(c) for c in conditions if isinstance(c, Mapping)
+            ) if isinstance(conditions, list) else (),
+        )  # fmt: skip
+
+    def to_wire(self, status: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The whole new status: our fields replaced (None removes one), others kept."""
+        new = dict(status) if isinstance(status, Mapping) else {}
+        values: dict[str, Any] = {
+            "expectedMachines": self.expected_machines,
+            "currentHealthy": self.current_healthy,
+            "remediationsAllowed": self.remediations_allowed,
+            "targets": list(self.targets) if self.targets is not None else None,
+            "observedGeneration": self.observed_generation,
+            "conditions": [dict(c) for c in self.conditions] or None,
+        }
+        for name, value in values.items():
+            if value is None:
+                new.pop(name, None)
+            else:
+                new[name] = value
+        return new
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# ---- the view ----------------------------------------------------------------------------
+
+
+class RemediateBy(StrEnum):
+    """How the check asks for remediation."""
+
+    CONDITIONS = "conditions"  # OwnerRemediated=False, for the Machine's owner
+    TEMPLATE = "template"  # an external remediation object from remediationTemplate
+    ANNOTATION = "annotation"  # metal3's host.metal3.io/external-remediation on the Machine
+
+
+@dataclass(frozen=True)
+class Template:
+    """The remediation template, found: what an external remediation object is made of."""
+
+    api_version: str
+    kind: str  # of the remediation objects: the template's kind without "Template"
+    spec: Mapping[str, Any]  # spec.template.spec
+
+
+@dataclass(frozen=True)
+class View:
+    check: Check | None  # None: the spec cannot be honoured (spec_error says why)
+    targets: tuple[Target, ...] = ()
+    spec_error: str = ""  # never honoured until the spec is edited
+    remediate_by: RemediateBy = RemediateBy.CONDITIONS
+    template: Template | None = None
+    template_missing: str = ""  # why the named template cannot be used now (may appear)
+    overlaps: tuple[str, ...] = ()  # other checks selecting some of the same Machines
+    status: CheckStatus = CheckStatus()
+    generation: int | None = None
+
+
+# ---- actions, executed in order by controllers.healthcheck ----------------------------------
+
+
+@dataclass(frozen=True)
+class SetMachineConditions:
+    """The Machine's whole new ``status.conditions`` (only ever emitted when it differs)."""
+
+    machine: str  # namespace/name
+    conditions: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class CreateRemediation:
+    """An external remediation object: the Machine's name and namespace, owned by it."""
+
+    machine: str
+    machine_uid: str
+    api_version: str
+    kind: str
+    spec: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteRemediation:
+    machine: str
+    api_version: str
+    kind: str
+    uid: str  # precondition: never a successor created since we looked
+
+
+@dataclass(frozen=True)
+class RequestRemediationByAnnotation:
+    machine: str
+
+
+@dataclass(frozen=True)
+class WithdrawAnnotation:
+    machine: str
+
+
+@dataclass(frozen=True)
+class SetStatus:
+    status: CheckStatus
+
+
+@dataclass(frozen=True)
+class MachineEvent:
+    """An Event on the Machine (Cluster API records these there)."""
+
+    machine: str
+    type: EventType
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class StopUntilEdited:
+    """The spec can never be honoured: it is reported; nothing more until it changes."""
+
+    message: str
+
+
+Action = (
+    SetMachineConditions | CreateRemediation | DeleteRemediation | RequestRemediationByAnnotation
+    | WithdrawAnnotation | SetStatus | MachineEvent | StopUntilEdited | Event
+)  # fmt: skip
+
+
+# ---- decide --------------------------------------------------------------------------------
+
+
+def decide(view: View, now: dt.datetime, settings: Settings = Settings()) -> Decision[Action]:
+    if view.check is None or view.spec_error:
+        problem = view.spec_error or "the spec cannot be read"
+        decision = _report_blocked(view, names.REASON_INVALID_SPEC, problem, now)
+        return decision.do(StopUntilEdited(problem))
+    if view.remediate_by == RemediateBy.TEMPLATE and view.template is None:
+        # The template usually follows the check within moments (one kubectl apply).
+        problem = view.template_missing or "the remediation template cannot be used"
+        decision = _report_blocked(view, names.REASON_TEMPLATE_NOT_FOUND, problem, now)
+        # (the condition says InvalidSpec, as for any spec that cannot be honoured now)
+        return decision.at(now + dt.timedelta(seconds=settings.template_retry))
+    evaluation = evaluate(view.check, view.targets, now)
+    decision = Decision[Action]()
+    for target in sorted(view.targets, key=lambda t: t.machine):
+        decision.then(_target(view, target, evaluation, now))
+    decision.then(_status(view, evaluation, now))
+    return decision.at(evaluation.next_deadline)
+
+
+def _target(
+    view: View, target: Target, evaluation: Evaluation, now: dt.datetime
+) -> Decision[Action]:
+    found = evaluation.verdicts[target.machine]
+    decision = Decision[Action]()
+    wanted: dict[str, tuple[str, str, str]] = {}
+    remediate = target.machine in evaluation.remediate
+    if found.kind == Health.UNHEALTHY:
+        wanted[names.CONDITION_HEALTH_CHECK_SUCCEEDED] = ("False", found.reason, found.message)
+        if remediate and view.remediate_by == RemediateBy.CONDITIONS:
+            message = f"{found.reason}: {found.message}"
+            waiting = ("False", REASON_WAITING_FOR_REMEDIATION, message)
+            wanted[names.CONDITION_OWNER_REMEDIATED] = waiting
+    elif found.kind == Health.HEALTHY and not (
+        # The proposal: a passing check after a failed one does not touch the conditions
+        # of a Machine its owner is remediating.
+        view.remediate_by == RemediateBy.CONDITIONS and target.remediating
+    ):
+        wanted[names.CONDITION_HEALTH_CHECK_SUCCEEDED] = ("True", "", "")
+    if wanted:
+        conditions = merge_conditions(target.machine_conditions, wanted, now)
+        if conditions != tuple(dict(c) for c in target.machine_conditions):
+            decision.do(SetMachineConditions(target.machine, conditions))
+    if remediate:
+        _request(view, target, found, decision)
+    elif target.machine in evaluation.withdraw:
+        _withdraw(view, target, decision)
+    elif found.kind == Health.WAITING and found.reason == "ConditionPending":
+        message = f"Machine {target.machine} has unhealthy Node {target.node_ref or ''}"
+        decision.do(_machine_event(target, EVENT_DETECTED_UNHEALTHY, message))
+    return decision
+
+
+def _machine_event(target: Target, reason: str, message: str) -> MachineEvent:
+    return MachineEvent(target.machine, EventType.NORMAL, reason, message)
+
+
+def _request(view: View, target: Target, found: Verdict, decision: Decision[Action]) -> None:
+    """Facts first: HealthCheckSucceeded=False is already decided before this."""
+    name = target.machine.split("/", 1)[-1]
+    if view.remediate_by == RemediateBy.TEMPLATE and view.template is not None:
+        template = view.template
+        decision.do(
+            CreateRemediation(
+                target.machine, target.uid, template.api_version, template.kind, template.spec
+            )
+        )
+    elif view.remediate_by == RemediateBy.ANNOTATION:
+        decision.do(RequestRemediationByAnnotation(target.machine))
+    decision.note(names.REASON_REMEDIATION_REQUESTED, f"{name}: {found.reason}: {found.message}")
+    message = f"Machine {target.machine} has been marked as unhealthy"
+    decision.do(_machine_event(target, EVENT_MACHINE_MARKED_UNHEALTHY, message))
+
+
+def _withdraw(view: View, target: Target, decision: Decision[Action]) -> None:
+    name = target.machine.split("/", 1)[-1]
+    if view.remediate_by == RemediateBy.TEMPLATE and view.template is not None:
+        if target.remediation_uid:
+            template = view.template
+            decision.do(
+                DeleteRemediation(
+                    target.machine, template.api_version, template.kind, target.remediation_uid
+                )
+            )
+    elif view.remediate_by == RemediateBy.ANNOTATION:
+        decision.do(WithdrawAnnotation(target.machine))
+    else:
+        return  # conditions: the owner ends its remediation itself
+    decision.note(names.REASON_REMEDIATION_WITHDRAWN, f"{name}: Node healthy again")
+
+
+def _status(view: View, evaluation: Evaluation, now: dt.datetime) -> Decision[Action]:
+    wanted: dict[str, tuple[str, str, str]] = {}
+    if evaluation.allowed:
+        wanted[names.CONDITION_REMEDIATION_ALLOWED] = ("True", "", "")
+    else:
+        problem = evaluation.spec_error or evaluation.blocked_reason
+        reason = names.REASON_TOO_MANY_UNHEALTHY
+        if evaluation.spec_error:
+            reason = names.REASON_INVALID_SPEC
+        wanted[names.CONDITION_REMEDIATION_ALLOWED] = ("False", reason, problem)
+    counts = CheckStatus(
+        expected_machines=evaluation.expected,
+        current_healthy=evaluation.healthy,
+        remediations_allowed=evaluation.remediations_allowed,
+        targets=tuple(sorted(k.split("/", 1)[1] for k in evaluation.verdicts)),
+    )
+    decision = _write_status(view, counts, wanted, now)
+    if _newly_blocked(view, wanted) and evaluation.unhealthy > 0:
+        _, reason, message = wanted[names.CONDITION_REMEDIATION_ALLOWED]
+        decision.note(reason, message, warning=True)
+        if not evaluation.spec_error:  # Cluster API's name for it, beside ours
+            restricted = (
+                "Remediation restricted due to exceeded number of unhealthy machines"
+                f" (total: {evaluation.expected}, unhealthy: {evaluation.unhealthy}): {message}"
+            )
+            decision.note(EVENT_REMEDIATION_RESTRICTED, restricted, warning=True)
+    return decision
+
+
+def _report_blocked(view: View, reason: str, problem: str, now: dt.datetime) -> Decision[Action]:
+    """Remediation cannot be done at all: the condition says why (InvalidSpec), and one
+    Warning (``reason``) each time what is wrong changes."""
+    wanted = {names.CONDITION_REMEDIATION_ALLOWED: ("False", names.REASON_INVALID_SPEC, problem)}
+    decision = _write_status(view, view.status, wanted, now)
+    before = condition_of(view.status.conditions, names.CONDITION_REMEDIATION_ALLOWED)
+    if before.get("status") != "False" or before.get("message") != problem:
+        decision.note(reason, problem, warning=True)
+    return decision
+
+
+def _newly_blocked(view: View, wanted: Wanted) -> bool:
+    before = condition_of(view.status.conditions, names.CONDITION_REMEDIATION_ALLOWED)
+    now_blocked = wanted[names.CONDITION_REMEDIATION_ALLOWED][0] == "False"
+    return now_blocked and before.get("status") != "False"
+
+
+def _write_status(
+    view: View, counts: CheckStatus, wanted: dict[str, tuple[str, str, str]], now: dt.datetime
+) -> Decision[Action]:
+    """The status with ``counts`` and ``wanted`` conditions (and the overlap condition),
+    written only if it differs from what is there."""
+    decision = Decision[Action]()
+    overlapping = names.REASON_OVERLAPPING
+    had_overlap = bool(condition_of(view.status.conditions, overlapping))
+    if view.overlaps:
+        others = ", ".join(view.overlaps)
+        message = f"Machines also selected by {others}: their verdicts may disagree"
+        wanted[overlapping] = ("True", overlapping, message)
+        if not had_overlap:
+            decision.note(overlapping, message, warning=True)
+    conditions = merge_conditions(view.status.conditions, wanted, now)
+    if not view.overlaps:
+        conditions = tuple(c for c in conditions if c.get("type") != overlapping)
+    new = replace(counts, observed_generation=view.generation, conditions=conditions)
+    if new.to_wire({}) != view.status.to_wire({}):
+        decision.do(SetStatus(new))
+    return decision

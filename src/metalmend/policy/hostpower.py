@@ -29,13 +29,16 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from metalmend.api import names
 from metalmend.api.power import PowerAction, PowerState
 from metalmend.api.reboot import RebootRequest, is_reboot_annotation, reboot_requests
-from metalmend.api.stamps import stamp
+from metalmend.api.stamps import parse_stamp, stamp
+from metalmend.policy.decision import Decision as _Decision
+from metalmend.policy.decision import Event as Event  # one of this policy's actions
+from metalmend.policy.decision import EventType
 from metalmend.policy.fencing import POWERED_OFF_FOR
 
 # The command a decision sends: the drivers' own type, so that it reaches them unconverted.
@@ -68,8 +71,185 @@ class PowerSettings:
 
 @dataclass(frozen=True)
 class LastCommand:
+    """``status.lastPowerCommand``: the power command last sent, and when (a soft
+    power-off sent again keeps its first time: escalation to hard counts from it)."""
+
     action: PowerCommand
     at: dt.datetime
+
+
+ERROR = "error"
+OK = "OK"
+WRITES_CONDITION = "WritesAccepted"  # status.conditions type: our writes were admitted
+
+
+def _stamp_of(value: Any) -> dt.datetime | None:
+    try:
+        return parse_stamp(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def _last_command(value: Any) -> LastCommand | None:
+    if not isinstance(value, Mapping) or value.get("action") not in tuple(PowerAction):
+        return None
+    at = _stamp_of(value.get("at"))
+    return LastCommand(PowerAction(value["action"]), at) if at is not None else None
+
+
+def _keys(listed: Any) -> tuple[str, ...]:
+    """status.poweredOffFor as written by us; anything else lists nothing."""
+    if not isinstance(listed, list):
+        return ()
+    return tuple(k for k in listed if isinstance(k, str))
+
+
+@dataclass(frozen=True)
+class PowerStatus:
+    """The BareMetalHost status fields host-power owns (upstream metal3's names where
+    upstream has them). Owns its wire format: ``from_wire`` reads anything without
+    raising (a field of the wrong type reads as absent), ``to_wire`` replaces only these
+    fields in a status and keeps every other field as it was. None: absent."""
+
+    powered_on: bool | None = None  # poweredOn
+    last_powered_on: dt.datetime | None = None  # provisioning.lastPoweredOn
+    pending_reboot_since: dt.datetime | None = None  # provisioning.pendingRebootSince
+    last_command: LastCommand | None = None  # lastPowerCommand
+    powered_off_for: tuple[str, ...] = ()  # poweredOffFor (policy.fencing)
+    error_type: str | None = None  # errorType
+    error_message: str | None = None  # errorMessage
+    error_count: int | None = None  # errorCount: failed attempts at the BMC in a row
+    operational_status: str | None = None  # operationalStatus: OK | error
+    writes_refused: Mapping[str, str] | None = None  # the WritesAccepted=False condition
+
+    @classmethod
+    def from_wire(cls, status: Mapping[str, Any]) -> PowerStatus:
+        provisioning = status.get("provisioning")
+        provisioning = provisioning if isinstance(provisioning, Mapping) else {}
+        powered_on, count = status.get("poweredOn"), status.get("errorCount")
+        refused = next(
+            (
+                c
+                for c in status.get("conditions") or []
+                if isinstance(c, Mapping)
+                and c.get("type") == WRITES_CONDITION
+                and c.get("status") == "False"
+            ),
+            None,
+        )
+        return cls(
+            powered_on=powered_on if isinstance(powered_on, bool) else None,
+            last_powered_on=_stamp_of(provisioning.get("lastPoweredOn")),
+            pending_reboot_since=_stamp_of(provisioning.get("pendingRebootSince")),
+            last_command=_last_command(status.get("lastPowerCommand")),
+            powered_off_for=_keys(status.get(POWERED_OFF_FOR)),
+            error_type=_str(status.get("errorType")),
+            error_message=_str(status.get("errorMessage")),
+            error_count=count if isinstance(count, int) and not isinstance(count, bool) else None,
+            operational_status=_str(status.get("operationalStatus")),
+            writes_refused=dict(refused) if refused is not None else None,
+        )
+
+    def to_wire(self, status: Mapping[str, Any]) -> dict[str, Any]:
+        result = dict(status)
+        provisioning = dict(result.get("provisioning") or {})
+        command = self.last_command
+        top: dict[str, Any] = {
+            "poweredOn": self.powered_on,
+            "lastPowerCommand": (
+                {"action": str(command.action), "at": stamp(command.at)} if command else None
+            ),
+            POWERED_OFF_FOR: list(self.powered_off_for) or None,
+            "errorType": self.error_type,
+            "errorMessage": self.error_message,
+            "errorCount": self.error_count,
+            "operationalStatus": self.operational_status,
+        }
+        nested: dict[str, Any] = {
+            "lastPoweredOn": stamp(self.last_powered_on) if self.last_powered_on else None,
+            "pendingRebootSince": (
+                stamp(self.pending_reboot_since) if self.pending_reboot_since else None
+            ),
+        }
+        for values, target in ((top, result), (nested, provisioning)):
+            for name, value in values.items():
+                if value is None:
+                    target.pop(name, None)
+                else:
+                    target[name] = value
+        if provisioning:
+            result["provisioning"] = provisioning
+        conditions = [
+            c for c in result.get("conditions") or [] if c.get("type") != WRITES_CONDITION
+        ]
+        if self.writes_refused is not None:
+            conditions.append(dict(self.writes_refused))
+        if conditions or "conditions" in result:
+            result["conditions"] = conditions
+        return result
+
+    def changes(self, before: PowerStatus) -> dict[str, Any]:
+        """The fields that differ from ``before`` (by attribute name): for logs and tests."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(before, f.name)
+        }
+
+    # ---- the status rules of failed and successful attempts ------------------------------
+
+    @property
+    def in_error(self) -> bool:
+        return bool(self.error_type) or self.operational_status == ERROR
+
+    def failed(self, error_type: str, message: str, *, forget_command: bool) -> PowerStatus:
+        """After a failed attempt at the BMC (upstream metal3's fields). ``errorCount``
+        counts failed attempts, not reconciles (a reconcile that only waits for the
+        schedule writes nothing). ``forget_command``: a power command recorded but refused
+        by the BMC is forgotten, so the next attempt sends it again."""
+        return replace(
+            self,
+            error_type=error_type,
+            error_message=message,
+            error_count=(self.error_count or 0) + 1,
+            operational_status=ERROR,
+            last_command=None if forget_command else self.last_command,
+        )
+
+    def recovered(self) -> PowerStatus:
+        """After a successful attempt: errors cleared (``errorCount`` back to 0) and a
+        refused-writes condition dropped."""
+        status = replace(
+            self, writes_refused=None, operational_status=self.operational_status or OK
+        )
+        if self.in_error:
+            status = replace(
+                status, error_type="", error_message="", error_count=0, operational_status=OK
+            )
+        return status
+
+    def refused(self, message: str, now: dt.datetime) -> PowerStatus:
+        """The API server refused one of our writes (an admission policy): the host is in
+        error, with a ``WritesAccepted=False`` condition saying what was refused, because a
+        reboot that cannot finish holds the host off."""
+        condition = {
+            "type": WRITES_CONDITION,
+            "status": "False",
+            "reason": "AdmissionRefused",
+            "message": message,
+            "lastTransitionTime": stamp(now).split(".")[0] + "Z",  # metav1.Time: seconds
+        }
+        return replace(
+            self,
+            error_type="power management error",
+            error_message=message,
+            operational_status=ERROR,
+            writes_refused=condition,
+        )
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 @dataclass(frozen=True)
@@ -81,28 +261,53 @@ class Host:
     externally_provisioned: bool
     annotations: Mapping[str, str]
     power: PowerState  # read from the BMC in this reconcile
-    recorded_on: bool | None  # status.poweredOn (None: never recorded)
-    last_powered_on: dt.datetime | None
-    pending_reboot_since: dt.datetime | None
-    last_command: LastCommand | None = None
-    powered_off_for: tuple[str, ...] = ()  # status.poweredOffFor
-    # This controller process sent last_command itself. False after a restart or failover,
-    # or when the send never happened (the BMC was busy): see send_recorded_now.
+    status: PowerStatus = PowerStatus()
+    # This controller process sent status.last_command itself. False after a restart or
+    # failover, or when the send never happened (the BMC was busy): see send_recorded_now.
     command_confirmed: bool = True
 
 
+# ---- actions, executed in order by controllers.hostpower ----------------------------------
+
+
 @dataclass(frozen=True)
-class Event:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
+class SetStatus:
+    """Write the host's power status (first: facts before the command they announce)."""
+
+    status: PowerStatus
+
+
+@dataclass(frozen=True)
+class RemoveAnnotations:
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SendPower:
+    """Send ``command.action`` to the BMC; ``command`` is what status records of it."""
+
+    command: LastCommand
+
+
+@dataclass(frozen=True)
+class ReportOnce:
+    """An Event given once per ``topic`` by this process (a malformed annotation, reboots
+    ignored): it stays true at every poll, and repeating it would be a write at rest."""
+
+    event: Event
+    topic: tuple[str, ...]
+
+
+Action = SetStatus | RemoveAnnotations | SendPower | ReportOnce | Event
+Decision = _Decision[Action]
 
 
 @dataclass
-class Decision:
+class _Draft:
+    """What ``decide``'s rules accumulate; turned into actions by ``_actions``."""
+
     command: PowerCommand | None = None
-    # status fields to write; a None value clears the field
-    status: dict[str, Any] = field(default_factory=dict)
+    status: dict[str, Any] = field(default_factory=dict)  # PowerStatus field -> new value
     remove_annotations: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     invalid: list[RebootRequest] = field(default_factory=list)  # malformed values
@@ -110,7 +315,8 @@ class Decision:
     requeue_after: float = 0.0
 
     def note(self, reason: str, message: str, warning: bool = False) -> None:
-        self.events.append(Event("Warning" if warning else "Normal", reason, message))
+        kind = EventType.WARNING if warning else EventType.NORMAL
+        self.events.append(Event(kind, reason, message))
 
 
 def honours_reboots(host: Host) -> bool:
@@ -123,7 +329,43 @@ def honours_reboots(host: Host) -> bool:
 
 
 def decide(host: Host, now: dt.datetime, settings: PowerSettings = PowerSettings()) -> Decision:
-    decision = Decision(requeue_after=settings.poll_interval)
+    """The host's power status, annotation removals and power command, in that order,
+    then Events; ``requeue_at`` the next poll. Called after a successful BMC read: the
+    status written is recovered from any earlier error."""
+    return _actions(host, _draft(host, now, settings), now)
+
+
+def _actions(host: Host, draft: _Draft, now: dt.datetime) -> Decision:
+    status = replace(host.status, **draft.status)
+    decision = Decision()
+    recovered = status.recovered()
+    if draft.remove_annotations and host.status.writes_refused is not None:
+        # A refused removal stays reported until a removal succeeds (not cleared and set
+        # again by every attempt): the facts first, the removal, then the recovery.
+        decision.do(SetStatus(status), RemoveAnnotations(tuple(draft.remove_annotations)))
+        decision.do(SetStatus(recovered))
+    else:
+        decision.do(SetStatus(recovered))
+        if draft.remove_annotations:
+            decision.do(RemoveAnnotations(tuple(draft.remove_annotations)))
+    if host.status.in_error:
+        decision.note(names.REASON_BMC_RECOVERED, "BMC answers again")
+    if draft.command is not None:
+        decision.do(SendPower(recovered.last_command or LastCommand(draft.command, now)))
+    decision.do(*draft.events)
+    for request in draft.invalid:
+        value = host.annotations.get(request.key, "")
+        message = f"{request.key}: {request.problem}; using the default mode (soft)"
+        event = Event(EventType.WARNING, names.REASON_INVALID_REBOOT, message)
+        decision.do(ReportOnce(event, ("invalid", request.key, value)))
+    if draft.ignored:
+        event = Event(EventType.NORMAL, names.REASON_REBOOT_IGNORED, draft.ignored)
+        decision.do(ReportOnce(event, ("ignored", draft.ignored)))
+    return decision.at(now + dt.timedelta(seconds=draft.requeue_after))
+
+
+def _draft(host: Host, now: dt.datetime, settings: PowerSettings) -> _Draft:
+    decision = _Draft(requeue_after=settings.poll_interval)
     on = host.power == PowerState.ON
     requests = reboot_requests(host.annotations)
     decision.invalid = [r for r in requests if r.problem]
@@ -136,8 +378,8 @@ def decide(host: Host, now: dt.datetime, settings: PowerSettings = PowerSettings
             decision.remove_annotations = [r.key for r in requests]
             removed = ", ".join(decision.remove_annotations)
             decision.note(names.REASON_REBOOT_CLEARED, f"host deprovisioned: removed {removed}")
-        if host.pending_reboot_since is not None:
-            decision.status["pendingRebootSince"] = None
+        if host.status.pending_reboot_since is not None:
+            decision.status["pending_reboot_since"] = None
         _acknowledge(host, [], on, decision)
         return _power_to(host.online, host, on, [], now, settings, decision)
 
@@ -170,7 +412,7 @@ def decide(host: Host, now: dt.datetime, settings: PowerSettings = PowerSettings
     return _power_to(host.online and not held_off, host, on, requests, now, settings, decision)
 
 
-def _acknowledge(host: Host, holding: list[str], on: bool, decision: Decision) -> None:
+def _acknowledge(host: Host, holding: list[str], on: bool, decision: _Draft) -> None:
     """``status.poweredOffFor``: the keyed reboot annotations (``holding``: present, and
     holding the host off) that the host has been read off for.
 
@@ -180,32 +422,34 @@ def _acknowledge(host: Host, holding: list[str], on: bool, decision: Decision) -
     The list keeps only keys still present and is emptied whenever the host is read on, so
     a key listed was read off *after it was added* and the host was not seen on since:
     remediation fences on nothing less (policy.fencing)."""
-    in_flight = host.last_command is not None and host.last_command.action == PowerAction.ON
+    in_flight = (
+        host.status.last_command is not None and host.status.last_command.action == PowerAction.ON
+    )
     if on or in_flight:
         wanted: tuple[str, ...] = ()
     else:
         wanted = tuple(sorted(set(holding)))
-    if wanted != tuple(host.powered_off_for):
-        decision.status[POWERED_OFF_FOR] = list(wanted) or None
+    if wanted != tuple(host.status.powered_off_for):
+        decision.status["powered_off_for"] = wanted
 
 
-def _record_power(host: Host, on: bool, now: dt.datetime, decision: Decision) -> dt.datetime | None:
+def _record_power(host: Host, on: bool, now: dt.datetime, decision: _Draft) -> dt.datetime | None:
     """status.poweredOn follows the BMC; lastPoweredOn moves when power was restored (seen
     off, now on), or when we first see a host on."""
-    last = host.last_powered_on
-    if host.recorded_on != on:
-        decision.status["poweredOn"] = on
-    if on and (host.recorded_on is not True or last is None):
+    last = host.status.last_powered_on
+    if host.status.powered_on != on:
+        decision.status["powered_on"] = on
+    if on and (host.status.powered_on is not True or last is None):
         last = now
-        decision.status["lastPoweredOn"] = now
-        if host.recorded_on is False:
+        decision.status["last_powered_on"] = now
+        if host.status.powered_on is False:
             decision.note(names.REASON_POWERED_ON, "power restored")
-        pending = host.pending_reboot_since
-        previous = host.last_powered_on
+        pending = host.status.pending_reboot_since
+        previous = host.status.last_powered_on
         if pending is not None and (previous is None or pending > previous):
             when = f"requested at {stamp(pending)}, powered on at {stamp(now)}"
             decision.note(names.REASON_REBOOT_COMPLETED, f"rebooted: {when}")
-    elif not on and host.recorded_on is True:
+    elif not on and host.status.powered_on is True:
         decision.note(names.REASON_POWERED_OFF, "power is off")
     return last
 
@@ -216,19 +460,19 @@ def _note_reboot_request(
     on: bool,
     last: dt.datetime | None,
     now: dt.datetime,
-    decision: Decision,
+    decision: _Draft,
 ) -> dt.datetime | None:
     """ "If there is one or more annotations with the reboot.metal3.io prefix present, and
     the Status.PoweredOn field is true, and the value of pendingRebootSince is empty or
     earlier than the lastPoweredOn time, then the Host controller will update
     pendingRebootSince to the current time." (Also when the host is off: see above.)"""
-    pending = host.pending_reboot_since
+    pending = host.status.pending_reboot_since
     stale = pending is None or (last is not None and pending < last)
     if not requests or not stale:
         return pending
     # Strictly later than lastPoweredOn, even if both were taken in this same instant.
     pending = max(now, last + MICROSECOND) if last is not None else now
-    decision.status["pendingRebootSince"] = pending
+    decision.status["pending_reboot_since"] = pending
     mode = "hard" if any(r.mode == "hard" for r in requests) else "soft"
     how = "powering off" if on else "host is already off"
     keys = ", ".join(r.key for r in requests)
@@ -243,10 +487,10 @@ def _power_to(
     requests: list[RebootRequest],
     now: dt.datetime,
     settings: PowerSettings,
-    decision: Decision,
-) -> Decision:
+    decision: _Draft,
+) -> _Draft:
     """Send (or wait for) the power command that makes the host's power ``want_on``."""
-    last = host.last_command
+    last = host.status.last_command
     if want_on == on and not on and last is not None and last.action == PowerAction.ON:
         # Off as wanted, but a power-on we sent and have not seen obeyed may still land (sent
         # just before a reboot key arrived, or to a BMC that takes its time), however long
@@ -266,7 +510,7 @@ def _power_to(
         obeyed = (last.action == PowerAction.ON) == on if last is not None else True
         stale = last is not None and (now - last.at).total_seconds() >= settings.command_retry
         if last is not None and (obeyed or stale):
-            decision.status["lastPowerCommand"] = None
+            decision.status["last_command"] = None
         elif last is not None:
             decision.requeue_after = min(decision.requeue_after, settings.transition_poll)
         return decision
@@ -299,7 +543,7 @@ def _power_to(
     # A soft power-off sent again keeps its first time: escalation to hard counts from it.
     resent_soft = command == PowerAction.SOFT_OFF and last is not None and last.action == command
     at = last.at if resent_soft and last is not None else now
-    decision.status["lastPowerCommand"] = {"action": command, "at": at}
+    decision.status["last_command"] = LastCommand(command, at)
     reason = names.REASON_POWER_ON if want_on else names.REASON_POWER_OFF
     decision.note(reason, _why(command, host, requests))
     decision.requeue_after = settings.first_poll
@@ -352,11 +596,7 @@ def send_recorded_now(
     return since >= settings.command_retry
 
 
-# ---- BMC errors: status rules and the retry schedule --------------------------------------
-
-ERROR = "error"
-OK = "OK"
-WRITES_CONDITION = "WritesAccepted"  # status.conditions type: our writes were admitted
+# ---- BMC errors: the retry schedule ----------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -453,91 +693,52 @@ def credentials_inputs(
     return tuple(i for i in user_inputs(spec, {}) if i[0] in ("bmc.address", "bmc.credentialsName"))
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """The retry schedule of one failing host (kept in memory by the controller: a
+    restart forgets it, and each failing host then gets one immediate attempt)."""
+
+    failures: int  # consecutive failed attempts
+    authentication_failures: int  # ... of which the last ones were refused logins
+    next_attempt: dt.datetime
+    inputs: tuple[tuple[str, str], ...]  # the user's inputs then: a change retries early
+    unwritten: tuple[str, str, bool] | None = None  # (errorType, message, forget) to write
+
+
+def after_failure(
+    previous: Schedule | None,
+    status: PowerStatus,
+    *,
+    authentication: bool,
+    spec: Mapping[str, Any],
+    annotations: Mapping[str, str],
+    now: dt.datetime,
+    jitter: float,
+    settings: RetrySettings,
+) -> Schedule:
+    """The schedule after one more failed attempt. The first failure after a restart
+    continues from ``status.errorCount``, so the next wait is as long as before."""
+    if previous is not None:
+        failures, auth_failures = previous.failures + 1, previous.authentication_failures
+    else:
+        failures, auth_failures = (status.error_count or 0) + 1, 0
+    auth_failures = auth_failures + 1 if authentication else 0
+    delay = retry_delay(failures, auth_failures, jitter, settings)
+    inputs = (credentials_inputs if authentication else user_inputs)(spec, annotations)
+    return Schedule(failures, auth_failures, now + dt.timedelta(seconds=delay), inputs)
+
+
+def user_changed(
+    schedule: Schedule, spec: Mapping[str, Any], annotations: Mapping[str, str]
+) -> bool:
+    """A user changed what they ask of the host since its last failed attempt."""
+    inputs = credentials_inputs if schedule.authentication_failures else user_inputs
+    return inputs(spec, annotations) != schedule.inputs
+
+
 def forget_refused_command(command: PowerCommand, timed_out: bool) -> bool:
     """Whether a power command whose send failed is dropped from ``lastPowerCommand`` (so
     that the next attempt sends it again at once). Not an "on" that timed out: it may have
     reached the BMC and still land, and remediation must go on reading it as in flight
     (policy.fencing); it is sent again all the same, being unconfirmed."""
     return not (command == PowerAction.ON and timed_out)
-
-
-def error_status(
-    status: Mapping[str, Any],
-    error_type: str,
-    message: str,
-    *,
-    counted: bool,
-    forget_command: bool,
-) -> dict[str, Any]:
-    """The host's status after a failed attempt (upstream metal3's fields).
-
-    - ``errorCount`` counts failed attempts at the BMC (``counted``), not reconciles: a
-      reconcile that only waits for the schedule changes nothing, so it writes nothing.
-    - ``forget_command``: a power command recorded but refused by the BMC is forgotten, so
-      that the next attempt sends it again instead of waiting for it to land.
-    """
-    status = dict(status)
-    count = int(status.get("errorCount") or 0) + (1 if counted else 0)
-    status.update(
-        errorType=error_type, errorMessage=message, errorCount=count, operationalStatus=ERROR
-    )
-    if forget_command:
-        status.pop("lastPowerCommand", None)
-    return status
-
-
-def recovered_status(status: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
-    """The status after a successful attempt: errors cleared (``errorCount`` back to 0) and
-    a refused-writes condition dropped. Returns (status, whether an error was cleared)."""
-    status = dict(status)
-    recovered = bool(status.get("errorType")) or status.get("operationalStatus") == ERROR
-    if recovered:
-        status.update(errorType="", errorMessage="", errorCount=0, operationalStatus=OK)
-    conditions = [c for c in status.get("conditions") or [] if c.get("type") != WRITES_CONDITION]
-    if len(conditions) != len(status.get("conditions") or []):
-        status["conditions"] = conditions
-    status.setdefault("operationalStatus", OK)
-    return status, recovered
-
-
-def refused_status(status: Mapping[str, Any], message: str, now: dt.datetime) -> dict[str, Any]:
-    """The status when the API server refused one of our writes (an admission policy):
-    the host is in error, with a ``WritesAccepted=False`` condition saying what was refused,
-    because a reboot that cannot finish holds the host off."""
-    status = dict(status)
-    status.update(
-        errorType="power management error",
-        errorMessage=message,
-        operationalStatus=ERROR,
-    )
-    kept = [c for c in status.get("conditions") or [] if c.get("type") != WRITES_CONDITION]
-    kept.append(
-        {
-            "type": WRITES_CONDITION,
-            "status": "False",
-            "reason": "AdmissionRefused",
-            "message": message,
-            "lastTransitionTime": stamp(now).split(".")[0] + "Z",  # metav1.Time: seconds
-        }
-    )
-    status["conditions"] = kept
-    return status
-
-
-def with_changes(status: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
-    """The decision's flat field names, placed where they live in BareMetalHost status."""
-    result = dict(status)
-    provisioning = dict(result.get("provisioning") or {})
-    for name, value in changes.items():
-        if isinstance(value, dt.datetime):
-            value = stamp(value)
-        elif isinstance(value, dict):
-            value = {k: stamp(v) if isinstance(v, dt.datetime) else v for k, v in value.items()}
-        target = provisioning if name in ("lastPoweredOn", "pendingRebootSince") else result
-        if value is None:
-            target.pop(name, None)
-        else:
-            target[name] = value
-    if provisioning:
-        result["provisioning"] = provisioning
-    return result

@@ -38,22 +38,50 @@ powerOnTimeoutSeconds); then the finalizer goes.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Literal
+from typing import Any
 
 from metalmend.api import names
+from metalmend.api.stamps import parse_stamp, stamp
+from metalmend.policy.decision import Decision as _Decision
+from metalmend.policy.decision import Event as Event  # one of this policy's actions
 from metalmend.policy.fencing import HostPower, reported_off, withdrawal_unseen
 
-POWER_OFF = "power-off"
-FENCING = "fencing"
-POWER_ON = "power-on"
-WAITING = "waiting"
-BACKOFF = "backoff"
-DELETING_MACHINE = "deleting-machine"
-FAILED = "failed"
-PHASES = (POWER_OFF, FENCING, POWER_ON, WAITING, BACKOFF, DELETING_MACHINE, FAILED)
+
+class Phase(StrEnum):
+    """``status.phase``: what the remediation is doing (module docstring)."""
+
+    POWER_OFF = "power-off"
+    FENCING = "fencing"
+    POWER_ON = "power-on"
+    WAITING = "waiting"
+    BACKOFF = "backoff"
+    DELETING_MACHINE = "deleting-machine"
+    FAILED = "failed"
+
+
+# The phases by their names, for readability in rules and tests.
+POWER_OFF, FENCING, POWER_ON, WAITING = (
+    Phase.POWER_OFF,
+    Phase.FENCING,
+    Phase.POWER_ON,
+    Phase.WAITING,
+)
+BACKOFF, DELETING_MACHINE, FAILED = Phase.BACKOFF, Phase.DELETING_MACHINE, Phase.FAILED
+PHASES = tuple(Phase)
+
+
+class Strategy(StrEnum):
+    """``spec.strategy`` of metal3's Metal3Remediation."""
+
+    REBOOT = "reboot"
+    """Power-cycle, retry after each failed attempt, forever."""
+
+    ESCALATE = "escalate"
+    """After ``deleteAfterRetries`` failed attempts, delete the Machine."""
 
 
 class FenceMethod(StrEnum):
@@ -83,19 +111,51 @@ class Settings:
     twice an hour, so a repaired BMC is noticed without anyone's help."""
 
 
+def _number(value: Any, default: float) -> float:
+    """A spec number as the CRD admits it; anything else (a hostile or stale object written
+    around the schema) reads as the default rather than failing the reconcile."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    return float(value)
+
+
 @dataclass(frozen=True)
 class Spec:
-    strategy: str = "reboot"  # reboot | escalate
+    """``spec`` of a Metal3Remediation, with metal3's defaults."""
+
+    strategy: Strategy = Strategy.REBOOT
     delete_after_retries: int = 3
     power_off_timeout: float = 120.0
     power_on_timeout: float = 600.0
 
+    @classmethod
+    def from_wire(cls, spec: Mapping[str, Any]) -> Spec:
+        strategy = spec.get("strategy")
+        return cls(
+            strategy=Strategy(strategy) if strategy in tuple(Strategy) else Strategy.REBOOT,
+            delete_after_retries=int(_number(spec.get("deleteAfterRetries"), 3)),
+            power_off_timeout=_number(spec.get("powerOffTimeoutSeconds"), 120.0),
+            power_on_timeout=_number(spec.get("powerOnTimeoutSeconds"), 600.0),
+        )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _stamp_of(value: Any) -> dt.datetime | None:
+    try:
+        return parse_stamp(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
 
 @dataclass(frozen=True)
 class Progress:
-    """``status`` of the object: all the state there is (besides the backup annotations)."""
+    """``status`` of the object: all the state there is (besides the backup annotations).
+    Owns its wire format: ``from_wire`` / ``to_wire``."""
 
-    phase: str = ""
+    phase: Phase | None = None  # None: no attempt begun
     retry_count: int = 0
     last_remediated: dt.datetime | None = None
     phase_since: dt.datetime | None = None
@@ -105,6 +165,44 @@ class Progress:
     message: str = ""
     host: str | None = None  # "namespace/name" of the host we put our key on: released
     # even if the Machine that named it is gone
+
+    @classmethod
+    def from_wire(cls, status: Mapping[str, Any]) -> Progress:
+        """Read from ``status``; a value of the wrong type reads as absent (never raises)."""
+        phase = status.get("phase")
+        count = status.get("retryCount")
+        return cls(
+            phase=Phase(phase) if phase in tuple(Phase) else None,
+            retry_count=count if isinstance(count, int) and not isinstance(count, bool) else 0,
+            last_remediated=_stamp_of(status.get("lastRemediated")),
+            phase_since=_stamp_of(status.get("phaseSince")),
+            next_attempt_at=_stamp_of(status.get("nextAttemptAt")),
+            node=_text(status.get("node")),
+            fenced_node_uid=_text(status.get("fencedNodeUID")),
+            message=_text(status.get("message")) or "",
+            host=_text(status.get("host")),
+        )
+
+    def to_wire(self, status: Mapping[str, Any]) -> dict[str, Any]:
+        """``status`` with our fields replaced (absent ones removed), others kept."""
+        result = dict(status)
+        values: dict[str, Any] = {
+            "phase": str(self.phase) if self.phase else None,
+            "retryCount": self.retry_count,
+            "lastRemediated": stamp(self.last_remediated) if self.last_remediated else None,
+            "phaseSince": stamp(self.phase_since) if self.phase_since else None,
+            "nextAttemptAt": stamp(self.next_attempt_at) if self.next_attempt_at else None,
+            "node": self.node,
+            "fencedNodeUID": self.fenced_node_uid,
+            "message": self.message or None,
+            "host": self.host,
+        }
+        for name, value in values.items():
+            if value is None:
+                result.pop(name, None)
+            else:
+                result[name] = value
+        return result
 
 
 @dataclass(frozen=True)
@@ -129,8 +227,34 @@ class HostView:
 
 @dataclass(frozen=True)
 class Backup:
+    """The fenced Node's labels and annotations, kept in two annotations of the
+    remediation object (so that they survive the Node's deletion and our restart)."""
+
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
+
+    @classmethod
+    def from_wire(cls, annotations: Mapping[str, str]) -> Backup | None:
+        """None when there is no backup, or it cannot be read (written around us)."""
+        if names.NODE_LABELS_BACKUP not in annotations:
+            return None
+        try:
+            labels = json.loads(annotations[names.NODE_LABELS_BACKUP])
+            kept = json.loads(annotations.get(names.NODE_ANNOTATIONS_BACKUP) or "{}")
+        except ValueError:
+            return None
+        if not (isinstance(labels, dict) and isinstance(kept, dict)):
+            return None
+        return cls(
+            labels={str(k): str(v) for k, v in labels.items()},
+            annotations={str(k): str(v) for k, v in kept.items()},
+        )
+
+    def to_wire(self) -> dict[str, str]:
+        return {
+            names.NODE_LABELS_BACKUP: json.dumps(dict(self.labels), sort_keys=True),
+            names.NODE_ANNOTATIONS_BACKUP: json.dumps(dict(self.annotations), sort_keys=True),
+        }
 
 
 @dataclass(frozen=True)
@@ -177,8 +301,9 @@ class ReleasePower:
 
 @dataclass(frozen=True)
 class BackupNode:
-    labels: Mapping[str, str]
-    annotations: Mapping[str, str]
+    """Keep the Node's labels and annotations on our object (versioned: written once)."""
+
+    backup: Backup
 
 
 @dataclass(frozen=True)
@@ -219,35 +344,11 @@ class SetProgress:
     progress: Progress
 
 
-@dataclass(frozen=True)
-class Event:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
 Action = (
     AddFinalizer | RemoveFinalizer | RequestPowerOff | ReleasePower | BackupNode | DeleteNode
     | TaintNode | UntaintNode | DeletePods | RestoreNode | DeleteMachine | SetProgress | Event
 )  # fmt: skip
-
-
-@dataclass
-class Decision:
-    actions: list[Action] = field(default_factory=list)
-    requeue_at: dt.datetime | None = None
-
-    def do(self, *actions: Action) -> Decision:
-        self.actions.extend(actions)
-        return self
-
-    def note(self, reason: str, message: str, warning: bool = False) -> Decision:
-        return self.do(Event("Warning" if warning else "Normal", reason, message))
-
-    def at(self, deadline: dt.datetime | None) -> Decision:
-        if deadline is not None and (self.requeue_at is None or deadline < self.requeue_at):
-            self.requeue_at = deadline
-        return self
+Decision = _Decision[Action]
 
 
 def _seconds(value: float) -> dt.timedelta:
@@ -276,14 +377,7 @@ def decide(observed: Observed, now: dt.datetime, settings: Settings = Settings()
     if not observed.machine_found or observed.host is None:
         problem = observed.host_problem or "the Machine does not exist"
         return _fail_to_start(observed, problem)
-    handler = {
-        POWER_OFF: _power_off,
-        FENCING: _fencing,
-        POWER_ON: _power_on,
-        WAITING: _waiting,
-        BACKOFF: _backoff,
-        DELETING_MACHINE: _deleting_machine,
-    }.get(progress.phase, _start)
+    handler = _HANDLERS.get(progress.phase, _start) if progress.phase else _start
     return handler(observed, observed.host, now, settings)
 
 
@@ -301,7 +395,7 @@ def _fail_to_start(observed: Observed, problem: str) -> Decision:
 def _start(observed: Observed, host: HostView, now: dt.datetime, settings: Settings) -> Decision:
     """Begin an attempt (a new object, or after backoff, or once a problem is fixed)."""
     progress = observed.progress
-    if observed.spec.strategy == "escalate" and (
+    if observed.spec.strategy == Strategy.ESCALATE and (
         progress.retry_count >= observed.spec.delete_after_retries
     ):
         return _escalate(progress, now, "no attempts left")
@@ -342,7 +436,7 @@ def _power_off(
     decision = Decision()
     if not host.power.holds_key:
         if host.other_remediation is not None:  # raced with another remediation: yield
-            return decision.do(SetProgress(replace(progress, phase="", message="")))
+            return decision.do(SetProgress(replace(progress, phase=None, message="")))
         _request_power_off(host, decision)
     if reported_off(host.power):
         message = f"{host.key} reported off; fencing Node {progress.node or '(none)'}"
@@ -381,19 +475,25 @@ def _fencing(observed: Observed, host: HostView, now: dt.datetime, settings: Set
     decision = Decision()
     node = observed.node
     fenced_uid = progress.fenced_node_uid
-    if node is not None and not (settings.fence == "out-of-service-taint" and node.out_of_service):
+    if node is not None and not (
+        settings.fence == FenceMethod.OUT_OF_SERVICE_TAINT and node.out_of_service
+    ):
         if progress.fenced_node_uid != node.uid:
             fenced_uid = node.uid
             decision.do(SetProgress(replace(progress, fenced_node_uid=node.uid)))
-        if settings.fence == "out-of-service-taint":
+        if settings.fence == FenceMethod.OUT_OF_SERVICE_TAINT:
             decision.do(TaintNode(node.name))
         else:
             if observed.backup is None:
-                decision.do(BackupNode(dict(node.labels), dict(node.annotations)))
+                decision.do(BackupNode(Backup(dict(node.labels), dict(node.annotations))))
             decision.do(DeleteNode(node.name, node.uid))
-    if progress.node and settings.fence == "delete-node":
+    if progress.node and settings.fence == FenceMethod.DELETE_NODE:
         decision.do(DeletePods(progress.node))
-    how = "tainted out-of-service" if settings.fence == "out-of-service-taint" else "deleted"
+    how = (
+        "tainted out-of-service"
+        if settings.fence == FenceMethod.OUT_OF_SERVICE_TAINT
+        else "deleted"
+    )
     fenced = f"Node {progress.node} {how}" if progress.node else "no Node to fence"
     message = f"{fenced}; power-on of {host.key} requested"
     decision.note(names.REASON_NODE_FENCED, fenced)
@@ -439,7 +539,7 @@ def _power_on(observed: Observed, host: HostView, now: dt.datetime, settings: Se
 def _is_back(node: NodeView, progress: Progress, settings: Settings) -> bool:
     if not node.ready:
         return False
-    if settings.fence == "delete-node":  # a new registration, not the Node we deleted
+    if settings.fence == FenceMethod.DELETE_NODE:  # a new registration, not the Node we deleted
         return node.uid != progress.fenced_node_uid
     # Tainted, not deleted: the same Node object, which must have turned Ready after the
     # power-on began. Condition times have whole seconds, so a transition in the very second
@@ -452,7 +552,7 @@ def _is_back(node: NodeView, progress: Progress, settings: Settings) -> bool:
 
 def _old_uid(progress: Progress, settings: Settings) -> str | None:
     """The Node object we deleted cannot be the one that comes back (a tainted one can)."""
-    return progress.fenced_node_uid if settings.fence == "delete-node" else None
+    return progress.fenced_node_uid if settings.fence == FenceMethod.DELETE_NODE else None
 
 
 def _node_back(
@@ -504,8 +604,7 @@ def _backoff(observed: Observed, host: HostView, now: dt.datetime, settings: Set
         decision.do(ReleasePower())
     if progress.next_attempt_at is not None and now < progress.next_attempt_at:
         return decision.at(progress.next_attempt_at)
-    started = _start(observed, host, now, settings)
-    return decision.do(*started.actions).at(started.requeue_at)
+    return decision.then(_start(observed, host, now, settings))
 
 
 def _deleting_machine(
@@ -529,7 +628,7 @@ def _attempt_failed(
     decision = decision or Decision()
     progress = replace(observed.progress, retry_count=observed.progress.retry_count + 1)
     spec = observed.spec
-    if spec.strategy == "escalate" and progress.retry_count >= spec.delete_after_retries:
+    if spec.strategy == Strategy.ESCALATE and progress.retry_count >= spec.delete_after_retries:
         return decision.do(*_escalate(progress, now, why).actions)
     wait = retry_wait(progress.retry_count, settings)
     next_at = now + _seconds(wait)
@@ -589,3 +688,13 @@ def _release(observed: Observed, now: dt.datetime, settings: Settings) -> Decisi
         decision.note(names.REASON_BACKUP_LOST, message, warning=True)
     decision.do(RemoveFinalizer())
     return decision.note(names.REASON_RELEASED, "remediation removed; host released")
+
+
+_HANDLERS = {
+    Phase.POWER_OFF: _power_off,
+    Phase.FENCING: _fencing,
+    Phase.POWER_ON: _power_on,
+    Phase.WAITING: _waiting,
+    Phase.BACKOFF: _backoff,
+    Phase.DELETING_MACHINE: _deleting_machine,
+}

@@ -1,0 +1,422 @@
+"""``metalmend node drain|clear-labels|remove-etcd|shutdown-kubelet|remove-from-cluster|
+decommission NODE`` and ``metalmend etcd health``: the node-teardown API of ``metalmend
+serve`` (docs/teardown.md) from a shell.
+
+Which service: ``--url`` (and ``--ca`` for a certificate the system does not trust), else
+the lab's ``.lab/endpoints.json`` (``--dir``, ``$METALMEND_LAB_DIR``). Who calls: ``--token``,
+else the bearer token of the kubeconfig (``--kubeconfig``, ``$KUBECONFIG``,
+``~/.kube/config``), except that in the lab, without ``--kubeconfig``, the lab admin's token
+of endpoints.json is used (the lab's kubeconfig holds a client certificate, not a token).
+
+Requests are synchronous and a step may take long (a drain: up to its timeout): progress
+is printed to stderr while it runs; the Status body is printed at the end, as Airship's
+Shipyard CLI prints one (``Error:`` / ``Reason:`` / ``- Error:`` lines). Exit codes: 0
+success; 1 the service answered a failure; 2 a usage or configuration problem; 3 the
+service cannot be reached.
+
+This module never imports the lab: it reads endpoints.json as any client would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+from urllib.parse import quote
+
+import httpx
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+PROMENADE = "/promenade/api/v1.0"
+ENDPOINTS = "endpoints.json"
+PROGRESS_EVERY = 10.0  # seconds between "still running" lines when stderr is no terminal
+CONNECT_TIMEOUT = 10.0
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+node_app = typer.Typer(
+    no_args_is_help=True,
+    help="Tear a Node down through 'metalmend serve' (Airship's Promenade node API).",
+)
+etcd_app = typer.Typer(
+    no_args_is_help=True, help="The site's etcd clusters, through 'metalmend serve'."
+)
+out = Console()
+err = Console(stderr=True)
+
+
+NO_DESIGN_REF = "give --design-ref: the design reference that locates the etcd clusters"
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def fail(error: CliError) -> NoReturn:
+    err.print(f"[red]metalmend:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
+    raise typer.Exit(error.code)
+
+
+# ---- which service, as whom -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Service:
+    url: str
+    ca: str | None
+    token: str
+    design_ref: str | None = None
+
+
+def read_endpoints(lab_dir: Path) -> dict[str, Any] | None:
+    """The lab's endpoints.json, or None when there is none (no lab running there)."""
+    path = lab_dir / ENDPOINTS
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise CliError(f"cannot read {path}: {error}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("url"), str):
+        raise CliError(f"cannot read {path}: no url in it")
+    return data
+
+
+def kubeconfig_token(kubeconfig: Path | None) -> str:
+    """The bearer token of the kubeconfig's current user (``token`` or ``tokenFile``)."""
+    from metalmend.kube.client import ClusterUnavailable, load_config
+
+    try:
+        current = load_config(kubeconfig).get()
+    except ClusterUnavailable as error:
+        raise CliError(f"{error}: give --token") from None
+    user = current.user if current else None
+    if user is not None and user.token:
+        return user.token
+    if user is not None and user.token_file:
+        try:
+            return Path(user.token_file).read_text().strip()
+        except OSError as error:
+            raise CliError(f"cannot read the kubeconfig's token file: {error}") from None
+    raise CliError(
+        "the kubeconfig's user has no bearer token (a client certificate or an exec plugin"
+        " cannot be passed on): give --token"
+    )
+
+
+def resolve(
+    url: str | None,
+    ca: Path | None,
+    token: str | None,
+    kubeconfig: Path | None,
+    lab_dir: Path,
+) -> Service:
+    lab = None if url else read_endpoints(lab_dir)
+    if url is None and lab is None:
+        raise CliError(
+            f"which metalmend serve? give --url (and --ca), or start the lab ('metalmend lab"
+            f" up'), which writes {lab_dir / ENDPOINTS}"
+        )
+    if lab is not None:
+        url = str(lab["url"])
+        ca = ca or (Path(lab["ca"]) if lab.get("ca") else None)
+    assert url is not None
+    if token is None:
+        if lab is not None and kubeconfig is None and lab.get("token"):
+            token = str(lab["token"])
+        else:
+            token = kubeconfig_token(kubeconfig)
+    design_ref = str(lab["design_ref"]) if lab is not None and lab.get("design_ref") else None
+    return Service(url.rstrip("/"), str(ca) if ca else None, token, design_ref)
+
+
+# ---- one request, with progress ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    doing: str  # "draining worker-0", for progress lines
+    params: dict[str, str]
+    body: dict[str, Any] | None = None
+
+
+def query(**values: int | str | None) -> dict[str, str]:
+    """Only the parameters given: the service applies its own defaults to the others."""
+    return {name.replace("_", "-"): str(v) for name, v in values.items() if v is not None}
+
+
+def design_body(href: str) -> dict[str, str]:
+    return {"rel": "design", "href": href, "type": "application/x-yaml"}
+
+
+async def send(service: Service, request: Request) -> httpx.Response:
+    timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT)  # a step takes its own time
+    verify = ssl.create_default_context(cafile=service.ca) if service.ca else True
+    headers = {"Authorization": f"Bearer {service.token}"}
+    async with httpx.AsyncClient(verify=verify, timeout=timeout, headers=headers) as http:
+        return await http.request(
+            request.method, service.url + request.path, params=request.params, json=request.body
+        )
+
+
+async def with_progress(service: Service, request: Request) -> httpx.Response:
+    started = time.monotonic()
+    task = asyncio.ensure_future(send(service, request))
+    if err.is_terminal:
+        with err.status(f"{request.doing} ..."):
+            return await task
+    err.print(f"{request.doing} ({service.url})", highlight=False)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=PROGRESS_EVERY)
+        if done:
+            return task.result()
+        err.print(f"  still {request.doing}: {time.monotonic() - started:.0f} s", highlight=False)
+
+
+def call(service: Service, request: Request, show: Callable[[dict[str, Any]], None]) -> int:
+    """Send ``request``; print its Status; the exit code."""
+    try:
+        answer = asyncio.run(with_progress(service, request))
+    except httpx.ConnectError as error:
+        raise CliError(
+            f"cannot reach metalmend serve at {service.url}: {_first_line(error)}", EXIT_UNREACHABLE
+        ) from None
+    except httpx.HTTPError as error:
+        raise CliError(
+            f"metalmend serve at {service.url} did not answer: {_first_line(error)}",
+            EXIT_UNREACHABLE,
+        ) from None
+    try:
+        document = answer.json()
+    except ValueError:
+        document = None
+    if not isinstance(document, dict) or "status" not in document:
+        raise CliError(
+            f"{service.url} answered HTTP {answer.status_code} without a Status body: is it"
+            " metalmend serve?",
+            EXIT_FAILURE,
+        )
+    show(document)
+    return 0 if answer.status_code < 400 else EXIT_FAILURE
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _messages(document: dict[str, Any]) -> list[dict[str, Any]]:
+    details = document.get("details") or {}
+    found = details.get("messageList") if isinstance(details, dict) else None
+    return [m for m in found or [] if isinstance(m, dict)]
+
+
+def show_status(document: dict[str, Any]) -> None:
+    """A success: its message and what was done; a failure: Shipyard's Error/Reason lines."""
+    message = escape(str(document.get("message", "")))
+    if document.get("status") == "Success":
+        out.print(f"[green]{message}[/green]", highlight=False)
+    else:
+        out.print(f"[red]Error:[/red] {message}", highlight=False)
+        out.print(f"Reason: {escape(str(document.get('reason', '')))}", highlight=False)
+    for entry in _messages(document):
+        label = "[red]- Error:[/red]" if entry.get("error") else "- Info:"
+        out.print(f"{label} {escape(str(entry.get('message', '')))}", highlight=False)
+
+
+def show_health(document: dict[str, Any]) -> None:
+    """The etcd health answer: one line per cluster (its HealthMessage)."""
+    if document.get("status") != "Success":
+        show_status(document)
+        return
+    for entry in _messages(document):
+        name = escape(str(entry.get("name", "?")))
+        health = escape(str(entry.get("message", "")))
+        colour = "green" if health == "Healthy" else "red"
+        detail = f" ({escape(str(entry['detail']))})" if entry.get("detail") else ""
+        out.print(f"{name}: [{colour}]{health}[/{colour}]{detail}", highlight=False)
+
+
+# ---- the commands -----------------------------------------------------------------------
+
+NodeName = Annotated[str, typer.Argument(help="The Node (the server's hostname).")]
+Url = Annotated[
+    str | None,
+    typer.Option(help="metalmend serve, e.g. https://teardown.example:8443 (default: the lab's)."),
+]
+Ca = Annotated[Path | None, typer.Option(help="CA file that signed the service's certificate.")]
+Token = Annotated[
+    str | None,
+    typer.Option(
+        help="Bearer token (default: the kubeconfig's, or the lab admin's).",
+        envvar="METALMEND_TOKEN",
+    ),
+]
+Kubeconfig = Annotated[Path | None, typer.Option(help="Kubeconfig whose bearer token to send.")]
+LabDir = Annotated[
+    Path, typer.Option("--dir", help="Lab state directory.", envvar="METALMEND_LAB_DIR")
+]
+Seconds = Annotated[int | None, typer.Option(min=0, help="Whole seconds (default: the service's).")]
+DesignRef = Annotated[
+    str | None,
+    typer.Option(help="Design reference URL, deckhand+https://... (default: the lab's)."),
+]
+
+
+def run(
+    request: Request,
+    url: str | None,
+    ca: Path | None,
+    token: str | None,
+    kubeconfig: Path | None,
+    lab_dir: Path,
+    show: Callable[[dict[str, Any]], None] = show_status,
+    needs_design: bool = False,
+) -> None:
+    try:
+        service = resolve(url, ca, token, kubeconfig, lab_dir)
+        if needs_design and request.body is None:
+            if service.design_ref is None:
+                raise CliError(NO_DESIGN_REF)
+            request = Request(
+                request.method, request.path, request.doing, request.params,
+                design_body(service.design_ref),
+            )  # fmt: skip
+        code = call(service, request, show)
+    except CliError as error:
+        fail(error)
+    raise typer.Exit(code)
+
+
+def _node_path(node: str, step: str) -> str:
+    return f"{PROMENADE}/nodes/{quote(node, safe='')}/{step}"
+
+
+@node_app.command("drain")
+def drain(
+    node: NodeName,
+    timeout: Seconds = None,
+    grace_period: Seconds = None,
+    url: Url = None, ca: Ca = None, token: Token = None, kubeconfig: Kubeconfig = None,
+    lab_dir: LabDir = Path(".lab"),
+) -> None:  # fmt: skip
+    """Cordon the Node and evict its pods (kubectl drain --force --ignore-daemonsets
+    --delete-emptydir-data, budgets respected). Defaults: timeout 3600, grace period 1800."""
+    params = query(timeout=timeout, grace_period=grace_period)
+    request = Request("POST", _node_path(node, "drain"), f"draining {node}", params)
+    run(request, url, ca, token, kubeconfig, lab_dir)
+
+
+@node_app.command("clear-labels")
+def clear_labels(
+    node: NodeName,
+    timeout: Seconds = None,
+    url: Url = None, ca: Ca = None, token: Token = None, kubeconfig: Kubeconfig = None,
+    lab_dir: LabDir = Path(".lab"),
+) -> None:  # fmt: skip
+    """Remove the Node's labels, then wait for the pods that needed them to settle."""
+    params = query(timeout=timeout)
+    request = Request("POST", _node_path(node, "clear-labels"), f"clearing {node}'s labels", params)
+    run(request, url, ca, token, kubeconfig, lab_dir)
+
+
+@node_app.command("remove-etcd")
+def remove_etcd(
+    node: NodeName,
+    design_ref: DesignRef = None,
+    timeout: Seconds = None,
+    url: Url = None, ca: Ca = None, token: Token = None, kubeconfig: Kubeconfig = None,
+    lab_dir: LabDir = Path(".lab"),
+) -> None:  # fmt: skip
+    """Take the Node's etcd members out of their clusters, never below quorum."""
+    body = design_body(design_ref) if design_ref else None
+    request = Request(
+        "POST", _node_path(node, "remove-etcd"), f"removing {node}'s etcd members",
+        query(timeout=timeout), body,
+    )  # fmt: skip
+    run(request, url, ca, token, kubeconfig, lab_dir, needs_design=True)
+
+
+@node_app.command("shutdown-kubelet")
+def shutdown_kubelet(
+    node: NodeName,
+    url: Url = None, ca: Ca = None, token: Token = None, kubeconfig: Kubeconfig = None,
+    lab_dir: LabDir = Path(".lab"),
+) -> None:  # fmt: skip
+    """Label the Node promenade-decomission=enabled and wait until its kubelet stopped."""
+    request = Request(
+        "POST", _node_path(node, "shutdown-kubelet"), f"shutting {node}'s kubelet down", {}
+    )
+    run(request, url, ca, token, kubeconfig, lab_dir)
+
+
+@node_app.command("remove-from-cluster")
+def remove_from_cluster(
+    node: NodeName,
+    url: Url = None, ca: Ca = None, token: Token = None, kubeconfig: Kubeconfig = None,
+    lab_dir: LabDir = Path(".lab"),
+) -> None:  # fmt: skip
+    """Delete the Node, once it is cordoned, drained and unlabelled."""
+    request = Request(
+        "POST", _node_path(node, "remove-from-cluster"), f"removing {node} from the cluster", {}
+    )
+    run(request, url, ca, token, kubeconfig, lab_dir)
+
+
+@node_app.command("decommission")
+def decommission(
+    node: NodeName,
+    design_ref: DesignRef = None,
+    drain_node_timeout: Seconds = None,
+    drain_node_grace_period: Seconds = None,
+    clear_labels_timeout: Seconds = None,
+    remove_etcd_timeout: Seconds = None,
+    etcd_ready_timeout: Seconds = None,
+    url: Url = None, ca: Ca = None, token: Token = None, kubeconfig: Kubeconfig = None,
+    lab_dir: LabDir = Path(".lab"),
+) -> None:  # fmt: skip
+    """Drain, clear labels, remove etcd members, wait for etcd, shut the kubelet down."""
+    params = query(
+        drain_node_timeout=drain_node_timeout, drain_node_grace_period=drain_node_grace_period,
+        clear_labels_timeout=clear_labels_timeout, remove_etcd_timeout=remove_etcd_timeout,
+        etcd_ready_timeout=etcd_ready_timeout,
+    )  # fmt: skip
+    body = design_body(design_ref) if design_ref else None
+    request = Request(
+        "POST", _node_path(node, "decommission"), f"decommissioning {node}", params, body
+    )
+    run(request, url, ca, token, kubeconfig, lab_dir, needs_design=True)
+
+
+@etcd_app.command("health")
+def etcd_health(
+    design_ref: DesignRef = None,
+    url: Url = None, ca: Ca = None, token: Token = None, kubeconfig: Kubeconfig = None,
+    lab_dir: LabDir = Path(".lab"),
+) -> None:  # fmt: skip
+    """Healthy or Unhealthy, per etcd cluster of the design."""
+    try:
+        service = resolve(url, ca, token, kubeconfig, lab_dir)
+    except CliError as error:
+        fail(error)
+    reference = design_ref or service.design_ref
+    if reference is None:
+        fail(CliError(NO_DESIGN_REF))
+    request = Request(
+        "GET", f"{PROMENADE}/etcd-cluster-health-statuses", "asking etcd health",
+        {"design_ref": reference},
+    )  # fmt: skip
+    run(request, url, ca, token, kubeconfig, lab_dir, show=show_health)

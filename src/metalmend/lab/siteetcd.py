@@ -1,0 +1,333 @@
+"""The lab's site etcd: a real 3-member etcd cluster whose members live on lab hosts, and
+the design that declares it (the ``promenade/EtcdClusters/v1`` document metalmend's
+remove-etcd and etcd health read, docs/teardown.md).
+
+- ``metalmend lab up --hosts N`` (N >= 3) plans one member on each of the first three
+  hosts (``plan``): the same upstream etcd build as the lab's control plane, on 127.0.0.1
+  ports, each with its own data directory under ``.lab/hardware/etcd/<host>``.
+- The hardware process runs each member bound to its host, as it runs the host's kubelet
+  (``EtcdMember``, driven by the kubelet simulator's view of the power): the member runs
+  while the host is on, booted and not hung; a power-off kills it (SIGKILL: power loss is
+  not a clean shutdown); a hung kernel freezes it (SIGSTOP: its ports still accept
+  connections but nothing answers, as a hung host looks to its peers); ``recover`` thaws
+  it; a new boot starts it again from the same data directory. A member that was removed
+  from its cluster refuses to start from its old data (etcd's own behaviour): it stays
+  down, as on a real host, until someone adds it back.
+- The lab serves the design documents over http on 127.0.0.1 (``lab.designserver``):
+  ``design_url`` is the design reference to give remove-etcd, the health endpoint and
+  decommission; ``lab status`` shows it. The lab's etcd runs without TLS and without
+  client authentication, on loopback only; the document therefore declares no
+  credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import yaml
+
+from metalmend.lab.controlplane import LOOPBACK, Component, free_port
+from metalmend.lab.inventory import HostSpec
+
+if TYPE_CHECKING:
+    from metalmend.lab.kubelet import KubeletSim
+
+log = logging.getLogger("metalmend.lab.siteetcd")
+
+CLUSTER = "kubernetes"  # the cluster's identifier in the design
+MEMBERS = 3
+THRESHOLD = 2  # the site's minimum functionality: a quorum of 3
+DESIGN_PATH = "/api/v1.0/revisions/1/rendered-documents"  # Deckhand's shape of URL
+
+
+@dataclass
+class MemberPlan:
+    host: str
+    client_port: int
+    peer_port: int
+    data_dir: str
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.peer_port}"
+
+
+@dataclass
+class SitePlan:
+    etcd: str  # the binary
+    members: list[MemberPlan]
+    design_port: int
+    token: str = "metalmend-lab-site-etcd"
+
+    @property
+    def design_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.design_port}{DESIGN_PATH}"
+
+    @property
+    def initial_cluster(self) -> str:
+        return ",".join(f"{m.host}={m.peer_url}" for m in self.members)
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def read(cls, path: Path) -> SitePlan | None:
+        try:
+            data: dict[str, Any] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        members = [MemberPlan(**m) for m in data.pop("members")]
+        return cls(members=members, **data)
+
+
+def plan_path(lab_dir: Path) -> Path:
+    return lab_dir / "hardware" / "siteetcd.json"
+
+
+def design_path(lab_dir: Path) -> Path:
+    return lab_dir / "hardware" / "design.yaml"
+
+
+def plan(lab_dir: Path, hosts: list[HostSpec], etcd: Path) -> SitePlan | None:
+    """One member on each of the first three hosts; None with fewer than three hosts (a
+    cluster that can lose a member needs three). Writes the plan and the design."""
+    if len(hosts) < MEMBERS:
+        return None
+    site = SitePlan(
+        etcd=str(etcd),
+        members=[
+            MemberPlan(
+                h.name, free_port(), free_port(), str(lab_dir / "hardware" / "etcd" / h.name)
+            )
+            for h in hosts[:MEMBERS]
+        ],
+        design_port=free_port(),
+    )
+    site.write(plan_path(lab_dir))
+    design_path(lab_dir).write_text(design_documents(site))
+    return site
+
+
+def design_documents(site: SitePlan) -> str:
+    """The site's design as the lab serves it: one EtcdClusters document."""
+    document = {
+        "schema": "promenade/EtcdClusters/v1",
+        "metadata": {
+            "schema": "metadata/Document/v1",
+            "name": "etcd-clusters",
+            "layeringDefinition": {"abstract": False, "layer": "site"},
+            "storagePolicy": "cleartext",
+        },
+        "data": {
+            "clusters": [
+                {
+                    "name": CLUSTER,
+                    # no credentials: the lab's etcd takes plain http on loopback
+                    "minimum_functionality": {"healthy_members": THRESHOLD},
+                    "members": [
+                        {
+                            "node": m.host,
+                            "name": m.host,
+                            "client_urls": [m.client_url],
+                            "peer_urls": [m.peer_url],
+                        }
+                        for m in site.members
+                    ],
+                }
+            ]
+        },
+    }
+    return yaml.safe_dump_all([document], sort_keys=False)
+
+
+# ---- a member, bound to its host (runs in the hardware process) ---------------------------
+
+
+class EtcdMember:
+    """One etcd member on one lab host, following the host's kubelet simulator's view of
+    the power: running while ``running``, frozen while ``hung``, killed while ``off``."""
+
+    def __init__(self, site: SitePlan, member: MemberPlan, kubelet: KubeletSim) -> None:
+        self.site = site
+        self.member = member
+        self.kubelet = kubelet
+        self.component: Component | None = None
+        self.boot: int | None = None  # the boot this member's process was started in
+        self.state = "off"  # off, running, frozen, exited
+        self.frozen = False
+
+    def argv(self) -> list[str]:
+        m = self.member
+        return [
+            self.site.etcd,
+            f"--name={m.host}",
+            f"--data-dir={m.data_dir}",
+            f"--listen-client-urls={m.client_url}",
+            f"--advertise-client-urls={m.client_url}",
+            f"--listen-peer-urls={m.peer_url}",
+            f"--initial-advertise-peer-urls={m.peer_url}",
+            f"--initial-cluster={self.site.initial_cluster}",
+            "--initial-cluster-state=new",  # ignored once the data directory exists
+            f"--initial-cluster-token={self.site.token}",
+            "--unsafe-no-fsync",  # a lab cluster trades durability for speed
+            "--log-level=warn",
+        ]
+
+    def _signal(self, sig: signal.Signals) -> None:
+        process = self.component.process if self.component else None
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(sig)
+
+    def _kill(self) -> None:
+        if self.component is not None:
+            self._signal(signal.SIGKILL)
+            if self.component.process is not None:
+                self.component.process.wait()
+            self.component.stop()
+            self.component = None
+        self.frozen = False
+
+    def beat(self) -> None:
+        """Bring the process in line with the host (called every heartbeat)."""
+        state, boot = self.kubelet.state, self.kubelet.boot
+        if state == "off" or (self.boot is not None and boot != self.boot):
+            if self.component is not None:
+                log.info("etcd member %s: host powered off, member killed", self.member.host)
+            self._kill()
+            self.boot = None
+            self.state = "off" if state in ("off", "booting") else self.state
+        if state == "hung":
+            if self.component is not None and not self.frozen:
+                self._signal(signal.SIGSTOP)
+                self.frozen = True
+                log.info("etcd member %s: host hung, member frozen", self.member.host)
+            self.state = "frozen" if self.component is not None else self.state
+            return
+        if state != "running":
+            return
+        if self.frozen:
+            self._signal(signal.SIGCONT)
+            self.frozen = False
+        if self.component is None and self.boot is None:
+            self.boot = boot
+            Path(self.member.data_dir).parent.mkdir(parents=True, exist_ok=True)
+            log_path = Path(self.member.data_dir).parent / f"{self.member.host}.log"
+            self.component = Component(f"etcd-{self.member.host}", self.argv(), log_path)
+            self.component.start()
+            log.info("etcd member %s started (boot %s)", self.member.host, boot)
+        if self.component is not None and not self.component.running():
+            # e.g. removed from the cluster: etcd will not start from its old data
+            log.warning(
+                "etcd member %s exited with %s; not restarted before the next boot",
+                self.member.host, self.component.exit_code,
+            )  # fmt: skip
+            self.component.stop()
+            self.component = None
+        self.state = "running" if self.component is not None else "exited"
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await asyncio.to_thread(self.beat)
+                await asyncio.sleep(0.2)
+        finally:
+            self._kill()
+
+
+def members_for(lab_dir: Path, kubelets: dict[str, KubeletSim]) -> list[EtcdMember]:
+    """The members of the lab's plan, each bound to its host's kubelet (none planned: [])."""
+    site = SitePlan.read(plan_path(lab_dir))
+    if site is None:
+        return []
+    return [EtcdMember(site, m, kubelets[m.host]) for m in site.members if m.host in kubelets]
+
+
+# ---- the lab supervisor's side -----------------------------------------------------------
+
+
+def design_server_argv(lab_dir: Path, site: SitePlan) -> list[str]:
+    return [
+        sys.executable, "-m", "metalmend.lab.designserver",
+        str(design_path(lab_dir)), str(site.design_port), DESIGN_PATH,
+    ]  # fmt: skip
+
+
+def design_served(site: SitePlan) -> bool:
+    try:
+        return httpx.get(site.design_url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def member_healthy(member: MemberPlan, timeout: float = 1.0) -> bool:
+    try:
+        answer = httpx.get(f"{member.client_url}/health", timeout=timeout)
+    except httpx.HTTPError:
+        return False
+    return answer.status_code == 200 and '"health":"true"' in answer.text
+
+
+def wait_healthy(site: SitePlan, within: float = 60.0) -> None:
+    """Return once every member answers healthy (the hosts boot, then the members elect)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if all(member_healthy(m) for m in site.members):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(
+        f"the lab's site etcd was not healthy within {within:.0f}s"
+        f" (logs: {Path(site.members[0].data_dir).parent})"
+    )
+
+
+@dataclass
+class MemberStatus:
+    host: str
+    client_url: str
+    process: str  # as the hardware process reports it: off, running, frozen, exited
+    healthy: bool
+
+
+@dataclass
+class SiteStatus:
+    design_ref: str
+    cluster: str
+    threshold: int
+    members: list[MemberStatus]
+
+
+def status(lab_dir: Path, hardware: dict[str, dict[str, Any]]) -> SiteStatus | None:
+    """For ``lab status``: each member as the hardware reports it, and its own /health."""
+    site = SitePlan.read(plan_path(lab_dir))
+    if site is None:
+        return None
+    return SiteStatus(
+        design_ref=site.design_url,
+        cluster=CLUSTER,
+        threshold=THRESHOLD,
+        members=[
+            MemberStatus(
+                m.host,
+                m.client_url,
+                str(hardware.get(m.host, {}).get("etcd", "-")),
+                member_healthy(m, 0.5),
+            )
+            for m in site.members
+        ],
+    )

@@ -1,0 +1,109 @@
+"""The application of ``metalmend serve``: every answer a UCP Status body (``status.py``),
+whatever went wrong: an unknown path, a method a path does not take, a request FastAPI
+could not read (400 BadRequest, where FastAPI would answer 422), a failure of our own."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import httpx2
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from lightkube import ApiError, AsyncClient
+from starlette.exceptions import HTTPException
+
+from metalmend import __version__
+from metalmend.kube import errors
+from metalmend.policy.teardown import TeardownSettings
+from metalmend.serve import decommission, etcd, promenade
+from metalmend.serve.auth import Gate
+from metalmend.serve.kubelet import KubeletShutdown
+from metalmend.serve.nodes import Drainer
+from metalmend.serve.params import RequestRejected
+from metalmend.serve.status import Message, StatusError, body, reason_for
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Services:
+    """What the endpoints use, built once per application."""
+
+    client: AsyncClient
+    gate: Gate
+    drainer: Drainer
+    kubelet: KubeletShutdown
+
+
+def response(code: int, reason: str, message: str, messages: list[Message]) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
+    return JSONResponse(body(code, reason, message, messages), status_code=code, headers=headers)
+
+
+def create_app(client: AsyncClient, teardown: TeardownSettings | None = None) -> FastAPI:
+    app = FastAPI(
+        title="metalmend",
+        version=__version__,
+        description="Airship's node-teardown API (Promenade) over this cluster:"
+        " see docs/teardown.md. Every answer is a UCP Status body.",
+    )
+    teardown = teardown or TeardownSettings()
+    app.state.services = Services(
+        client=client,
+        gate=Gate(client),
+        drainer=Drainer(client, teardown),
+        kubelet=KubeletShutdown(client, teardown),
+    )
+    app.include_router(promenade.router, prefix=promenade.PREFIX)
+    app.include_router(etcd.router, prefix=promenade.PREFIX)  # remove-etcd, etcd health
+    app.include_router(decommission.router, prefix=promenade.PREFIX)
+
+    @app.exception_handler(StatusError)
+    async def status_error(request: Request, error: StatusError) -> JSONResponse:
+        return response(error.code, error.reason, error.message, error.messages)
+
+    @app.exception_handler(RequestRejected)
+    async def rejected(request: Request, error: RequestRejected) -> JSONResponse:
+        return response(400, error.reason, error.message, [Message(error.message, True)])
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        lines = [
+            f"{'.'.join(str(p) for p in problem.get('loc', ()))}: {problem.get('msg', '')}"
+            for problem in error.errors()
+        ]
+        return response(
+            400, "BadRequest", "the request cannot be read", [Message(x, True) for x in lines]
+        )
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        if error.status_code == 404:
+            text = f"no such endpoint: {request.method} {request.url.path}"
+        elif error.status_code == 405:
+            text = f"{request.url.path} does not take {request.method}"
+        else:
+            text = str(error.detail)
+        return response(error.status_code, reason_for(error.status_code), text, [])
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        text = f"the API server answered {errors.code(error)} {error.status.message}"
+        log.warning("request failed: %s", text)
+        return response(500, "InternalError", text, [Message(text, True)])
+
+    @app.exception_handler(httpx2.HTTPError)
+    async def unreachable(request: Request, error: httpx2.HTTPError) -> JSONResponse:
+        text = f"cannot reach the API server: {error}"
+        return response(503, "ServiceUnavailable", text, [Message(text, True)])
+
+    @app.exception_handler(Exception)
+    async def failure(request: Request, error: Exception) -> JSONResponse:
+        # Logged with its traceback for the operator; the caller gets one line, no internals.
+        log.exception("request failed: %s %s", request.method, request.url.path)
+        text = f"metalmend serve failed: {type(error).__name__}"
+        return response(500, "InternalError", text, [Message(text, True)])
+
+    return app

@@ -1,0 +1,217 @@
+"""Promenade's etcd endpoints (Airship's node teardown spec, "Promenade Remove etcd Node"
+and "Promenade Check etcd"), under ``/promenade/api/v1.0``:
+
+- ``POST /nodes/{node_id}/remove-etcd?timeout=`` with the design reference as body: take
+  the Node's etcd members out of their clusters, only where the cluster keeps its quorum
+  and its threshold of healthy members (``metalmend.policy.etcd``); 500 RemoveEtcdError
+  when refused (nothing changed) or not done in time, 500 EtcdNotAccessible when a
+  cluster cannot be reached; 200 when removed, already gone, or the Node holds none.
+- ``GET /etcd-cluster-health-statuses?design_ref=``: Healthy or Unhealthy per cluster, as
+  HealthMessage entries; 400 MissingDesignRef without ``design_ref``; 404 NotFound when the
+  design declares no etcd cluster; 500 EtcdNotAccessible when an endpoint answers something
+  that is not etcd's health answer.
+
+Order of checks as for every step: the token (401), the permission (403), the request
+(400), the Node (404), then the step (docs/teardown.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import httpx2
+import yaml
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import Secret
+
+from metalmend.etcd import access, members
+from metalmend.etcd import design as designs
+from metalmend.kube import errors
+from metalmend.serve import auth, nodes, params
+from metalmend.serve.status import Message, StatusError, body
+
+router = APIRouter(tags=["promenade"])
+bearer = HTTPBearer(auto_error=False, description="A Kubernetes bearer token")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+MAX_BODY = 64 << 10  # bytes: a design reference is a few hundred
+HEALTH_KIND = "HealthMessage"
+
+
+@dataclass(frozen=True)
+class HealthMessage(Message):
+    """The spec's per-cluster health entry: the cluster's ``name``, and ``detail`` (what
+    the verdict was read from: members healthy, the site's threshold)."""
+
+    name: str = ""
+    detail: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {**super().to_wire(), "name": self.name, "detail": self.detail}
+
+
+def _answers(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
+    common = [(400, "BadRequest"), (401, "Unauthorized"), (403, "Forbidden")]
+    return {
+        code: {"description": f"Status body, reason {reason}", "content": {"application/json": {}}}
+        for code, reason in [*answers, *common]
+    }
+
+
+async def admit(
+    request: Request,
+    credentials: HTTPAuthorizationCredentials | None,
+    permission: auth.Permission,
+    name: str,
+) -> None:
+    gate: auth.Gate = request.app.state.services.gate
+    header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
+    await gate.authorize(await gate.caller(header), permission, name)
+
+
+async def read_body(request: Request) -> object:
+    """The design reference body: JSON, or the YAML flow mapping the spec writes it as."""
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > MAX_BODY:
+            raise params.RequestRejected(f"the body is larger than {MAX_BODY} bytes")
+    try:
+        return yaml.safe_load(data.decode("utf-8")) if data.strip() else None
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError):
+        raise params.RequestRejected("the body is not JSON (nor YAML)") from None
+
+
+async def load_design(
+    ref: params.DesignRef, unavailable_reason: str, missing_code: int = 400
+) -> designs.Design:
+    """The design, or the answer that says why not: fetching failed (500 with the step's
+    reason), no EtcdClusters document (``missing_code``), a bad document (400)."""
+    try:
+        return await designs.load(ref.url, source=ref.href)
+    except designs.DesignError as error:
+        if error.missing and missing_code == 404:
+            lines = [Message(error.message, True)]
+            raise StatusError(404, "NotFound", error.message, lines) from None
+        if error.unavailable:
+            raise StatusError(
+                500, unavailable_reason, error.message, [Message(error.message, True)]
+            ) from None
+        raise params.RequestRejected(error.message) from None
+
+
+def secret_reader(client: AsyncClient) -> access.SecretReader:
+    """Reads a cluster's credentials Secret as metalmend serve's own identity (grant it
+    ``get`` on that Secret: docs/teardown.md). Messages name the Secret, never a value."""
+
+    async def read(ref: designs.SecretRef) -> Mapping[str, bytes]:
+        where = f"credentials Secret {ref.namespace}/{ref.name}"
+        try:
+            secret = await client.get(Secret, ref.name, namespace=ref.namespace)
+        except ApiError as error:
+            raise access.CredentialsError(
+                f"{where}: the API server answered {errors.code(error)} {error.status.message}"
+            ) from None
+        except (httpx2.HTTPError, OSError) as error:
+            raise access.CredentialsError(
+                f"{where}: cannot reach the API server: {error}"
+            ) from None
+        try:
+            return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+        except (binascii.Error, ValueError):
+            raise access.CredentialsError(f"{where}: its data is not base64") from None
+
+    return read
+
+
+def _lines(outcomes: list[members.Outcome], wanted: set[members.Result]) -> list[Message]:
+    return [Message(line, o.result in wanted) for o in outcomes for line in o.lines]
+
+
+@router.post(
+    "/nodes/{node_id}/remove-etcd",
+    summary="Take the Node's etcd members out of their clusters",
+    description="Body: the design reference. Each member on the Node leaves its cluster only"
+    " if the cluster keeps quorum and its threshold of healthy members without it; a leader"
+    " hands over leadership first. Already gone: success.",
+    responses=_answers(
+        (200, "Success"), (404, "NotFound"), (500, "RemoveEtcdError"), (500, "EtcdNotAccessible")
+    ),
+)
+async def remove_etcd(
+    request: Request,
+    node_id: str,
+    credentials: Credentials,
+    timeout: Annotated[  # noqa: ASYNC109 (a query parameter, documented for OpenAPI)
+        str | None, Query(description="Whole seconds allowed for the removal (default 1800).")
+    ] = None,
+) -> JSONResponse:
+    del timeout  # documented above; read with its checks from the query
+    await admit(request, credentials, auth.REMOVE_ETCD, node_id)
+    name = params.node_name(node_id)
+    wanted = params.remove_etcd(request.query_params.multi_items(), await read_body(request))
+    await nodes.get_node(request.app.state.services.client, name)
+    design = await load_design(wanted.design_ref, "RemoveEtcdError")
+    secrets = secret_reader(request.app.state.services.client)
+    outcomes = await members.remove_member(design, name, timeout=wanted.timeout, secrets=secrets)
+    failed = {members.Result.REFUSED, members.Result.UNREACHABLE, members.Result.TIMED_OUT}
+    messages = _lines(outcomes, failed)
+    if any(o.result is members.Result.UNREACHABLE for o in outcomes):
+        raise StatusError(500, "EtcdNotAccessible", "etcd cannot be reached", messages)
+    if bad := [o for o in outcomes if not o.ok]:
+        what = "; ".join(f"cluster {o.cluster}: {o.result}" for o in bad)
+        raise StatusError(
+            500, "RemoveEtcdError", f"etcd member on {name} not removed: {what}", messages
+        )
+    summary = f"etcd members removed from Node {name}"
+    if not outcomes:
+        summary = f"Node {name} holds no etcd member of the design's clusters"
+        messages = [Message(summary, False)]
+    return JSONResponse(body(200, "Success", summary, messages))
+
+
+@router.get(
+    "/etcd-cluster-health-statuses",
+    summary="Health of each etcd cluster of the design",
+    description="Healthy when the members healthy now are a quorum and at least the site's"
+    " threshold (EtcdClusters' minimum functionality); one HealthMessage per cluster.",
+    responses=_answers(
+        (200, "Success"), (400, "MissingDesignRef"), (404, "NotFound"), (500, "EtcdNotAccessible")
+    ),
+)
+async def etcd_health(
+    request: Request,
+    credentials: Credentials,
+    design_ref: Annotated[
+        str | None, Query(description="The design reference that locates the etcd clusters.")
+    ] = None,
+) -> JSONResponse:
+    del design_ref  # documented above; read with its checks from the query
+    await admit(request, credentials, auth.ETCD_HEALTH, "")
+    ref = params.etcd_health(request.query_params.multi_items())
+    design = await load_design(ref, "EtcdNotAccessible", missing_code=404)
+    secrets = secret_reader(request.app.state.services.client)
+    report = await members.cluster_health(design, secrets=secrets)
+    messages: list[Message] = []
+    for cluster in report:
+        inaccessible = cluster.state is members.State.INACCESSIBLE
+        messages.append(
+            HealthMessage(
+                cluster.state.value, inaccessible, HEALTH_KIND, cluster.cluster, cluster.detail
+            )
+        )
+    if invalid := [line for c in report for line in c.invalid]:
+        messages += [Message(line, True) for line in invalid]
+        raise StatusError(
+            500, "EtcdNotAccessible", "an etcd endpoint gave an invalid health answer", messages
+        )
+    counts = {s: sum(1 for c in report if c.state is s) for s in members.State}
+    summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
+    return JSONResponse(body(200, "Success", f"etcd clusters: {summary}", messages))

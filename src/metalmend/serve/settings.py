@@ -1,0 +1,56 @@
+"""The settings of ``metalmend serve`` (section ``serve`` of ``metalmend.settings``)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Where and how ``metalmend serve`` listens."""
+
+    bind_address: str = "127.0.0.1"
+    """Address to listen on. Loopback by default: nothing is exposed until the operator
+    chooses to (in a Pod, its own address or 0.0.0.0, with TLS)."""
+
+    port: int = 8443
+    """TCP port to listen on."""
+
+    tls_cert: Path | None = None
+    """PEM certificate (chain) to serve HTTPS with; with ``tls_key``. Without both the
+    service speaks plain HTTP, which is allowed on a loopback address only: callers send
+    bearer tokens."""
+
+    tls_key: Path | None = None
+    """PEM private key of ``tls_cert``."""
+
+
+class ServeSettingsError(ValueError):
+    """Settings ``metalmend serve`` cannot start with; the message says which and why."""
+
+
+def check(settings: ServeSettings) -> None:
+    """Raise ServeSettingsError for combinations the settings loader cannot see alone."""
+    if settings.port > 65535:
+        raise ServeSettingsError(f"serve.port must be at most 65535, not {settings.port}")
+    if (settings.tls_cert is None) != (settings.tls_key is None):
+        raise ServeSettingsError("serve.tls_cert and serve.tls_key go together: give both")
+    for path in (settings.tls_cert, settings.tls_key):
+        if path is not None and not path.is_file():
+            raise ServeSettingsError(f"cannot read {path}: no such file")
+    if settings.tls_cert is None and not is_loopback(settings.bind_address):
+        raise ServeSettingsError(
+            f"serve.bind_address {settings.bind_address} is not a loopback address: give"
+            " serve.tls_cert and serve.tls_key (callers send bearer tokens)"
+        )
+
+
+def is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
