@@ -4,6 +4,7 @@ from benchmarks import (
     at_rest,
     controlplane_start,
     detection_latency,
+    drain,
     error_loops,
     etcd_removal,
     healthcheck_eval,
@@ -23,3 +24,4 @@ remediation_overhead.main()
 error_loops.main()
 at_rest.main()
 etcd_removal.main()
+drain.main()

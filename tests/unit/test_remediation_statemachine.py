@@ -38,6 +38,12 @@ Invariants:
    the object reaches ``waiting`` or goes away, unless a Warning ``NodeLabelsNotRestored``
    said they were not (counted), or the Machine is gone.
 4. Never two remediation reboot keys on one host.
+7. (docs/design.md, invariant 7) Teardown and remediation never act on one host at once: a
+   teardown (``metalmend serve``'s claim: ``policy.interlock.decide_claims`` on the host as
+   read, the claim written conditional on that version, as ``serve.interlock`` does) and
+   the remediations decide and write interleaved; no remediation key is added while a
+   teardown claim is on the host, no claim is written while a remediation key is, and no
+   Node is fenced while its host is claimed. An operator releases claims at random.
 9. (docs/design.md safety invariant 9) Every BMC command and power reading reached the
    system its host names, never another behind the same endpoint.
 
@@ -101,6 +107,7 @@ from metalmend.kube.controller import Result
 from metalmend.kube.store import Store, object_key
 from metalmend.kube.writes import merge_patch
 from metalmend.policy import hostpower as hostpower_policy
+from metalmend.policy import interlock
 from metalmend.policy import machineremediation as mr_policy
 from metalmend.policy import remediation as policy
 from metalmend.policy.fencing import is_remediation_key
@@ -123,6 +130,7 @@ WORKERS = (
 )
 # the remediations that can act on h1 (two Machines name it in the shared-host worlds)
 CONTENDERS = ("metal3-remediation/m1", "metal3-remediation/m3", "machine-remediation/h1")
+TEARDOWN_H1 = "teardown/h1"  # metalmend serve claiming h1 for a teardown of its Node
 LANDING_DELAYS = [0, 1, 3, 11, 40]  # seconds until the BMC obeys a power command
 BOOT_DELAYS = [0, 5, 30, 90]  # seconds from power-on until the kubelet runs
 SYSTEMS = {"h1": "A", "h2": "B"}  # the Redfish system of each host on its endpoint
@@ -609,11 +617,14 @@ class RemediationWorld(RuleBasedStateMachine):
         if live is None:
             raise api_error(404)
         if require_version and live.metadata.resourceVersion != seen.metadata.resourceVersion:
-            if store is self.hosts:
+            if store is self.hosts and interlock.TEARDOWN_ANNOTATION in needed:
+                note("a teardown claim was not written: the host changed since read")
+            elif store is self.hosts:
                 note("a reboot key was not added: the host changed since observed")
             raise api_error(409)
 
         if store is self.hosts:
+            self.check_interlock(live, needed)
             for k, v in needed.items():
                 if v is not None and is_remediation_key(k):
                     self.key_added_at[(seen.metadata.name, k)] = self.now
@@ -856,6 +867,8 @@ class RemediationWorld(RuleBasedStateMachine):
             return self.plan_host_power(name, delay, boot)
         if kind == "metal3-remediation":
             return self.plan_metal3(name)
+        if kind == "teardown":
+            return self.plan_teardown(name)
         return self.plan_annotation_flow(name)
 
     def advance(self, worker: str, count: int | None) -> None:
@@ -953,6 +966,33 @@ class RemediationWorld(RuleBasedStateMachine):
         """Every remediation that can act on h1 reads, then each writes, in some order."""
         self.concurrently(order, 0, 0)
 
+    @rule(order=st.permutations((*CONTENDERS, TEARDOWN_H1)))
+    def teardown_races_for_h1(self, order: list[str]) -> None:
+        """A teardown of h1's Node and every remediation that can act on h1 read, then each
+        writes, in some order (invariant 7)."""
+        self.concurrently(order, 0, 0)
+
+    @rule(
+        what=st.sampled_from(["reads", "writes", "claims", "operator releases"]),
+        h=st.sampled_from(HOSTS),
+    )
+    def node_teardown(self, what: str, h: str) -> None:
+        """metalmend serve claiming a host for a teardown of its Node (read and decided now,
+        written later or at once), or an operator releasing the claim."""
+        worker = f"teardown/{h}"
+        if what == "reads" and worker not in self.inflight:
+            self.inflight[worker] = self.plan_teardown(h)
+        elif what == "writes":
+            self.advance(worker, None)
+        elif what == "claims":
+            self.run_fully(worker, 0, 0)
+        else:
+            host = self.hosts.get(f"{NS}/{h}")
+            if host is not None:
+                self.patch_map(
+                    self.hosts, host, "annotations", {interlock.TEARDOWN_ANNOTATION: None}
+                )
+
     @rule(worker=st.sampled_from(WORKERS))
     def crash(self, worker: str) -> None:
         """The reconcile dies between two writes (or the process with it)."""
@@ -1036,6 +1076,10 @@ class RemediationWorld(RuleBasedStateMachine):
         """A Node is deleted or tainted out-of-service: invariant 1 for the flow doing it."""
         ctx = self.acting
         assert ctx is not None, "a Node fenced outside any reconcile"
+        seen = ctx.host if ctx.flow == "metal3-remediation" else ctx.obj
+        live = self.hosts.get(object_key(seen)) if seen is not None else None
+        if live is not None and interlock.TEARDOWN_ANNOTATION in live.metadata.annotations:
+            self.violate(f"invariant 7: {what} while a teardown claims {live.metadata.name}")
         if ctx.flow == "metal3-remediation":
             uid = ctx.obj.metadata.uid
             key = m3_controller.reboot_key(ctx.obj)
@@ -1074,6 +1118,61 @@ class RemediationWorld(RuleBasedStateMachine):
             note("metal3-remediation waits: host-power has not seen its key withdrawn")
         elif reason == names.REASON_WAITING_FOR_HOST:
             note("metal3-remediation waits: another remediation holds the host")
+
+    # ---- teardown: serve.interlock's claim, by policy.interlock's rule ----------------------
+
+    def plan_teardown(self, h: str) -> list[Step]:
+        """As ``serve.interlock.Interlock.claim``: the host read, then what could hold it
+        (the remediations of its Machines, their requests), ``decide_claims``, and the claim
+        written conditional on the host as read (a step of its own: anything may come
+        between)."""
+        host = self.hosts.get(f"{NS}/{h}")
+        if host is None:
+            return []
+        key = object_key(host)
+        mine = {m for m, named in MACHINES.items() if named == h}
+        remediations = tuple(
+            interlock.RemediationFacts(
+                object_key(rem), str((rem.get("status") or {}).get("phase") or "")
+            )
+            for rem in self.rems.values()
+            if rem.metadata.ownerReferences[0].name in mine
+            or (rem.get("status") or {}).get("host") == key
+        )
+        requests = tuple(
+            object_key(machine)
+            for m in sorted(mine)
+            if (machine := self.machines.get(f"{NS}/{m}")) is not None
+            and names.EXTERNAL_REMEDIATION in machine.metadata.annotations
+        )
+        facts = interlock.HostFacts(key, dict(host.metadata.annotations), remediations, requests)
+        node = self.nodes.get(node_of_host(h))
+        uid = node.metadata.uid if node is not None else ""
+        view = interlock.TeardownView(node_of_host(h), uid, "drain", "model", (facts,))
+        decision = interlock.decide_claims(view, self.now)
+        if decision.refused:
+            note("teardown refused: a remediation holds the host")
+            return []
+
+        def claim(value: str) -> None:
+            self.patch_map(self.hosts, host, "annotations",
+                           {interlock.TEARDOWN_ANNOTATION: value}, require_version=True)  # fmt: skip
+            note("teardown claimed a host")
+
+        return [functools.partial(claim, c.value) for c in decision.claims]
+
+    def check_interlock(self, live: Any, needed: Mapping[str, str | None]) -> None:
+        """Invariant 7 at a host write: a remediation key never added while a teardown
+        claim is on the host, a claim never written while a remediation key is."""
+        annotations = live.metadata.annotations
+        claimed = interlock.TEARDOWN_ANNOTATION in annotations
+        held = sorted(k for k in annotations if is_remediation_key(k))
+        name = live.metadata.name
+        for k, v in needed.items():
+            if v is not None and is_remediation_key(k) and claimed:
+                self.violate(f"invariant 7: {k} added to {name} while a teardown claims it")
+            if v is not None and k == interlock.TEARDOWN_ANNOTATION and held:
+                self.violate(f"invariant 7: {name} claimed for teardown while {held} holds it")
 
     # ---- annotation-based flow: controllers/machineremediation.py -------------------------------------------
 

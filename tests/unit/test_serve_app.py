@@ -134,6 +134,7 @@ async def test_the_openapi_document_names_the_mounted_endpoints_and_bearer_auth(
 ) -> None:
     document = (await http.get("/openapi.json")).json()
     assert set(document["paths"]) == {
+        "/promenade/api/v1.0/health",
         "/promenade/api/v1.0/nodes/{node_id}/drain",
         "/promenade/api/v1.0/nodes/{node_id}/clear-labels",
         "/promenade/api/v1.0/nodes/{node_id}/remove-from-cluster",

@@ -20,6 +20,11 @@ informer (for the template kind and its remediation kind, in the watched namespa
 first time a check names it. Where that informer cannot sync (RBAC grants only ``get``
 on that kind, say), the template is read by one GET and the remediation objects by one
 list, as before, so a check that worked keeps working.
+
+The check's Cluster (Cluster API's, named by ``spec.clusterName``) is read only where the
+API server serves that kind (controllers/clusters.py: discovery, then an informer); its
+readiness holds Machines off and starts their startup timeout, and a paused Cluster pauses
+the check, as Cluster API. Where the kind is not served, no Cluster is known.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from lightkube.resources.core_v1 import Node
 
 from metalmend.api import indexes, links, names
 from metalmend.api.resources import (
+    BareMetalHost,
     Machine,
     MachineHealthCheck,
     Metal3Remediation,
@@ -45,6 +51,13 @@ from metalmend.api.resources import (
 )
 from metalmend.api.selector import matches
 from metalmend.api.stamps import parse_stamp
+from metalmend.controllers.clusters import (
+    ClusterCache,
+    Readiness,
+    is_control_plane,
+    paused,
+    watched,
+)
 from metalmend.kube import errors
 from metalmend.kube.controller import DONE, Controller, Result, TerminalError
 from metalmend.kube.informer import Informer
@@ -53,6 +66,7 @@ from metalmend.kube.store import object_key, split_key
 from metalmend.kube.writer import KubeWriter, Writer
 from metalmend.log import fields
 from metalmend.policy import healthcheck as policy
+from metalmend.policy import interlock
 from metalmend.policy.decision import Event
 from metalmend.policy.healthcheck import (
     Check,
@@ -127,12 +141,17 @@ class HealthCheckController:
             Machine, namespace=ns, indexes=indexes.of(indexes.MACHINES_BY_NODE)
         )
         self.nodes = manager.informer(Node)
+        # the Machines' hosts: a teardown's claim holds remediation off (policy.interlock)
+        self.hosts = manager.informer(BareMetalHost, namespace=ns)
         self.remediations = manager.informer(Metal3Remediation, namespace=ns)
         self.templates = manager.informer(Metal3RemediationTemplate, namespace=ns)
         self.kinds = KindCaches(manager.client, ns)
         self.kinds.preset(METAL3_API, "Metal3Remediation", self.remediations)
         self.kinds.preset(METAL3_API, "Metal3RemediationTemplate", self.templates)
         manager.on_stop(self.kinds.stop)
+        # Cluster API's Clusters, only where the API server serves them (controllers.clusters)
+        self.clusters = ClusterCache(manager.client, ns)
+        manager.on_stop(self.clusters.stop)
         self.settings = settings.health_checks
         self.policy_settings = policy.Settings(template_retry=self.settings.template_retry)
 
@@ -153,11 +172,16 @@ class HealthCheckController:
         ]
 
     def observe(
-        self, check: Any, template: Any | None, existing: Mapping[str, str] | None
+        self,
+        check: Any,
+        template: Any | None,
+        existing: Mapping[str, str] | None,
+        cluster: Any | None = None,
     ) -> policy.View:
         """``template``: the remediation template found (None: not found or none named);
         ``existing``: remediation objects of the template's kind in the check's namespace,
-        name -> uid ("" while being deleted)."""
+        name -> uid ("" while being deleted); ``cluster``: the check's Cluster (None: not
+        served, or not there: no Cluster is known)."""
         spec = check.get("spec") or {}
         status = policy.CheckStatus.from_wire(check.get("status"))
         generation = check.metadata.generation
@@ -180,9 +204,13 @@ class HealthCheckController:
         if ref and template is None:
             missing = f"remediation template {ref.get('kind')}/{ref.get('name')} not found"
         now = self.clock.now()
+        readiness = None
+        if cluster is not None:
+            key = object_key(cluster)
+            readiness = Readiness.from_wire(key, cluster.get("status"), now)
         return policy.View(
             check=rules,
-            targets=tuple(self.target(m, existing, remediate_by, now) for m in machines),
+            targets=tuple(self.target(m, existing, remediate_by, now, readiness) for m in machines),
             remediate_by=remediate_by,
             template=template_of(ref, template) if ref else None,
             template_missing=missing,
@@ -205,6 +233,7 @@ class HealthCheckController:
         existing: Mapping[str, str] | None,
         remediate_by: RemediateBy,
         now: dt.datetime,
+        cluster: Readiness | None = None,
     ) -> Target:
         node_name = next(iter(links.node_of(machine)), None)
         node = self.nodes.store.get(node_name) if node_name else None
@@ -214,7 +243,24 @@ class HealthCheckController:
         else:
             remediating = existing is not None and name in existing
         uid = (existing or {}).get(name, "") if remediate_by == RemediateBy.TEMPLATE else ""
-        return target_of(machine, node, now, remediating, remediation_uid=uid)
+        held = self.teardown_hold(machine, node)
+        return target_of(
+            machine, node, now, remediating, remediation_uid=uid, teardown=held, cluster=cluster
+        )
+
+    def teardown_hold(self, machine: Any, node: Any | None) -> str:
+        """Why the Machine's host may not be remediated now: a teardown claims it ("" when
+        not; docs/design.md, invariant 7)."""
+        host = next((self.hosts.store.get(k) for k in links.host_of(machine)), None)
+        if host is None:
+            return ""
+        claim = interlock.teardown_claim(host.metadata.annotations or {})
+        if claim is None:
+            return ""
+        uid = node.metadata.uid if node is not None else None
+        name = node.metadata.name if node is not None else None
+        stale = interlock.claim_stale(claim, name, uid)
+        return interlock.hold_message(object_key(host), claim, stale)
 
     def overlapping(self, check: Any, machines: list[Any]) -> list[str]:
         mine = {object_key(m) for m in machines}
@@ -279,7 +325,13 @@ class HealthCheckController:
         ):
             template = await self.template(check)
             existing = await self.existing(check) if template is not None else None
-        view = self.observe(check, template, existing)
+        cluster_name = spec.get("clusterName")
+        cluster = None
+        if isinstance(cluster_name, str) and cluster_name:
+            cluster = await self.clusters.get(check.metadata.namespace, cluster_name)
+            if cluster is not None and paused(cluster):
+                return DONE  # as Cluster API; its unpausing wakes the check
+        view = self.observe(check, template, existing, cluster)
         decision = policy.decide(view, self.clock.now(), self.policy_settings)
         machines = {object_key(m): m for m in self.machines.store.values()}
         for action in decision.actions:
@@ -413,8 +465,11 @@ def target_of(
     now: dt.datetime,
     remediating: bool,
     remediation_uid: str = "",
+    teardown: str = "",
+    cluster: Readiness | None = None,
 ) -> Target:
-    """What policy.healthcheck reads of a Machine and its Node (None: not found)."""
+    """What policy.healthcheck reads of a Machine and its Node (None: not found), and of
+    its Cluster (None: no Cluster known)."""
     conditions: dict[str, NodeCondition] = {}
     for c in (node.status.conditions if node is not None and node.status else None) or []:
         since = c.lastTransitionTime or c.lastHeartbeatTime or now
@@ -441,7 +496,22 @@ def target_of(
         # tenant-writable: a value that is not a time reads as absent (policy says what a
         # time in the future means)
         remediation_ended_at=_time(annotations.get(names.REMEDIATION_ENDED_AT)),
+        teardown=teardown,
+        cluster_ready_at=cluster.ready_at if cluster is not None else None,
+        cluster_not_ready=(
+            cluster.not_ready(is_control_plane(machine)) if cluster is not None else ""
+        ),
     )
+
+
+def teardown_claim_changed(old: Any | None, new: Any | None) -> bool:
+    """A host event that can change a verdict's remediation: its teardown claim came,
+    went or changed (power status writes wake nothing)."""
+    claims = [
+        (obj.metadata.annotations or {}).get(interlock.TEARDOWN_ANNOTATION) if obj else None
+        for obj in (old, new)
+    ]
+    return claims[0] != claims[1]
 
 
 def setup(manager: Manager, settings: Settings) -> None:
@@ -470,9 +540,23 @@ def setup(manager: Manager, settings: Settings) -> None:
     runner.watch(controller.nodes, for_node)
     runner.watch(controller.remediations, for_namespace)
     runner.watch(controller.templates, for_namespace)
+    runner.watch(controller.hosts, for_namespace, predicate=teardown_claim_changed)
 
     def other_kind_changed(old: Any, new: Any) -> None:  # an informer started on demand
         for key in for_namespace(old, new):
             runner.queue.add(key)
 
     controller.kinds.on_change.append(other_kind_changed)
+
+    def cluster_changed(old: Any, new: Any) -> None:  # Clusters: only where served
+        if watched(old) == watched(new):
+            return
+        cluster = new if new is not None else old
+        for check in checks.store.values():
+            if (
+                check.metadata.namespace == cluster.metadata.namespace
+                and (check.get("spec") or {}).get("clusterName") == cluster.metadata.name
+            ):
+                runner.queue.add(object_key(check))
+
+    controller.clusters.on_change.append(cluster_changed)

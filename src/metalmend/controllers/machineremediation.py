@@ -30,6 +30,7 @@ from metalmend.kube.writer import KubeWriter, Writer
 from metalmend.log import fields
 from metalmend.policy import machineremediation as policy
 from metalmend.policy.fencing import host_power, other_remediation
+from metalmend.policy.interlock import teardown_claim
 from metalmend.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class MachineRemediationController:
             other_remediation=other_remediation(annotations, KEY),
             refused_claims=self._refused_claims(host_key),
             remediation_ended=names.REMEDIATION_ENDED_AT in asked,
+            teardown=teardown_claim(annotations),
         )
 
     def _refused_claims(self, host_key: str) -> tuple[policy.RefusedClaim, ...]:

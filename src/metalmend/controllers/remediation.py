@@ -27,6 +27,7 @@ from metalmend.kube.writer import KubeWriter, Writer
 from metalmend.log import fields
 from metalmend.policy import remediation as policy
 from metalmend.policy.fencing import host_power, other_remediation
+from metalmend.policy.interlock import teardown_claim
 from metalmend.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -251,6 +252,7 @@ def host_view(host: Any, key: str) -> policy.HostView:
         power=host_power(status, annotations, key),
         other_remediation=other_remediation(annotations, key),
         bmc_error=str(error or ""),
+        teardown=teardown_claim(annotations),
     )
 
 

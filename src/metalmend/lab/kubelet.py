@@ -10,19 +10,29 @@ real server: once its pod lands on this Node (the lab's controller-manager runs 
 DaemonSet controller and its scheduler binds the pod), the kubelet starts the pod, then
 stops and stays stopped ("disabled": across power cycles too, until the hardware process
 is restarted), so its Lease is no longer renewed.
+
+A pod being deleted stops as on a real server (the kubelet's graceful termination): its
+pretend containers get SIGTERM and exit after the seconds its annotation
+``lab.metalmend.dev/slow-stop-seconds`` asks (at once without it), or are killed when its
+deletion grace period runs out, whichever comes first; meanwhile the pod stays Running, not
+Ready. Then its status shows the containers terminated and the pod is removed (grace 0,
+uid precondition). Every stopping pod waits in a task of its own, so a Node's 300 pods stop
+together, not one after another.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import enum
+import functools
 import hashlib
 import itertools
 import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,10 +54,22 @@ log = logging.getLogger("metalmend.lab.kubelet")
 HEARTBEAT = 1.0  # seconds between Lease renewals (a real kubelet: 10 s, for a 40 s grace)
 STATUS_EVERY = 5.0  # seconds between Node status posts while healthy
 
-# What every lab Node offers the scheduler.
-NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+# What every lab Node offers the scheduler. Room for 500 pods (a kubelet's --max-pods;
+# 110 by default): benchmarks/drain.py puts 300 on one Node.
+NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "500", "ephemeral-storage": "100Gi"}
 _POD_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
 _pod_ips = itertools.count()  # unique in the hardware process, so across the lab's hosts
+
+# How long a pod's pretend containers take to exit after SIGTERM, in seconds (a decimal
+# number; absent: they exit at once, as most programs do). Never longer than the pod's
+# deletion grace period: then they are killed. A lab-only annotation: makes drains take
+# realistic time (README, "The lab").
+SLOW_STOP_ANNOTATION = "lab.metalmend.dev/slow-stop-seconds"
+# Beyond this the annotation is taken for a mistake, not a workload: read as the default.
+SLOW_STOP_LIMIT = 3600.0
+# API writes of stopping pods at once, per kubelet: 300 pods stop together without
+# opening 300 connections to the API server.
+STOP_WRITES = 16
 
 
 def _next_pod_ip() -> str:
@@ -61,6 +83,78 @@ def _iso(value: Any) -> str:
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat()
+
+
+def slow_stop_seconds(annotations: Mapping[str, Any] | None) -> float:
+    """Seconds the pod's containers take to exit after SIGTERM, from its
+    ``SLOW_STOP_ANNOTATION``; 0 without it or when it is not a number from 0 to
+    ``SLOW_STOP_LIMIT`` (the lab must not crash, nor hold a pod for ever, on a typo)."""
+    raw = (annotations or {}).get(SLOW_STOP_ANNOTATION)
+    if raw is None:
+        return 0.0
+    try:
+        seconds = float(str(raw))
+    except ValueError:
+        return 0.0
+    return seconds if 0.0 <= seconds <= SLOW_STOP_LIMIT else 0.0  # NaN fails both
+
+
+class Ending(enum.StrEnum):
+    """How a stopping pod's containers end."""
+
+    EXITED = "exited"  # on SIGTERM, within the grace period
+    KILLED = "killed"  # still running when the grace period ran out: SIGKILL
+    LOST = "lost"  # they died with the power (the pod ran in an earlier boot)
+
+
+# (exit code, reason) a container's terminated state shows for each ending.
+_TERMINATED = {
+    Ending.EXITED: (0, "Completed"),
+    Ending.KILLED: (137, "Error"),
+    Ending.LOST: (255, "Unknown"),
+}
+
+
+@dataclass(frozen=True)
+class Stop:
+    """When a deleted pod's containers are gone, and how they end."""
+
+    at: dt.datetime
+    ending: Ending
+
+
+def plan_stop(meta: Mapping[str, Any], now: dt.datetime, *, lost_with_power: bool = False) -> Stop:
+    """When the containers of the pod being deleted (``meta``: its metadata) stop, seen by
+    this kubelet at ``now``.
+
+    Counted from when its deletion began, which the pod itself says (deletionTimestamp
+    minus deletionGracePeriodSeconds), so that a kubelet restarted in the middle of a pod's
+    termination stops it when it would have stopped anyway. The API server keeps whole
+    seconds: the deletion began within the second after that. SIGTERM is sent when this
+    kubelet sees the deletion within that second (as a real kubelet sends it on sight),
+    else at its end: a stop is never early, and at most 1 s late."""
+    if lost_with_power:
+        return Stop(now, Ending.LOST)
+    grace = meta.get("deletionGracePeriodSeconds")
+    # Clamped: the API server accepts any int64, a timedelta does not.
+    grace = min(max(grace, 0), 10**9) if isinstance(grace, int) else 0
+    stamp = _timestamp(meta.get("deletionTimestamp"))
+    began = now if stamp is None else stamp - dt.timedelta(seconds=grace)
+    sigterm = max(began, min(now, began + dt.timedelta(seconds=1)))
+    takes = slow_stop_seconds(meta.get("annotations"))
+    if takes <= grace:
+        return Stop(sigterm + dt.timedelta(seconds=takes), Ending.EXITED)
+    return Stop(sigterm + dt.timedelta(seconds=grace), Ending.KILLED)
+
+
+def _timestamp(value: Any) -> dt.datetime | None:
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    try:
+        parsed = dt.datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
 @dataclass
@@ -79,8 +173,11 @@ class KubeletSim:
     started in this boot is started (a new boot restarts every container, restartCount + 1);
     a started pod whose reported status someone else changed (the node-lifecycle controller
     marks pods not Ready when the Node goes Unknown) gets its status again, as the status
-    manager's reconcile does; a pod being deleted is removed (grace 0, uid precondition),
-    as the kubelet does once its containers stopped. While off, booting or hung: nothing."""
+    manager's reconcile does; a pod being deleted is stopped by a task of its own
+    (``plan_stop``: SIGTERM, then exit or SIGKILL), which reports its containers terminated
+    and removes it (grace 0, uid precondition), as the kubelet does once its containers
+    stopped. While off, booting, hung or disabled: nothing, and stops under way are
+    abandoned (nothing runs on the host to finish them; the next boot does)."""
 
     def __init__(self, spec: HostSpec, powered: Callable[[], Awaitable[int | None]]) -> None:
         self.spec = spec
@@ -93,6 +190,10 @@ class KubeletSim:
         self._registered = False
         self._last_status = 0.0
         self._pods: dict[str, _RunningPod] = {}  # by pod uid
+        self._stopping: dict[str, asyncio.Task[None]] = {}  # by pod uid
+        # Removed by this kubelet, maybe still in a list begun before: not stopped twice.
+        self._removed: set[str] = set()
+        self._writes = asyncio.Semaphore(STOP_WRITES)
         self._client = AsyncClient(KubeConfig.from_file(spec.kubeconfig))
 
     @property
@@ -103,17 +204,21 @@ class KubeletSim:
         return sum(1 for pod in self._pods.values() if pod.boot == self.boot)
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.beat()
-            except (ApiError, httpx.HTTPError, httpx2.HTTPError, OSError) as error:
-                log.warning("kubelet %s: %s", self.spec.name, error)
-            await asyncio.sleep(HEARTBEAT)
+        try:
+            while True:
+                try:
+                    await self.beat()
+                except (ApiError, httpx.HTTPError, httpx2.HTTPError, OSError) as error:
+                    log.warning("kubelet %s: %s", self.spec.name, error)
+                await asyncio.sleep(HEARTBEAT)
+        finally:
+            self._abandon_stops()
 
     async def beat(self) -> None:
         boot = await self.powered()
         if boot is None:
             self.state, self.boot = "off", None
+            self._abandon_stops()
             return
         now = time.monotonic()
         if boot != self.boot:  # a new boot: whatever hung the old kernel is gone
@@ -122,12 +227,15 @@ class KubeletSim:
         assert self._booted_at is not None
         if now - self._booted_at < self.spec.boot_delay:
             self.state = "booting"
+            self._abandon_stops()
             return
         if self.hung:
             self.state = "hung"
+            self._abandon_stops()
             return
         if self.disabled:
             self.state = "disabled"
+            self._abandon_stops()
             return
         if self.state == "hung":
             self._last_status = 0.0  # back from a hang: report Ready at once
@@ -236,6 +344,17 @@ class KubeletSim:
         )
         await self._client.replace(lease)
 
+    def _abandon_stops(self) -> None:
+        """The host stopped running things (off, hung, disabled): so do its pods' stops."""
+        for task in self._stopping.values():
+            task.cancel()
+        self._stopping.clear()
+
+    def _stopped(self, uid: str, task: asyncio.Task[None]) -> None:
+        # Done: the pod is gone, or a write failed and the next sync starts it again.
+        if self._stopping.get(uid) is task:
+            del self._stopping[uid]
+
     async def _post_status(self) -> None:
         await self._client.patch(Node.Status, self.spec.name, {"status": self._node_status()})
 
@@ -257,17 +376,23 @@ class KubeletSim:
                 )  # fmt: skip
         for uid in set(self._pods) - seen:
             del self._pods[uid]
+        for uid in set(self._stopping) - seen:  # removed by someone else (force-deleted)
+            self._stopping.pop(uid).cancel()
+        self._removed &= seen
 
     async def _sync_pod(self, pod: dict[str, Any], boot: int) -> None:
         meta, status = pod["metadata"], pod.get("status") or {}
         uid = meta["uid"]
         if meta.get("deletionTimestamp"):
-            # Its containers stop at once: the kubelet's status manager then deletes it
-            # for good, only if it still is this pod.
-            await delete_exact(
-                self._client, Pod, meta["name"], uid, namespace=meta["namespace"], grace_period=0
-            )
-            self._pods.pop(uid, None)
+            if uid not in self._stopping and uid not in self._removed:
+                running = self._pods.get(uid)
+                # The power cut killed them if they ran in an earlier boot: a real kubelet
+                # finds nothing to stop.
+                lost = running is not None and running.boot != boot
+                stop = plan_stop(meta, dt.datetime.now(dt.UTC), lost_with_power=lost)
+                task = asyncio.create_task(self._stop_pod(pod, stop))
+                self._stopping[uid] = task
+                task.add_done_callback(functools.partial(self._stopped, uid))
             return
         if status.get("phase") in ("Succeeded", "Failed"):
             return
@@ -288,6 +413,47 @@ class KubeletSim:
             log.info("kubelet %s: disabled and stopped by %s", self.spec.name, meta["name"])
             self.disabled = True
 
+    async def _stop_pod(self, pod: dict[str, Any], stop: Stop) -> None:
+        """SIGTERM now: not Ready while the containers stop; at ``stop.at`` they are gone,
+        which the pod's status shows, and the pod is removed if it still is this one."""
+        meta, status = pod["metadata"], pod.get("status") or {}
+        uid, name, namespace = meta["uid"], meta["name"], meta["namespace"]
+        terminal = status.get("phase") in ("Succeeded", "Failed")  # nothing left to stop
+        try:
+            wait = 0.0 if terminal else (stop.at - dt.datetime.now(dt.UTC)).total_seconds()
+            if wait > 0:
+                if not _stopping_reported(status):
+                    await self._write_status(name, namespace, uid, _stopping_status(status))
+                log.info(
+                    "kubelet %s: pod %s/%s stops in %.1f s (%s)",
+                    self.spec.name, namespace, name, wait, stop.ending,
+                )  # fmt: skip
+                await asyncio.sleep(wait)
+            if not terminal:
+                await self._write_status(name, namespace, uid, _stopped_status(pod, stop))
+            async with self._writes:
+                await delete_exact(
+                    self._client, Pod, name, uid, namespace=namespace, grace_period=0
+                )
+        except (ApiError, httpx.HTTPError, httpx2.HTTPError, OSError) as error:
+            if isinstance(error, ApiError) and errors.is_not_found(error):
+                return  # gone already (force-deleted): nothing to do
+            log.warning(
+                "kubelet %s: stopping pod %s/%s: %s", self.spec.name, namespace, name, error
+            )
+            return
+        self._pods.pop(uid, None)
+        self._removed.add(uid)
+
+    async def _write_status(
+        self, name: str, namespace: str, uid: str, status: dict[str, Any]
+    ) -> None:
+        async with self._writes:
+            await self._client.patch(
+                Pod.Status, name, {"metadata": {"uid": uid}, "status": status},
+                namespace=namespace,
+            )  # fmt: skip
+
 
 def _reported(status: dict[str, Any], running: _RunningPod) -> bool:
     """The server shows the pod as this kubelet runs it: Running, Ready, our containers."""
@@ -298,6 +464,66 @@ def _reported(status: dict[str, Any], running: _RunningPod) -> bool:
         and all(conditions.get(kind) == "True" for kind in _POD_CONDITIONS)
         and ids == running.container_ids
     )
+
+
+def _not_ready(kind: str, names: list[str], reason: str, now: str) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": "False",
+        "reason": reason,
+        "message": f"containers with unready status: [{' '.join(names)}]",
+        "lastTransitionTime": now,
+    }
+
+
+def _stopping_reported(status: dict[str, Any]) -> bool:
+    """The server already shows the pod Running and not Ready (a restarted kubelet, or
+    one back from a hang, does not post it again)."""
+    conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+    return status.get("phase") == "Running" and conditions.get("Ready") == "False"
+
+
+def _stopping_status(status: dict[str, Any]) -> dict[str, Any]:
+    """A terminating pod's status: still Running (its containers are), no longer Ready."""
+    now = _now()
+    containers = [{**c, "ready": False} for c in _jsonable(status.get("containerStatuses") or [])]
+    names = [c["name"] for c in containers]
+    return {
+        "phase": status.get("phase") or "Pending",
+        "conditions": [
+            _not_ready(kind, names, "ContainersNotReady", now)
+            for kind in ("ContainersReady", "Ready")
+        ],
+        "containerStatuses": containers,
+    }
+
+
+def _stopped_status(pod: dict[str, Any], stop: Stop) -> dict[str, Any]:
+    """The pod's last status: every container terminated, the pod in a terminal phase
+    (Succeeded when all exited 0, else Failed), as a kubelet reports it before the pod is
+    removed (Kubernetes >= 1.27, "Pod Lifecycle")."""
+    now = _now()
+    code, reason = _TERMINATED[stop.ending]
+    status = pod.get("status") or {}
+    containers = []
+    for before in _jsonable(status.get("containerStatuses") or []):
+        running = (before.get("state") or {}).get("running") or {}
+        terminated: dict[str, Any] = {"exitCode": code, "reason": reason, "finishedAt": now}
+        if before.get("containerID"):
+            terminated["containerID"] = before["containerID"]
+        if running.get("startedAt"):
+            terminated["startedAt"] = running["startedAt"]
+        containers.append(
+            {**before, "ready": False, "started": False, "state": {"terminated": terminated}}
+        )
+    names = [c["name"] for c in containers]
+    return {
+        "phase": "Succeeded" if code == 0 else "Failed",
+        "conditions": [
+            _not_ready(kind, names, "PodCompleted", now) for kind in ("ContainersReady", "Ready")
+        ],
+        "containerStatuses": containers,
+    }
 
 
 def _running_status(pod: dict[str, Any], running: _RunningPod) -> dict[str, Any]:

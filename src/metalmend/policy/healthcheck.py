@@ -27,18 +27,22 @@ tests/unit/test_policy_healthcheck.py):
    again as soon as it is read on, before its kubelet can register: a loop that never
    lets the server boot. A stamp that does not parse, or lies in the future (beyond
    ``CLOCK_SKEW``), is read as absent: a tenant can only make its own Machine wait;
-4. without nodeRef, the Machine is unhealthy once ``nodeStartupTimeout`` (default 10m;
+4. where its Cluster is known (Cluster API's Cluster kind is served and the check's
+   Cluster exists; controllers/clusters.py), a Machine is not judged further while that
+   Cluster's InfrastructureReady is not True, nor, unless it is a control-plane Machine,
+   while its ControlPlaneInitialized is not True: it is *waiting* (WaitingForCluster), as
+   Cluster API does not judge it either;
+5. without nodeRef, the Machine is unhealthy once ``nodeStartupTimeout`` (default 10m;
    0 disables) has passed since the latest of: its creation, its own
    InfrastructureReady, its Cluster's InfrastructureReady and ControlPlaneInitialized
    where a Cluster is known (each when True; a BareMetalHost may take longer to provision
-   than the timeout; docs/healthcheck.md says why no Cluster is read yet), and the end of
-   its last remediation by annotation (rule 3);
-5. a Node condition matching an ``unhealthyConditions`` entry (type and status) for at
+   than the timeout), and the end of its last remediation by annotation (rule 3);
+6. a Node condition matching an ``unhealthyConditions`` entry (type and status) for at
    least its timeout makes it unhealthy (UnhealthyNode); before that it is *waiting*, with
    the expiry as a deadline. A timeout of 0 is unhealthy as soon as seen (as Cluster API,
    whose v1beta2 ``timeoutSeconds`` has minimum 0); one whose deadline falls beyond the
    calendar (year 9999) never expires;
-6. otherwise healthy, except that a Machine being deleted is never healthy (it waits).
+7. otherwise healthy, except that a Machine being deleted is never healthy (it waits).
 
 Counting, as Cluster API (``healthCheckTargets`` in ``machinehealthcheck_targets.go``:
 targets are healthy, unhealthy, or neither, and unhealthy = expected - currentHealthy):
@@ -83,6 +87,11 @@ from typing import Any
 from metalmend.api import names
 from metalmend.api.stamps import stamp
 from metalmend.policy.decision import Decision, Event, EventType
+from metalmend.policy.interlock import (
+    CONDITION_HOST_AVAILABLE,
+    REASON_BEING_TORN_DOWN,
+    REASON_REMEDIATION_HELD,
+)
 
 DEFAULT_NODE_STARTUP_TIMEOUT = 600.0
 # ASCII digits only: ``\d`` also matches other scripts' digits, some of which int() refuses.
@@ -108,6 +117,8 @@ REASON_UNHEALTHY_NODE = "UnhealthyNode"
 REASON_WAITING_FOR_REMEDIATION = "WaitingForRemediation"
 # metalmend's: a Node missing since machine-remediation power-cycled its server (rule 3).
 REASON_WAITING_FOR_NODE_AFTER_REMEDIATION = "WaitingForNodeAfterRemediation"
+# metalmend's: not judged while its Cluster is not ready (Cluster API only logs this).
+REASON_WAITING_FOR_CLUSTER = "WaitingForCluster"
 EVENT_MACHINE_MARKED_UNHEALTHY = "MachineMarkedUnhealthy"
 EVENT_DETECTED_UNHEALTHY = "DetectedUnhealthy"
 EVENT_REMEDIATION_RESTRICTED = "RemediationRestricted"
@@ -163,12 +174,18 @@ class Target:
     deleting: bool = False  # metadata.deletionTimestamp is set
     infrastructure_ready_at: dt.datetime | None = None  # Machine InfrastructureReady=True
     cluster_ready_at: dt.datetime | None = None  # latest of the Cluster's ready conditions
+    # why its Cluster is not ready for its Machines to be judged ("" when it is, or when
+    # no Cluster is known): controllers.clusters.Readiness.not_ready
+    cluster_not_ready: str = ""
     uid: str = ""
     machine_conditions: tuple[Mapping[str, Any], ...] = ()  # the Machine's status.conditions
     remediation_uid: str = ""  # the external remediation object's uid (template)
     # names.REMEDIATION_ENDED_AT as read (None: absent or not a time): when
     # machine-remediation last ended a remediation of this Machine
     remediation_ended_at: dt.datetime | None = None
+    # why the Machine's host may not be remediated now: a teardown claims it
+    # (policy.interlock.hold_message; "" when not claimed)
+    teardown: str = ""
 
 
 class Health(StrEnum):
@@ -212,7 +229,12 @@ def evaluate(check: Check, targets: Sequence[Target], now: dt.datetime) -> Evalu
         kind = verdicts[target.machine].kind
         # A Machine being deleted is going away anyway: remediating it would only fight
         # its deletion (and Cluster API never marks it OwnerRemediated).
-        if kind == Health.UNHEALTHY and allowed and not target.remediating and not target.deleting:
+        # A host claimed by a teardown (docs/design.md, invariant 7): its Node going
+        # NotReady or away is expected; the Machine is reported, not remediated.
+        if (
+            kind == Health.UNHEALTHY and allowed and not target.remediating
+            and not target.deleting and not target.teardown
+        ):  # fmt: skip
             result.remediate.append(target.machine)
         elif kind == Health.HEALTHY and target.remediating:
             result.withdraw.append(target.machine)
@@ -229,14 +251,19 @@ def verdict(check: Check, target: Target, now: dt.datetime) -> Verdict:
 
 
 def _machine_verdict(check: Check, target: Target, now: dt.datetime) -> Verdict:
+    booting = _booting_after_remediation(check, target, now)
+    if booting is not None:
+        return booting
     if target.remediation_requested:
         message = f"marked for remediation via the {names.REMEDIATE_MACHINE} annotation"
         return Verdict(Health.UNHEALTHY, REASON_REMEDIATE_ANNOTATION, message)
     if target.failure:
         return Verdict(Health.UNHEALTHY, REASON_MACHINE_HAS_FAILURE, target.failure)
+    if target.node_ref is not None and not target.node_exists:
+        return _node_missing(check, target, now)
+    if target.cluster_not_ready:  # as Cluster API: not judged until its Cluster is ready
+        return Verdict(Health.WAITING, REASON_WAITING_FOR_CLUSTER, target.cluster_not_ready)
     if target.node_ref is not None:
-        if not target.node_exists:
-            return _node_missing(check, target, now)
         return _conditions(check, target, now)
     return _startup(check, target, now)
 
@@ -249,6 +276,21 @@ def remediation_ended(target: Target, now: dt.datetime) -> dt.datetime | None:
     if ended is None or ended > now + CLOCK_SKEW:
         return None
     return ended
+
+
+def _booting_after_remediation(check: Check, target: Target, now: dt.datetime) -> Verdict | None:
+    """A server power-cycled by a remediation by annotation that ended less than
+    nodeStartupTimeout ago, whose Node is not back: it is booting, whatever else would make
+    it unhealthy (a manual request, a failureReason). Asking again now would power it off
+    before it can register its Node, and again after each power-on: a loop that never lets
+    it boot. Once the window passes, or the Node is back, the other rules apply."""
+    node_missing = target.node_ref is None or not target.node_exists
+    if not node_missing or remediation_ended(target, now) is None:
+        return None
+    if not (target.remediation_requested or target.failure):
+        return None  # rule 3 and the startup rule wait for it themselves
+    found = _node_missing(check, target, now) if target.node_ref else _startup(check, target, now)
+    return found if found.kind == Health.WAITING else None
 
 
 def _node_missing(check: Check, target: Target, now: dt.datetime) -> Verdict:
@@ -689,10 +731,15 @@ def _target(
         view.remediate_by == RemediateBy.CONDITIONS and target.remediating
     ):
         wanted[names.CONDITION_HEALTH_CHECK_SUCCEEDED] = ("True", "", "")
+    newly_held = _teardown_condition(target, wanted) and found.kind == Health.UNHEALTHY
     if wanted:
         conditions = merge_conditions(target.machine_conditions, wanted, now)
         if conditions != tuple(dict(c) for c in target.machine_conditions):
             decision.do(SetMachineConditions(target.machine, conditions))
+    if newly_held:
+        message = f"{found.reason}: {found.message}; not remediated: {target.teardown}"
+        decision.do(MachineEvent(target.machine, EventType.WARNING,
+                                 REASON_REMEDIATION_HELD, message))  # fmt: skip
     if remediate:
         _request(view, target, found, decision)
     elif target.machine in evaluation.withdraw:
@@ -701,6 +748,22 @@ def _target(
         message = f"Machine {target.machine} has unhealthy Node {target.node_ref or ''}"
         decision.do(_machine_event(target, EVENT_DETECTED_UNHEALTHY, message))
     return decision
+
+
+def _teardown_condition(target: Target, wanted: dict[str, tuple[str, str, str]]) -> bool:
+    """HostAvailableForRemediation=False while a teardown claims the Machine's host (the
+    reason the Machine is not remediated, whatever its health); back to True once the
+    claim is gone, on a Machine that had it (no condition on Machines never claimed).
+    True when the Machine is newly reported unremediated for it (newly held, or newly
+    unhealthy while held): the moment for one Warning."""
+    current = condition_of(target.machine_conditions, CONDITION_HOST_AVAILABLE)
+    if not target.teardown:
+        if current and current.get("status") != "True":
+            wanted[CONDITION_HOST_AVAILABLE] = ("True", "", "")
+        return False
+    wanted[CONDITION_HOST_AVAILABLE] = ("False", REASON_BEING_TORN_DOWN, target.teardown)
+    checked = condition_of(target.machine_conditions, names.CONDITION_HEALTH_CHECK_SUCCEEDED)
+    return current.get("status") != "False" or checked.get("status") != "False"
 
 
 def _machine_event(target: Target, reason: str, message: str) -> MachineEvent:

@@ -35,7 +35,8 @@ deleted.
 | 0 | 0 | 0 | 0 | nothing (the row the design omits)                          |
 
 Around the table, metalmend's own safety rules (docs/remediation.md): the reboot key is
-added only when no other remediation holds the host and host-power has seen an earlier
+added only when no other remediation holds the host, no teardown claims it
+(policy.interlock, docs/design.md invariant 7) and host-power has seen an earlier
 withdrawal of it; a Node the tenancy rules refuse is never fenced, and a host held off for
 it is released.
 
@@ -60,6 +61,13 @@ from metalmend.api.links import REASON_NODE_OF_ANOTHER_HOST
 from metalmend.policy.decision import Decision
 from metalmend.policy.decision import Event as Event  # one of this policy's actions
 from metalmend.policy.fencing import HostPower, reported_off, withdrawal_unseen
+from metalmend.policy.interlock import (
+    REASON_HELD_BY_TEARDOWN,
+    REASON_STALE_CLAIM,
+    Claim,
+    claim_stale,
+    hold_message,
+)
 from metalmend.policy.tenancy import SetLinkCondition as SetLinkCondition  # an action here too
 
 KEY = names.MACHINE_REMEDIATION_REBOOT
@@ -148,6 +156,8 @@ class View:
     refused_claims: tuple[RefusedClaim, ...] = ()
     # that Machine carries names.REMEDIATION_ENDED_AT (any value: it is only ever removed)
     remediation_ended: bool = False
+    # a teardown's claim on the host (policy.interlock): the reboot key is not added
+    teardown: Claim | None = None
 
 
 # ---- actions, carried out in order by controllers.machineremediation -----------------------
@@ -237,6 +247,8 @@ def _carry_out(step: Step, view: View, now: dt.datetime) -> Decision[Action]:
         return decision.do(ReleasePower()) if view.power.holds_key else decision
     match step:
         case Step.ADD_REBOOT_ANNOTATION:
+            if view.teardown is not None:  # docs/design.md, invariant 7
+                return _held_by_teardown(decision, view, view.teardown)
             if view.other_remediation:
                 return _tell(decision, f"host {view.host} is being remediated by"
                                        f" {view.other_remediation}; waiting")  # fmt: skip
@@ -256,6 +268,16 @@ def _carry_out(step: Step, view: View, now: dt.datetime) -> Decision[Action]:
             decision.do(ReleasePower())
             return _tell(decision, f"powering host {view.host} back on")
     return decision
+
+
+def _held_by_teardown(decision: Decision[Action], view: View, claim: Claim) -> Decision[Action]:
+    """A teardown claims the host: the power-off is not asked for; the claim's removal (a
+    host change) wakes us. Only adding the key waits: with our key held (we took the host
+    first) the rows carry on, so a host is never left off."""
+    node = view.node
+    stale = claim_stale(claim, node.name if node else None, node.uid if node else None)
+    reason = REASON_STALE_CLAIM if stale else REASON_HELD_BY_TEARDOWN
+    return decision.note(reason, hold_message(view.host, claim, stale), warning=stale)
 
 
 def _tell(decision: Decision[Action], message: str) -> Decision[Action]:

@@ -33,6 +33,11 @@ Deletion of the object at any moment (the health check deletes it once the Node 
 removes our reboot key (the host is never left off), removes our taint, and restores the
 backed-up labels and annotations once the Node is back (waiting for it at most
 powerOnTimeoutSeconds); then the finalizer goes.
+
+While a teardown claims the host (``metalmend.dev/teardown``: policy.interlock,
+docs/design.md invariant 7), nothing but that clean-up happens: no attempt starts or
+fails, no key is added, the Machine is not deleted; ``status.message`` says why. An
+attempt that already holds its key finishes first.
 """
 
 from __future__ import annotations
@@ -49,6 +54,13 @@ from metalmend.api.stamps import parse_stamp, stamp
 from metalmend.policy.decision import Decision as _Decision
 from metalmend.policy.decision import Event as Event  # one of this policy's actions
 from metalmend.policy.fencing import HostPower, reported_off, withdrawal_unseen
+from metalmend.policy.interlock import (
+    REASON_HELD_BY_TEARDOWN,
+    REASON_STALE_CLAIM,
+    Claim,
+    claim_stale,
+    hold_message,
+)
 
 
 class Phase(StrEnum):
@@ -223,6 +235,9 @@ class HostView:
     power: HostPower  # holds_key: our key
     other_remediation: str | None  # reboot key of another remediation on this host
     bmc_error: str  # the host's BMC error message, "" when none
+    # A teardown's claim on the host (policy.interlock): no attempt starts, and none goes
+    # on without our key, while it is there.
+    teardown: Claim | None = None
 
 
 @dataclass(frozen=True)
@@ -377,8 +392,27 @@ def decide(observed: Observed, now: dt.datetime, settings: Settings = Settings()
     if not observed.machine_found or observed.host is None:
         problem = observed.host_problem or "the Machine does not exist"
         return _fail_to_start(observed, problem)
+    if observed.host.teardown is not None and not observed.host.power.holds_key:
+        return _held_by_teardown(observed, observed.host, observed.host.teardown)
     handler = _HANDLERS.get(progress.phase, _start) if progress.phase else _start
     return handler(observed, observed.host, now, settings)
+
+
+def _held_by_teardown(observed: Observed, host: HostView, claim: Claim) -> Decision:
+    """A teardown claims the host (docs/design.md, invariant 7): nothing is started, no
+    key added, no deadline runs (an attempt does not fail, nor escalate to deleting the
+    Machine, while it waits); the claim's removal, a host change, wakes us. Holding our
+    key, we carry on instead: we took the host first, and stopping now would leave it off."""
+    node = observed.node
+    stale = claim_stale(claim, node.name if node else None, node.uid if node else None)
+    message = hold_message(host.key, claim, stale)
+    progress = observed.progress
+    decision = Decision()
+    if progress.message != message:
+        decision.do(SetProgress(replace(progress, message=message)))
+        reason = REASON_STALE_CLAIM if stale else REASON_HELD_BY_TEARDOWN
+        decision.note(reason, message, warning=stale)
+    return decision
 
 
 def _fail_to_start(observed: Observed, problem: str) -> Decision:

@@ -16,9 +16,11 @@ from starlette.exceptions import HTTPException
 
 from metalmend import __version__
 from metalmend.kube import errors
+from metalmend.log import fields
 from metalmend.policy.teardown import TeardownSettings
-from metalmend.serve import decommission, etcd, promenade
+from metalmend.serve import context, decommission, etcd, promenade
 from metalmend.serve.auth import Gate
+from metalmend.serve.interlock import Interlock
 from metalmend.serve.kubelet import KubeletShutdown
 from metalmend.serve.nodes import Drainer
 from metalmend.serve.params import RequestRejected
@@ -35,6 +37,7 @@ class Services:
     gate: Gate
     drainer: Drainer
     kubelet: KubeletShutdown
+    interlock: Interlock  # the teardown claim on a Node's host (docs/design.md, invariant 7)
 
 
 def response(code: int, reason: str, message: str, messages: list[Message]) -> JSONResponse:
@@ -55,10 +58,12 @@ def create_app(client: AsyncClient, teardown: TeardownSettings | None = None) ->
         gate=Gate(client),
         drainer=Drainer(client, teardown),
         kubelet=KubeletShutdown(client, teardown),
+        interlock=Interlock(client),
     )
     app.include_router(promenade.router, prefix=promenade.PREFIX)
     app.include_router(etcd.router, prefix=promenade.PREFIX)  # remove-etcd, etcd health
     app.include_router(decommission.router, prefix=promenade.PREFIX)
+    app.add_middleware(context.ContextMarker)  # X-Context-Marker: checked, echoed, logged
 
     @app.exception_handler(StatusError)
     async def status_error(request: Request, error: StatusError) -> JSONResponse:
@@ -102,8 +107,16 @@ def create_app(client: AsyncClient, teardown: TeardownSettings | None = None) ->
     @app.exception_handler(Exception)
     async def failure(request: Request, error: Exception) -> JSONResponse:
         # Logged with its traceback for the operator; the caller gets one line, no internals.
-        log.exception("request failed: %s %s", request.method, request.url.path)
+        # This handler runs outside the ContextMarker middleware: the marker is added here.
+        marker = context.of(request.scope)
+        log.exception(
+            "request failed: %s %s", request.method, request.url.path,
+            extra=fields(**{context.FIELD: marker}),
+        )  # fmt: skip
         text = f"metalmend serve failed: {type(error).__name__}"
-        return response(500, "InternalError", text, [Message(text, True)])
+        answer = response(500, "InternalError", text, [Message(text, True)])
+        if marker is not None:
+            answer.headers[context.HEADER] = marker
+        return answer
 
     return app

@@ -27,7 +27,7 @@ from metalmend.kube import errors
 from metalmend.log import fields
 from metalmend.policy import decommission as policy
 from metalmend.policy.teardown import TeardownSettings
-from metalmend.serve import auth, etcd, nodes, params
+from metalmend.serve import auth, etcd, interlock, nodes, params
 from metalmend.serve.kubelet import KubeletShutdown
 from metalmend.serve.status import Message, StatusError, body
 
@@ -48,6 +48,10 @@ class Decommission:
     node: str
     request: params.DecommissionRequest
     clock: Clock = SYSTEM_CLOCK
+    # The teardown claim, taken again before each step with that step's name (an operator
+    # reading the host sees how far the decommission is); None: not claimed (tests).
+    claims: interlock.Interlock | None = None
+    by: str = ""
 
     async def run(self) -> policy.Verdict:
         done: list[policy.StepResult] = []
@@ -74,6 +78,8 @@ class Decommission:
         return policy.StepResult(step, False, text)
 
     async def perform(self, step: policy.Step) -> str:
+        if self.claims is not None:  # a remediation holding the host: this step's 409
+            await self.claims.claim(self.node, f"decommission: {step}", self.by)
         match step:
             case policy.Step.DRAIN:
                 drained = await self.drainer.drain(self.node, self.request.drain)
@@ -184,9 +190,10 @@ async def decommission(
     services = request.app.state.services
     await nodes.get_node(services.client, name)
     design = await etcd.load_design(wanted.design_ref, "DisassociateStepFailure")
+    await interlock.claim_for(request, name, "decommission")  # 409 before any step
     verdict = await Decommission(
         services.client, services.drainer, services.kubelet, services.drainer.settings,
-        design, name, wanted,
+        design, name, wanted, claims=services.interlock, by=interlock.caller_of(request),
     ).run()  # fmt: skip
     messages = [Message(text, error) for text, error in verdict.lines]
     return JSONResponse(

@@ -34,7 +34,7 @@ from lightkube.resources.core_v1 import Secret
 from metalmend.etcd import access, members
 from metalmend.etcd import design as designs
 from metalmend.kube import errors
-from metalmend.serve import auth, nodes, params
+from metalmend.serve import auth, interlock, nodes, params
 from metalmend.serve.status import Message, StatusError, body
 
 router = APIRouter(tags=["promenade"])
@@ -73,7 +73,9 @@ async def admit(
 ) -> None:
     gate: auth.Gate = request.app.state.services.gate
     header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
-    await gate.authorize(await gate.caller(header), permission, name)
+    caller = await gate.caller(header)
+    await gate.authorize(caller, permission, name)
+    request.state.caller = caller  # who the teardown claim names (serve.interlock)
 
 
 async def read_body(request: Request) -> object:
@@ -159,6 +161,7 @@ async def remove_etcd(
     wanted = params.remove_etcd(request.query_params.multi_items(), await read_body(request))
     await nodes.get_node(request.app.state.services.client, name)
     design = await load_design(wanted.design_ref, "RemoveEtcdError")
+    await interlock.claim_for(request, name, "remove-etcd")
     secrets = secret_reader(request.app.state.services.client)
     outcomes = await members.remove_member(design, name, timeout=wanted.timeout, secrets=secrets)
     failed = {members.Result.REFUSED, members.Result.UNREACHABLE, members.Result.TIMED_OUT}

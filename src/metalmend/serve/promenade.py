@@ -18,12 +18,12 @@ from typing import Annotated, Any
 
 import httpx2
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from lightkube import ApiError
 
 from metalmend.kube import errors
-from metalmend.serve import auth, kubelet, nodes, params
+from metalmend.serve import auth, interlock, kubelet, nodes, params
 from metalmend.serve.status import Message, StatusError, body
 from metalmend.serve.status import errors as error_lines
 
@@ -56,6 +56,7 @@ async def _admit(
     header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
     caller = await gate.caller(header)
     await gate.authorize(caller, permission, node_id)
+    request.state.caller = caller  # who the teardown claim names (serve.interlock)
     return params.node_name(node_id)
 
 
@@ -79,6 +80,20 @@ def _query(request: Request) -> params.Query:
 
 def _success(message: str, messages: list[Message]) -> JSONResponse:
     return JSONResponse(body(200, "Success", message, messages))
+
+
+@router.get(
+    "/health",
+    status_code=204,
+    response_class=Response,
+    summary="Is the service up",
+    description="204 No Content, no body, no token needed: Airship's health convention, as"
+    " Promenade answers it (it checks nothing further either). A load balancer or a"
+    " kubelet probe may call it.",
+    responses={204: {"description": "the service answers requests"}},
+)
+async def health() -> Response:
+    return Response(status_code=204)
 
 
 @router.post(
@@ -110,6 +125,7 @@ async def drain(
     wanted = params.drain(_query(request))
     drainer: nodes.Drainer = request.app.state.services.drainer
     async with _failing_as("DrainNodeError"):
+        await interlock.claim_for(request, name, "drain")
         messages = await drainer.drain(name, wanted)
     return _success(f"Node {name} drained", messages)
 
@@ -135,6 +151,7 @@ async def clear_labels(
     name = await _admit(request, credentials, auth.CLEAR_LABELS, node_id)
     wanted = params.clear_labels(_query(request))
     async with _failing_as("ClearLabelsError"):
+        await interlock.claim_for(request, name, "clear-labels")
         messages = await nodes.clear_labels(request.app.state.services.client, name, wanted)
     return _success(f"Node {name} labels cleared", messages)
 
@@ -152,6 +169,7 @@ async def remove_from_cluster(
     name = await _admit(request, credentials, auth.REMOVE_FROM_CLUSTER, node_id)
     params.no_parameters(_query(request))
     async with _failing_as("DeleteNodeError"):
+        await interlock.claim_for(request, name, "remove-from-cluster")
         messages = await nodes.remove_from_cluster(request.app.state.services.client, name)
     return _success(f"Node {name} removed from the cluster", messages)
 
@@ -172,5 +190,6 @@ async def shutdown_kubelet(
     params.no_parameters(_query(request))
     shutdown: kubelet.KubeletShutdown = request.app.state.services.kubelet
     async with _failing_as(kubelet.REASON):
+        await interlock.claim_for(request, name, "shutdown-kubelet")
         messages = await shutdown.shutdown(name)
     return _success(f"Node {name} kubelet shut down", messages)
