@@ -336,9 +336,9 @@ async def test_escalate_deletes_the_machine_after_failed_attempts(
     await until(lambda: _is_none(world.get(Machine, "m1")), within=20)
     # The Machine's garbage collection takes the remediation (finalizer released) with it.
     await until(lambda: _is_none(world.get(Metal3Remediation, "m1")), within=30)
-    assert not any(
-        k.startswith("reboot.metal3.io/") for k in await world.host_annotations("host-m1")
-    )
+    left = await world.host_annotations("host-m1")
+    assert not any(k.startswith("reboot.metal3.io/") for k in left)
+    assert names.ESCALATING not in left  # the escalation's mark went with the object
 
 
 async def test_one_remediation_at_a_time_per_host(world: World, controllers: Controllers) -> None:

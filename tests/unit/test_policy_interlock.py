@@ -131,6 +131,8 @@ REFUSED = [
     ("a Metal3Remediation powering the host on", replace(host(), remediations=(m3("power-on"),)), "phase power-on"),
     ("a Metal3Remediation deleting the Machine", replace(host(), remediations=(m3("deleting-machine"),)), "phase deleting-machine"),
     ("a Machine asking for remediation by annotation", replace(host(), requests=("ns/m1",)), names.EXTERNAL_REMEDIATION),
+    ("an escalation marking the host before deleting its Machine", host(**{names.ESCALATING: M3_KEY}), "being escalated"),
+    ("an escalation marker written around the protocol still refuses (a tenant's own host)", host(**{names.ESCALATING: "\x1b[31m"}), "being escalated"),
 ]  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from metalmend.policy.fencing import (
     reported_off,
     withdrawal_unseen,
 )
+from metalmend.policy.interlock import Claim
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 UID = "u-1"
@@ -320,9 +321,40 @@ def test_escalate_deletes_the_machine_after_the_last_retry() -> None:
     decision = r.decide(
         observed(spec=spec, progress=fenced(retry_count=1), node=None), T0 + sec(300)
     )
-    assert kinds(decision) == ["SetProgress", "ReleasePower", "DeleteMachine"]
+    assert kinds(decision) == ["SetProgress", "MarkEscalation", "DeleteMachine"]
     assert progress_of(decision).phase == r.DELETING_MACHINE
     assert progress_of(decision).retry_count == 2
+
+
+def test_escalation_marks_the_host_before_the_machine_goes_and_releases_our_key() -> None:
+    """Invariant 7: the marker is written conditionally on the host as observed, before
+    the deletion; a teardown claim that lands first makes it fail, one that comes later
+    is refused by it."""
+    spec = r.Spec(strategy="escalate", delete_after_retries=1)
+    held = host(replace(ON, holds_key=True))
+    decision = r.decide(observed(r.POWER_OFF, spec=spec, host=held), T0 + sec(121))
+    assert kinds(decision) == ["SetProgress", "MarkEscalation", "ReleasePower", "DeleteMachine"]
+    assert progress_of(decision).host == "ns/h1"
+
+
+def test_an_escalation_already_marked_deletes_the_machine_without_writing_the_host_again() -> None:
+    marked = replace(host(ON), escalation_marked=True)
+    decision = r.decide(observed(r.DELETING_MACHINE, host=marked), T0)
+    assert kinds(decision) == ["DeleteMachine"]
+
+
+def test_an_escalation_held_by_a_teardown_claim_does_not_delete_the_machine() -> None:
+    claim = Claim("n-1", "uid-n-1", "alice", T0 - sec(60), "drain")
+    claimed = replace(host(ON), teardown=claim)
+    decision = r.decide(observed(r.DELETING_MACHINE, host=claimed), T0)
+    assert "DeleteMachine" not in kinds(decision)
+    assert "MarkEscalation" not in kinds(decision)
+
+
+def test_deletion_removes_our_escalation_marker() -> None:
+    marked = replace(host(ON), escalation_marked=True)
+    decision = r.decide(observed(r.DELETING_MACHINE, host=marked, deleting_since=T0), T0)
+    assert kinds(decision) == ["ClearEscalation", "RemoveFinalizer"]
 
 
 def test_escalate_with_zero_retries_deletes_at_once() -> None:

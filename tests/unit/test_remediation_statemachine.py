@@ -41,9 +41,10 @@ Invariants:
 7. (docs/design.md, invariant 7) Teardown and remediation never act on one host at once: a
    teardown (``metalmend serve``'s claim: ``policy.interlock.decide_claims`` on the host as
    read, the claim written conditional on that version, as ``serve.interlock`` does) and
-   the remediations decide and write interleaved; no remediation key is added while a
-   teardown claim is on the host, no claim is written while a remediation key is, and no
-   Node is fenced while its host is claimed. An operator releases claims at random.
+   the remediations decide and write interleaved; no remediation key or escalation marker
+   is added while a teardown claim is on the host, no claim is written while a remediation
+   key or an escalation marker is, no Node is fenced and no Machine deleted by escalation
+   while its host is claimed. An operator releases claims at random.
 9. (docs/design.md safety invariant 9) Every BMC command and power reading reached the
    system its host names, never another behind the same endpoint.
 
@@ -424,6 +425,7 @@ class WorldWriter:
             world.fenced(found, f"deleted Node {name}")
             world.node_deleted(found)
         elif resource is Machine:
+            world.machine_deleted(found)
             note("escalation deleted a Machine")
         store.delete(key)
         return True
@@ -1092,6 +1094,15 @@ class RemediationWorld(RuleBasedStateMachine):
             self.check_fence(ctx.obj, MR_KEY, since, what)
             note("machine-remediation deleted a Node")
 
+    def machine_deleted(self, machine: Any) -> None:
+        """Escalation deletes a Machine: invariant 7, its host not claimed by a teardown."""
+        host = self.hosts.get(f"{NS}/{MACHINES[machine.metadata.name]}")
+        if host is not None and interlock.TEARDOWN_ANNOTATION in host.metadata.annotations:
+            self.violate(
+                f"invariant 7: Machine {machine.metadata.name} deleted by escalation while a"
+                f" teardown claims {host.metadata.name}"
+            )
+
     def node_deleted(self, node: Any) -> None:
         ctx = self.acting
         if ctx is None or ctx.flow != "metal3-remediation":
@@ -1167,12 +1178,17 @@ class RemediationWorld(RuleBasedStateMachine):
         annotations = live.metadata.annotations
         claimed = interlock.TEARDOWN_ANNOTATION in annotations
         held = sorted(k for k in annotations if is_remediation_key(k))
+        escalating = names.ESCALATING in annotations
         name = live.metadata.name
         for k, v in needed.items():
             if v is not None and is_remediation_key(k) and claimed:
                 self.violate(f"invariant 7: {k} added to {name} while a teardown claims it")
             if v is not None and k == interlock.TEARDOWN_ANNOTATION and held:
                 self.violate(f"invariant 7: {name} claimed for teardown while {held} holds it")
+            if v is not None and k == interlock.TEARDOWN_ANNOTATION and escalating:
+                self.violate(f"invariant 7: {name} claimed for teardown while being escalated")
+            if v is not None and k == names.ESCALATING and claimed:
+                self.violate(f"invariant 7: {name} marked for escalation while claimed")
 
     # ---- annotation-based flow: controllers/machineremediation.py -------------------------------------------
 
@@ -1458,4 +1474,25 @@ def test_fencing_never_trusts_an_off_report_while_a_power_on_may_still_land() ->
     reconcile(world, hp, hp)  # reads on: held off, hard off; reads off: the key listed
     reconcile(world, m3, m3)  # reported off -> fencing: Node deleted, its server off
     assert world.nodes.get("node-h1") is None
+    assert not world.violations, world.violations
+
+
+def test_an_escalation_never_deletes_the_machine_of_a_host_a_teardown_claimed_meanwhile() -> None:
+    """Invariant 7 for escalation, which writes nothing else to the host: it decides to
+    delete the Machine, a teardown claims the host, then its actions run. Its marker is
+    written on the host as decided on, so the claim makes it fail and the Machine stays;
+    the next decision sees the claim and holds."""
+    world = strict_world(first="none", start="on")
+    m3 = "metal3-remediation/m1"
+    world.mhc_creates_remediation("m1", "escalate", 0, 30, 60)
+    reconcile(world, m3)  # finalizer
+    world.observe(m3, 0, 0)  # decides: deleting-machine, mark the host, delete the Machine
+    world.node_teardown("claims", "h1")  # the teardown claims h1 meanwhile
+    world.advance(m3, None)  # the marker's write is refused (409): the Machine stays
+    reconcile(world, m3)  # held by the teardown
+    assert world.machines.get(f"{NS}/m1") is not None
+    assert not world.violations, world.violations
+    world.node_teardown("operator releases", "h1")
+    reconcile(world, m3, m3)  # marker written, Machine deleted
+    assert world.machines.get(f"{NS}/m1") is None
     assert not world.violations, world.violations

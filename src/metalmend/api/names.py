@@ -58,6 +58,10 @@ MACHINE_REMEDIATION_REBOOT = "reboot.metal3.io/machine-remediation"  # and its r
 # an api/stamps.py stamp; the health check gives the server nodeStartupTimeout from then to
 # register its Node again (docs/healthcheck.md). Tenant-writable: read as absent if bad.
 REMEDIATION_ENDED_AT = "metalmend.dev/remediation-ended-at"
+# Set on a BareMetalHost (value: the escalating Metal3Remediation's reboot key) before an
+# escalation deletes the host's Machine, conditionally on the host's version; a teardown
+# will not claim the host while it is there (docs/design.md, invariant 7).
+ESCALATING = "metalmend.dev/escalating"
 METAL3_REMEDIATION_REBOOT_PREFIX = "reboot.metal3.io/metal3-remediation-"  # + object uid
 REMEDIATION_FINALIZER = "remediation.metal3.io"
 NODE_LABELS_BACKUP = "remediation.metal3.io/node-labels-backup"  # as CAPM3 names them

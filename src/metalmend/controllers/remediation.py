@@ -188,6 +188,14 @@ class RemediationController:
                 )
             case policy.Event(type=kind, reason=reason, message=message):
                 await writer.record_event(obj, kind, reason, message)
+            case policy.MarkEscalation() | policy.ClearEscalation():
+                if host is None:
+                    raise LookupError(f"host of {object_key(obj)} vanished")  # decide() saw it
+                mark = reboot_key(obj) if isinstance(action, policy.MarkEscalation) else None
+                await writer.patch_metadata(
+                    BareMetalHost, host, "annotations", {names.ESCALATING: mark},
+                    require_version=mark is not None,
+                )  # fmt: skip
             case policy.RequestPowerOff() | policy.ReleasePower():
                 if host is None:
                     raise LookupError(f"host of {object_key(obj)} vanished")  # decide() saw it
@@ -253,6 +261,7 @@ def host_view(host: Any, key: str) -> policy.HostView:
         other_remediation=other_remediation(annotations, key),
         bmc_error=str(error or ""),
         teardown=teardown_claim(annotations),
+        escalation_marked=annotations.get(names.ESCALATING) == key,
     )
 
 

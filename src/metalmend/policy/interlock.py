@@ -232,6 +232,12 @@ def holding(host: HostFacts) -> list[str]:
         f"Machine {machine} of host {host.key} asks for remediation ({names.EXTERNAL_REMEDIATION})"
         for machine in host.requests
     ]
+    if names.ESCALATING in host.annotations:
+        escalating = clean(host.annotations[names.ESCALATING])
+        found.append(
+            f"host {host.key} is being escalated by remediation {escalating}: its Machine is"
+            " being deleted"
+        )
     return found
 
 

@@ -238,6 +238,8 @@ class HostView:
     # A teardown's claim on the host (policy.interlock): no attempt starts, and none goes
     # on without our key, while it is there.
     teardown: Claim | None = None
+    # The host carries our escalation marker (names.ESCALATING): the Machine may go.
+    escalation_marked: bool = False
 
 
 @dataclass(frozen=True)
@@ -355,13 +357,26 @@ class DeleteMachine:
 
 
 @dataclass(frozen=True)
+class MarkEscalation:
+    """Put our escalation marker (names.ESCALATING) on the host, only if the host is
+    unchanged since observed: a teardown claiming the host meanwhile (invariant 7) makes
+    this write fail, and the Machine is not deleted."""
+
+
+@dataclass(frozen=True)
+class ClearEscalation:
+    """Remove our escalation marker from the host (only ours)."""
+
+
+@dataclass(frozen=True)
 class SetProgress:
     progress: Progress
 
 
 Action = (
     AddFinalizer | RemoveFinalizer | RequestPowerOff | ReleasePower | BackupNode | DeleteNode
-    | TaintNode | UntaintNode | DeletePods | RestoreNode | DeleteMachine | SetProgress | Event
+    | TaintNode | UntaintNode | DeletePods | RestoreNode | DeleteMachine | MarkEscalation
+    | ClearEscalation | SetProgress | Event
 )  # fmt: skip
 Decision = _Decision[Action]
 
@@ -432,7 +447,7 @@ def _start(observed: Observed, host: HostView, now: dt.datetime, settings: Setti
     if observed.spec.strategy == Strategy.ESCALATE and (
         progress.retry_count >= observed.spec.delete_after_retries
     ):
-        return _escalate(progress, now, "no attempts left")
+        return _escalate(host, progress, now, "no attempts left")
     if host.other_remediation is not None or withdrawal_unseen(host.power):
         if host.other_remediation is not None:
             message = f"host {host.key} is being remediated by {host.other_remediation}; waiting"
@@ -644,7 +659,16 @@ def _backoff(observed: Observed, host: HostView, now: dt.datetime, settings: Set
 def _deleting_machine(
     observed: Observed, host: HostView, now: dt.datetime, settings: Settings
 ) -> Decision:
-    decision = Decision()
+    return _delete_machine(host, Decision())
+
+
+def _delete_machine(host: HostView, decision: Decision) -> Decision:
+    """Delete the Machine once our marker is on the host (invariant 7): the marker is
+    written conditionally on the host as observed, and this decision's deletion follows
+    it; a teardown claim that lands first makes the marker's write fail (the next decision
+    sees the claim and holds), one that comes later is refused by the marker."""
+    if not host.escalation_marked:
+        decision.do(MarkEscalation())
     if host.power.holds_key:
         decision.do(ReleasePower())
     return decision.do(DeleteMachine())
@@ -663,7 +687,9 @@ def _attempt_failed(
     progress = replace(observed.progress, retry_count=observed.progress.retry_count + 1)
     spec = observed.spec
     if spec.strategy == Strategy.ESCALATE and progress.retry_count >= spec.delete_after_retries:
-        return decision.do(*_escalate(progress, now, why).actions)
+        assert observed.host is not None  # decide() passes only attempts with a host
+        # Fresh: a release decided before would change the host the marker is written on.
+        return _escalate(observed.host, progress, now, why)
     wait = retry_wait(progress.retry_count, settings)
     next_at = now + _seconds(wait)
     message = f"attempt {progress.retry_count} failed: {why}; next attempt in {wait:g}s"
@@ -678,17 +704,20 @@ def _attempt_failed(
     return decision.note(names.REASON_ATTEMPT_FAILED, message, warning=True).at(next_at)
 
 
-def _escalate(progress: Progress, now: dt.datetime, why: str) -> Decision:
+def _escalate(host: HostView, progress: Progress, now: dt.datetime, why: str) -> Decision:
     message = (
         f"{why}; {progress.retry_count} failed attempt(s): deleting the Machine so that"
         " its owner replaces it"
     )
     decision = Decision().do(
-        SetProgress(replace(progress, phase=DELETING_MACHINE, phase_since=now, message=message)),
-        ReleasePower(),
-        DeleteMachine(),
+        SetProgress(
+            replace(
+                progress, phase=DELETING_MACHINE, phase_since=now, message=message, host=host.key
+            )
+        )
     )
-    return decision.note(names.REASON_DELETING_MACHINE, message, warning=True)
+    decision.note(names.REASON_DELETING_MACHINE, message, warning=True)
+    return _delete_machine(host, decision)
 
 
 def _release(observed: Observed, now: dt.datetime, settings: Settings) -> Decision:
@@ -699,6 +728,8 @@ def _release(observed: Observed, now: dt.datetime, settings: Settings) -> Decisi
     host = observed.host
     if host is not None and host.power.holds_key:
         decision.do(ReleasePower())
+    if host is not None and host.escalation_marked:
+        decision.do(ClearEscalation())
     node = observed.node
     if node is not None and node.out_of_service:
         decision.do(UntaintNode(node.name))
