@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import httpx2
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from lightkube import ApiError, AsyncClient
 from lightkube.models.authentication_v1 import TokenReviewSpec
 from lightkube.models.authorization_v1 import ResourceAttributes, SubjectAccessReviewSpec
@@ -143,3 +145,22 @@ class Gate:
                 f"metalmend serve cannot reach the API server to check credentials: {error}",
             ) from None
         return answer
+
+
+bearer = HTTPBearer(auto_error=False, description="A Kubernetes bearer token")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+async def admit(
+    request: Request,
+    credentials: HTTPAuthorizationCredentials | None,
+    permission: Permission,
+    name: str,
+) -> None:
+    """Authenticate the caller (TokenReview) and authorize ``permission`` on ``name``
+    (SubjectAccessReview): 401/403 as Status bodies. Every endpoint's first step."""
+    gate: Gate = request.app.state.services.gate
+    header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
+    caller = await gate.caller(header)
+    await gate.authorize(caller, permission, name)
+    request.state.caller = caller  # who the teardown claim names (serve.interlock)

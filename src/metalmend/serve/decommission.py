@@ -29,7 +29,7 @@ from metalmend.policy import decommission as policy
 from metalmend.policy.teardown import TeardownSettings
 from metalmend.serve import auth, etcd, interlock, nodes, params
 from metalmend.serve.kubelet import KubeletShutdown
-from metalmend.serve.status import Message, StatusError, body
+from metalmend.serve.status import Message, StatusError, body, documented
 
 log = logging.getLogger(__name__)
 
@@ -136,16 +136,6 @@ class Decommission:
             await asyncio.sleep(max(0.0, (ready.look_again_at - now).total_seconds()))
 
 
-def _answers() -> dict[int | str, dict[str, Any]]:
-    return {
-        code: {"description": f"Status body, reason {reason}", "content": {"application/json": {}}}
-        for code, reason in [
-            (200, "Success"), (400, "BadRequest"), (401, "Unauthorized"), (403, "Forbidden"),
-            (404, "NotFound"), (500, "DisassociateStepFailure"),
-        ]
-    }  # fmt: skip
-
-
 def _seconds(description: str) -> Any:
     return Query(description=f"Whole seconds: {description}")
 
@@ -157,12 +147,12 @@ def _seconds(description: str) -> Any:
     " members, wait for the etcd clusters to be stable (not counting this Node), shut the"
     " kubelet down. 500 DisassociateStepFailure with one message per step when a step"
     " fails; a kubelet that is not seen stopped is reported but does not fail it.",
-    responses=_answers(),
+    responses=documented((200, "Success"), (404, "NotFound"), (500, "DisassociateStepFailure")),
 )
 async def decommission(
     request: Request,
     node_id: str,
-    credentials: etcd.Credentials,
+    credentials: auth.Credentials,
     drain_node_timeout: Annotated[
         str | None, Query(alias="drain-node-timeout", description="The drain's timeout (3600).")
     ] = None,
@@ -184,7 +174,7 @@ async def decommission(
     # Documented above for OpenAPI; read with their checks from the query.
     del drain_node_timeout, drain_node_grace_period, clear_labels_timeout
     del remove_etcd_timeout, etcd_ready_timeout
-    await etcd.admit(request, credentials, auth.DECOMMISSION, node_id)
+    await auth.admit(request, credentials, auth.DECOMMISSION, node_id)
     name = params.node_name(node_id)
     wanted = params.decommission(request.query_params.multi_items(), await etcd.read_body(request))
     services = request.app.state.services

@@ -25,9 +25,8 @@ from typing import Annotated, Any
 
 import httpx2
 import yaml
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Secret
 
@@ -35,11 +34,10 @@ from metalmend.etcd import access, members
 from metalmend.etcd import design as designs
 from metalmend.kube import errors
 from metalmend.serve import auth, interlock, nodes, params
-from metalmend.serve.status import Message, StatusError, body
+from metalmend.serve.status import Message, StatusError, body, documented
 
 router = APIRouter(tags=["promenade"])
-bearer = HTTPBearer(auto_error=False, description="A Kubernetes bearer token")
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+Credentials = auth.Credentials
 
 MAX_BODY = 64 << 10  # bytes: a design reference is a few hundred
 HEALTH_KIND = "HealthMessage"
@@ -55,27 +53,6 @@ class HealthMessage(Message):
 
     def to_wire(self) -> dict[str, Any]:
         return {**super().to_wire(), "name": self.name, "detail": self.detail}
-
-
-def _answers(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
-    common = [(400, "BadRequest"), (401, "Unauthorized"), (403, "Forbidden")]
-    return {
-        code: {"description": f"Status body, reason {reason}", "content": {"application/json": {}}}
-        for code, reason in [*answers, *common]
-    }
-
-
-async def admit(
-    request: Request,
-    credentials: HTTPAuthorizationCredentials | None,
-    permission: auth.Permission,
-    name: str,
-) -> None:
-    gate: auth.Gate = request.app.state.services.gate
-    header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
-    caller = await gate.caller(header)
-    await gate.authorize(caller, permission, name)
-    request.state.caller = caller  # who the teardown claim names (serve.interlock)
 
 
 async def read_body(request: Request) -> object:
@@ -143,7 +120,7 @@ def _lines(outcomes: list[members.Outcome], wanted: set[members.Result]) -> list
     description="Body: the design reference. Each member on the Node leaves its cluster only"
     " if the cluster keeps quorum and its threshold of healthy members without it; a leader"
     " hands over leadership first. Already gone: success.",
-    responses=_answers(
+    responses=documented(
         (200, "Success"), (404, "NotFound"), (500, "RemoveEtcdError"), (500, "EtcdNotAccessible")
     ),
 )
@@ -156,7 +133,7 @@ async def remove_etcd(
     ] = None,
 ) -> JSONResponse:
     del timeout  # documented above; read with its checks from the query
-    await admit(request, credentials, auth.REMOVE_ETCD, node_id)
+    await auth.admit(request, credentials, auth.REMOVE_ETCD, node_id)
     name = params.node_name(node_id)
     wanted = params.remove_etcd(request.query_params.multi_items(), await read_body(request))
     await nodes.get_node(request.app.state.services.client, name)
@@ -185,7 +162,7 @@ async def remove_etcd(
     summary="Health of each etcd cluster of the design",
     description="Healthy when the members healthy now are a quorum and at least the site's"
     " threshold (EtcdClusters' minimum functionality); one HealthMessage per cluster.",
-    responses=_answers(
+    responses=documented(
         (200, "Success"), (400, "MissingDesignRef"), (404, "NotFound"), (500, "EtcdNotAccessible")
     ),
 )
@@ -197,7 +174,7 @@ async def etcd_health(
     ] = None,
 ) -> JSONResponse:
     del design_ref  # documented above; read with its checks from the query
-    await admit(request, credentials, auth.ETCD_HEALTH, "")
+    await auth.admit(request, credentials, auth.ETCD_HEALTH, "")
     ref = params.etcd_health(request.query_params.multi_items())
     design = await load_design(ref, "EtcdNotAccessible", missing_code=404)
     secrets = secret_reader(request.app.state.services.client)

@@ -17,34 +17,24 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import httpx2
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPAuthorizationCredentials
 from lightkube import ApiError
 
 from metalmend.kube import errors
 from metalmend.serve import auth, interlock, kubelet, nodes, params
-from metalmend.serve.status import Message, StatusError, body
+from metalmend.serve.status import Message, StatusError, body, documented
 from metalmend.serve.status import errors as error_lines
 
 PREFIX = "/promenade/api/v1.0"
 
 router = APIRouter(tags=["promenade"])
-bearer = HTTPBearer(auto_error=False, description="A Kubernetes bearer token")
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+Credentials = auth.Credentials
 
 
 def _documented(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
-    return {
-        code: {"description": f"Status body, reason {reason}", "content": {"application/json": {}}}
-        for code, reason in [
-            *answers,
-            (400, "BadRequest"),
-            (401, "Unauthorized"),
-            (403, "Forbidden"),
-            (404, "NotFound"),
-        ]
-    }
+    return documented(*answers, (404, "NotFound"))  # every node step names a Node
 
 
 async def _admit(
@@ -52,11 +42,7 @@ async def _admit(
     permission: auth.Permission, node_id: str,
 ) -> str:  # fmt: skip
     """Authenticate, authorize for the Node named in the path, then check the name."""
-    gate: auth.Gate = request.app.state.services.gate
-    header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
-    caller = await gate.caller(header)
-    await gate.authorize(caller, permission, node_id)
-    request.state.caller = caller  # who the teardown claim names (serve.interlock)
+    await auth.admit(request, credentials, permission, node_id)
     return params.node_name(node_id)
 
 

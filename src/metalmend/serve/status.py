@@ -85,3 +85,15 @@ class StatusError(Exception):
 
 def reason_for(code: int) -> str:
     return GENERIC_REASONS.get(code, "Success" if code < 400 else "Failure")
+
+
+COMMON_ANSWERS = ((400, "BadRequest"), (401, "Unauthorized"), (403, "Forbidden"))
+
+
+def documented(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
+    """An endpoint's answers for OpenAPI: ``answers`` and the ones every endpoint may give
+    (a bad request, no token, no permission), each a Status body with its reason."""
+    return {
+        code: {"description": f"Status body, reason {reason}", "content": {"application/json": {}}}
+        for code, reason in [*answers, *COMMON_ANSWERS]
+    }
