@@ -6,12 +6,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test k8s tools lint bench venv clean
+.PHONY: demo test k8s helm image tools lint bench venv clean
 
 demo: venv k8s
 	$(BIN)/metalmend demo
 
-test: venv k8s tools lint
+test: venv k8s helm tools lint
 	$(BIN)/pytest
 
 venv: $(STAMP)
@@ -26,6 +26,15 @@ $(STAMP): pyproject.toml constraints.txt
 k8s:
 	@bash tools/k8s/build.sh >/dev/null
 
+# helm, for the chart's tests (deploy/chart): built once from its Go module, cached by version.
+helm:
+	@bash tools/helm/build.sh >/dev/null
+
+# The container image (docs/install.md): Debian base by mmdebstrap, the wheel by pip;
+# cached by content. Needs root (podman); tools/image/build.sh installs what it lacks.
+image:
+	@nice -n 10 bash tools/image/build.sh
+
 # Debian's ipmitool: an independent IPMI client that proves the lab BMCs speak real IPMI;
 # iproute2's ss: shows which addresses our IPMI sockets listen on.
 tools:
@@ -36,6 +45,7 @@ tools:
 	  else \
 	    echo "metalmend: ipmitool or ss missing (apt-get install ipmitool iproute2); their tests will be skipped"; \
 	  fi; }
+	@bash tools/postgres/install.sh  # PostgreSQL for the design store's tests (tests/postgres.py)
 
 # The import contract (policy without I/O, the lab kept out of the controller) is a test.
 lint: venv

@@ -3,6 +3,7 @@
 from benchmarks import (
     at_rest,
     controlplane_start,
+    design_store,
     detection_latency,
     drain,
     error_loops,
@@ -25,3 +26,4 @@ error_loops.main()
 at_rest.main()
 etcd_removal.main()
 drain.main()
+design_store.main()

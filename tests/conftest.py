@@ -18,6 +18,10 @@ from lightkube.resources.core_v1 import Namespace
 from metalmend.kube.crds import install_crds
 from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig
 
+# The databases of metalmend serve's stores: `database_url` is a SQLite file or a fresh
+# PostgreSQL database of a throwaway cluster (tests/postgres.py), one test per kind.
+from tests.postgres import database_url, postgres_server  # noqa: F401
+
 # Short enough that node-lifecycle tests take seconds, long enough for a loaded 2-core CI.
 NODE_MONITOR_GRACE_PERIOD = 6.0
 

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from metalmend import __version__
 from metalmend import settings as settings_
+from metalmend.cli_design import design_app
 from metalmend.cli_node import etcd_app, node_app
 from metalmend.kube.leader import LeadershipLost
 
@@ -31,6 +32,7 @@ credentials_app = typer.Typer(no_args_is_help=True, help="BMC credential Secrets
 app.add_typer(credentials_app, name="credentials")
 app.add_typer(node_app, name="node")  # the node-teardown API of `metalmend serve`
 app.add_typer(etcd_app, name="etcd")
+app.add_typer(design_app, name="design")  # the design revisions (Deckhand) of `metalmend serve`
 out = Console()
 err = Console(stderr=True)
 
@@ -69,6 +71,9 @@ def lab_up(
     boot_delay: Annotated[
         float, typer.Option(help="Seconds from power-on until a host's kubelet registers.")
     ] = 3.0,
+    erase_seconds: Annotated[
+        float, typer.Option(help="Seconds a drive's secure erase takes (Redfish hosts).", min=0)
+    ] = 5.0,
     controllers: Annotated[
         str, typer.Option(help="Controllers 'metalmend run' runs against the lab ('' for none).")
     ] = LAB_CONTROLLERS,
@@ -84,6 +89,7 @@ def lab_up(
         hosts=hosts,
         bmc=bmc,
         boot_delay=boot_delay,
+        erase_seconds=erase_seconds,
         controllers=controllers,
     )
     if detach:
@@ -340,6 +346,7 @@ SERVE_FLAGS: dict[str, tuple[str, str]] = {
     "port": ("serve", "port"),
     "tls_cert": ("serve", "tls_cert"),
     "tls_key": ("serve", "tls_key"),
+    "database_url": ("serve", "database_url"),
     "log_level": ("runtime", "log_level"),
 }
 
@@ -363,14 +370,20 @@ def serve_command(
         Path | None, typer.Option(help="PEM certificate to serve HTTPS with (with --tls-key).")
     ] = None,
     tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
+    database_url: Annotated[
+        str,
+        typer.Option(help="sqlite:///PATH or postgresql+psycopg://... (docs/design-store.md)."),
+    ] = DEFAULTS.serve.database_url,
     log_level: Annotated[
         settings_.LogLevel, typer.Option(case_sensitive=False, help="How much to log.")
     ] = DEFAULTS.runtime.log_level,
 ) -> None:
-    """Serve Airship's node-teardown API (Promenade's, under /promenade/api/v1.0)."""
+    """Serve Airship's node-teardown API (Promenade's, under /promenade/api/v1.0) and the
+    site design revisions (Deckhand's, under /deckhand/api/v1.0)."""
     import asyncio
 
     from metalmend import log
+    from metalmend.db import DatabaseError
     from metalmend.kube.client import ClusterUnavailable
     from metalmend.serve.server import serve
     from metalmend.serve.settings import ServeSettingsError
@@ -379,7 +392,7 @@ def serve_command(
     log.setup(settings.runtime.log_level)
     try:
         asyncio.run(serve(settings))
-    except (ServeSettingsError, ClusterUnavailable, OSError) as error:
+    except (ServeSettingsError, ClusterUnavailable, OSError, DatabaseError) as error:
         fail(str(error), code=2)
 
 
@@ -436,9 +449,26 @@ def _lab_errors() -> tuple[type[Exception], ...]:
     return (AssetsError, ControlPlaneError, lab_.LabError)
 
 
+# Top-level modules of the `lab` extra (pyproject.toml): their absence means the extra is
+# not installed, which a lab command says in one line instead of a traceback.
+LAB_EXTRA_MODULES = frozenset({"sushy_tools", "sushy", "bcrypt"})
+LAB_EXTRA_HINT = "pip install 'metalmend[lab]'"
+
+
 def main() -> None:
     try:
         app()
+    except ModuleNotFoundError as error:
+        if (error.name or "").partition(".")[0] not in LAB_EXTRA_MODULES:
+            raise
+        err.print(
+            f"metalmend: the lab and the demo need the 'lab' extra ({LAB_EXTRA_HINT});"
+            f" {error.name} is not installed",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+        sys.exit(1)
     except Exception as error:
         if not isinstance(error, _lab_errors()):
             raise

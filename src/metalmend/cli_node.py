@@ -420,3 +420,145 @@ def etcd_health(
         {"design_ref": reference},
     )  # fmt: skip
     run(request, url, ca, token, kubeconfig, lab_dir, show=show_health)
+
+
+# ---- destroy: Drydock's destroy_nodes task, followed to its end -------------------------
+
+DRYDOCK = "/drydock/api/v1.0"
+POLL_SECONDS = 1.0
+NO_DESIGN_REF_DESTROY = "give --design-ref: the design reference of the site (Drydock's design_ref)"
+
+
+def destroy_body(node: str, design_ref: str, preserve: bool) -> dict[str, Any]:
+    return {
+        "action": "destroy_nodes",
+        "design_ref": design_ref,
+        "node_filter": {"filter_set_type": "union",
+                        "filter_set": [{"filter_type": "union", "node_names": [node]}]},
+        "preserve-local-storage": preserve,
+    }  # fmt: skip
+
+
+def _client(service: Service) -> httpx.Client:
+    verify = ssl.create_default_context(cafile=service.ca) if service.ca else True
+    headers = {"Authorization": f"Bearer {service.token}"}
+    timeout = httpx.Timeout(60.0, connect=CONNECT_TIMEOUT)
+    return httpx.Client(verify=verify, timeout=timeout, headers=headers)
+
+
+def _document(answer: httpx.Response, service: Service) -> dict[str, Any]:
+    try:
+        document = answer.json()
+    except ValueError:
+        document = None
+    if not isinstance(document, dict):
+        raise CliError(
+            f"{service.url} answered HTTP {answer.status_code} without a task or Status body:"
+            " is it metalmend serve?",
+            EXIT_FAILURE,
+        )
+    return document
+
+
+def follow_task(service: Service, http: httpx.Client, task: dict[str, Any]) -> dict[str, Any]:
+    """Print each new message of the task as it comes (stderr); the task once complete."""
+    path = f"{DRYDOCK}/tasks/{quote(str(task['task_id']), safe='')}"
+    shown = 0
+    while True:
+        entries = _messages(task.get("result") or {})
+        for entry in entries[shown:]:
+            where = escape(str(entry.get("context", "")))
+            line = escape(str(entry.get("message", "")))
+            colour = "red" if entry.get("error") else "cyan"
+            err.print(f"[{colour}]{where}[/{colour}]: {line}", highlight=False, soft_wrap=True)
+        shown = len(entries)
+        if task.get("status") == "complete":
+            return task
+        time.sleep(POLL_SECONDS)
+        answer = http.get(service.url + path)
+        document = _document(answer, service)
+        if answer.status_code >= 400:
+            show_status(document)
+            raise typer.Exit(EXIT_FAILURE)
+        task = document
+
+
+def show_task(task: dict[str, Any]) -> int:
+    """The task's result as Shipyard prints a Status; the exit code (0: success)."""
+    result = task.get("result") or {}
+    status = str(result.get("status", ""))
+    message = escape(str(result.get("message", "")))
+    if status == "success":
+        out.print(f"[green]Task {task.get('task_id')} success: {message}[/green]", highlight=False)
+        return 0
+    out.print(f"[red]Error:[/red] task {task.get('task_id')} {status}: {message}", highlight=False)
+    out.print(f"Reason: {escape(status)}", highlight=False)
+    for entry in _messages(result):
+        if entry.get("error"):
+            where = escape(str(entry.get("context", "")))
+            out.print(f"[red]- Error:[/red] {where}: {escape(str(entry.get('message', '')))}")
+    return EXIT_FAILURE
+
+
+def destroy_node(service: Service, node: str, design_ref: str, preserve: bool) -> int:
+    body = destroy_body(node, design_ref, preserve)
+    try:
+        with _client(service) as http:
+            answer = http.post(service.url + f"{DRYDOCK}/tasks", json=body)
+            document = _document(answer, service)
+            if answer.status_code != 201:
+                show_status(document)
+                return EXIT_FAILURE
+            wipe = "the OS drive" if preserve else "every local drive"
+            err.print(
+                f"destroying {node} (power off, wipe {wipe}, release): task"
+                f" {document.get('task_id')} ({service.url})",
+                highlight=False,
+            )
+            try:
+                return show_task(follow_task(service, http, document))
+            except KeyboardInterrupt:
+                err.print(
+                    f"stopped following; the task goes on in metalmend serve: GET"
+                    f" {service.url}{DRYDOCK}/tasks/{document.get('task_id')}",
+                    highlight=False,
+                )
+                return EXIT_FAILURE
+    except httpx.ConnectError as error:
+        raise CliError(
+            f"cannot reach metalmend serve at {service.url}: {_first_line(error)}", EXIT_UNREACHABLE
+        ) from None
+    except httpx.HTTPError as error:
+        raise CliError(
+            f"metalmend serve at {service.url} did not answer: {_first_line(error)}",
+            EXIT_UNREACHABLE,
+        ) from None
+
+
+@node_app.command("destroy")
+def destroy(
+    node: NodeName,
+    preserve_local_storage: Annotated[
+        bool,
+        typer.Option(
+            "--preserve-local-storage",
+            help="Erase only the OS drive (chosen by the host's spec.rootDeviceHints); keep"
+            " every other drive as it is.",
+        ),
+    ] = False,
+    design_ref: DesignRef = None,
+    url: Url = None, ca: Ca = None, token: Token = None, kubeconfig: Kubeconfig = None,
+    lab_dir: LabDir = Path(".lab"),
+) -> None:  # fmt: skip
+    """Destroy the Node's server (Drydock's destroy_nodes): power it off through its
+    BareMetalHost, securely erase every local drive (or only the OS drive), release the
+    host. Follows the task to its end; exit 0 only when the node was destroyed."""
+    try:
+        service = resolve(url, ca, token, kubeconfig, lab_dir)
+        reference = design_ref or service.design_ref
+        if reference is None:
+            raise CliError(NO_DESIGN_REF_DESTROY)
+        code = destroy_node(service, node, reference, preserve_local_storage)
+    except CliError as error:
+        fail(error)
+    raise typer.Exit(code)

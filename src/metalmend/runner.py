@@ -20,7 +20,7 @@ from lightkube.types import PatchType
 from metalmend.api.names import REBOOT_PREFIX
 from metalmend.api.resources import BareMetalHost
 from metalmend.controllers.registry import CONTROLLERS
-from metalmend.kube import errors
+from metalmend.kube import errors, served_schema
 from metalmend.kube.client import ClusterUnavailable, async_client, load_config, whoami
 from metalmend.kube.health import serving
 from metalmend.kube.leader import LeaseTiming
@@ -58,6 +58,10 @@ async def run(config: RunConfig) -> None:
     server = current.cluster.server if current else "?"
     identity = await whoami(client, server)
     log.info("connected", extra=fields(server=server, user=identity.username))
+    # Before anything runs: a schema that prunes our status fields would fail silently.
+    if refused := await served_schema.check(client, controllers):
+        await client.close()
+        raise ClusterUnavailable(refused)
     election = None
     if runtime.leader_elect:
         election = LeaderElection(

@@ -23,7 +23,8 @@ values into a ConfigMap and may set single fields by environment.
 
 ``metalmend serve`` reads ``serve`` (``metalmend.serve.settings.ServeSettings``: bind
 address, port, TLS) and ``teardown`` (``metalmend.policy.teardown.TeardownSettings``: the
-node-teardown steps' retries), besides ``runtime.kubeconfig``.
+node-teardown steps' retries) and ``destroy`` (``metalmend.policy.destroy.DestroySettings``:
+Drydock's destroy_nodes, docs/destroy.md), besides ``runtime.kubeconfig``.
 
 Sections still to come join the tree the same way, each a frozen dataclass with a
 documented default per field, added to ``Settings`` with a default instance (so a file or
@@ -48,6 +49,7 @@ from typing import Any
 import yaml
 
 from metalmend.bmc.settings import BmcSettings
+from metalmend.policy.destroy import DestroySettings
 from metalmend.policy.hostpower import PowerSettings, RetrySettings
 from metalmend.policy.remediation import FenceMethod
 from metalmend.policy.remediation import Settings as RemediationSettings
@@ -149,6 +151,7 @@ class Settings:
     remediation: RemediationSettings = field(default_factory=RemediationSettings)
     serve: ServeSettings = field(default_factory=ServeSettings)
     teardown: TeardownSettings = field(default_factory=TeardownSettings)
+    destroy: DestroySettings = field(default_factory=DestroySettings)
 
 
 DEFAULTS = Settings()

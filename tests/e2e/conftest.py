@@ -50,10 +50,11 @@ class Metalmend:
         self.controllers = controllers
         self.soft_timeout = soft_timeout
         self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0  # its /healthz, /readyz and /metrics, once started
         self.log = running.plane.workdir.parent / f"metalmend-{controllers.replace(',', '+')}.log"
 
     def start(self) -> None:
-        port = free_port()
+        port = self.port = free_port()
         argv = lab.controller_argv(
             self.running.kubeconfig, self.running.plane.ca.pair.cert, self.controllers, port,
             self.soft_timeout,

@@ -133,7 +133,9 @@ async def test_the_openapi_document_names_the_mounted_endpoints_and_bearer_auth(
     http: httpx.AsyncClient,
 ) -> None:
     document = (await http.get("/openapi.json")).json()
-    assert set(document["paths"]) == {
+    paths = set(document["paths"])
+    assert {"/drydock/api/v1.0/tasks", "/drydock/api/v1.0/tasks/{task_id}"} <= paths
+    assert {p for p in paths if p.startswith("/promenade/")} == {
         "/promenade/api/v1.0/health",
         "/promenade/api/v1.0/nodes/{node_id}/drain",
         "/promenade/api/v1.0/nodes/{node_id}/clear-labels",

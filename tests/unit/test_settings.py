@@ -159,7 +159,7 @@ def test_a_flag_beats_the_environment_which_beats_the_file(tmp_path: Path) -> No
         ("runtime: {health_bind: '8081'}\n", {}, "{file}: runtime.health_bind must be host:port, not '8081'"),
         ("runtime: {controllers: [host-power, nonsense]}\n", {}, "unknown controller(s): nonsense"),
         ("power: {soft_timout: 10}\n", {}, "{file}: unknown setting power.soft_timout (known: command_retry,"),
-        ("powr: {soft_timeout: 10}\n", {}, "{file}: unknown section 'powr' (known: bmc, health_checks,"),
+        ("powr: {soft_timeout: 10}\n", {}, "{file}: unknown section 'powr' (known: bmc, destroy, health_checks,"),
         ("- power\n", {}, "settings file {file} must be a mapping of sections"),
         ("power: [1, 2]\n", {}, "{file}: power must be a mapping of settings"),
         ("power: {soft_timeout: 1\n", {}, "settings file {file} is not YAML at line 2"),

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from lightkube.generic_resource import create_namespaced_resource
 
-CRD_DIR = Path(__file__).resolve().parents[3] / "deploy" / "crds"
+# Inside the package so that a wheel carries them (in the repository it links to deploy/crds).
+CRD_DIR = Path(__file__).resolve().parents[1] / "crds"
 
 BareMetalHost = create_namespaced_resource(
     "metal3.io", "v1alpha1", "BareMetalHost", "baremetalhosts"

@@ -35,6 +35,7 @@ import socket
 import sys
 from typing import Any
 
+from metalmend.bmc import metrics
 from metalmend.bmc.address import BmcAddress
 from metalmend.bmc.driver import PowerAction, PowerState
 from metalmend.bmc.errors import (
@@ -86,6 +87,7 @@ class _Worker:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             limit=ANSWER_LIMIT,
         )  # fmt: skip
+        metrics.IPMI_WORKER_STARTS.inc()
         return cls(process)
 
     @property

@@ -42,8 +42,11 @@ from pyghmi import exceptions as ipmi_errors
 from pyghmi.ipmi import command as ipmi_command
 from pyghmi.ipmi.private import session as ipmi_session
 
-# Our operations -> pyghmi's chassis control names.
-CHASSIS_CONTROL = {"on": "on", "shutdown": "shutdown", "off": "off"}
+from metalmend.bmc import ipmi_wakeup
+
+# Our operations -> IPMI Chassis Control (NetFn chassis 0x00, command 0x02) codes: power
+# down (hard), power up, soft shutdown (ACPI), as IPMI 2.0 section 28.3 defines them.
+CHASSIS_CONTROL = {"off": 0, "on": 1, "shutdown": 5}
 
 _AUTH_MARKERS = ("unauthorized", "password", "insufficient privilege", "username")
 _TIMEOUT_MARKERS = ("timeout", "timed out", "no response")
@@ -99,6 +102,9 @@ def _patch_pyghmi() -> None:
     # IPv4 BMCs are addressed as IPv4, on IPv4 sockets (pyghmi would map them into a
     # dual-stack IPv6 socket bound to every interface).
     ipmi_session.ipv6support = False
+    # Answers that arrive before their reader waits are read at once, not after the
+    # retransmission timer (bmc/ipmi_wakeup.py).
+    ipmi_wakeup.install()
 
 
 def _command(request: dict[str, Any]) -> Any:
@@ -125,6 +131,16 @@ def _command(request: dict[str, Any]) -> Any:
     return command
 
 
+def _chassis_control(command: Any, code: int) -> None:
+    """One Chassis Control round trip, as ipmitool's ``chassis power`` sends it. Not
+    pyghmi's ``set_power``: it reads the power first (a second round trip) and sends
+    nothing when it reads the state asked for; the controller has just read the power
+    and decided, and a reboot's latency is round trips."""
+    response = command.raw_command(netfn=0, command=2, data=[code])
+    if "error" in response:
+        raise ipmi_errors.IpmiException(response["error"], response.get("code", 0))
+
+
 def _forget(request: dict[str, Any]) -> None:
     with _commands_lock:
         for key in [k for k in _commands if k[:3] == (request["host"], request["port"],
@@ -140,7 +156,7 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
             power = command.get_power()
             answer["power"] = "off" if power.get("powerstate") == "off" else "on"
         else:
-            command.set_power(CHASSIS_CONTROL[request["op"]], wait=False)
+            _chassis_control(command, CHASSIS_CONTROL[request["op"]])
             answer["ok"] = True
     except ipmi_errors.IpmiException as error:
         _forget(request)

@@ -30,13 +30,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from metalmend.api.storage import Drive
 from metalmend.bmc import address as bmc_address
+from metalmend.bmc import metrics
 from metalmend.bmc.address import BmcAddress
 from metalmend.bmc.driver import PowerAction, PowerDriver, PowerState
-from metalmend.bmc.errors import BmcError, Busy, TimedOut, cap
+from metalmend.bmc.errors import BmcError, Busy, TimedOut, Unsupported, cap
 from metalmend.bmc.ipmi import IpmiDriver, IpmiWorkers
 from metalmend.bmc.redfish import RedfishDriver
 from metalmend.bmc.settings import BmcSettings
+from metalmend.bmc.storage import EraseStatus, StorageDriver
 
 log = logging.getLogger(__name__)
 
@@ -106,19 +109,64 @@ class BmcPool:
         self._calls: list[_Call] = []
         self._freed = asyncio.Event()  # set (and replaced) whenever a call ends
         self._closing: set[asyncio.Task[None]] = set()
+        self._erase_monitors: dict[tuple[str, str], str] = {}  # (system, drive) -> monitor
 
     async def power_state(self, target: BmcTarget) -> PowerState:
-        return await self._run(target, lambda d: d.power_state())
+        return await self._run(target, metrics.Operation.POWER_STATE, lambda d: d.power_state())
 
     async def act(self, target: BmcTarget, action: PowerAction) -> None:
         """Send ``action`` (the type a policy decides in, unconverted) to the BMC."""
-        await self._run(target, lambda d: d.act(action))
+        await self._run(target, metrics.operation_of(action), lambda d: d.act(action))
 
     async def power_on(self, target: BmcTarget) -> None:
         await self.act(target, PowerAction.ON)
 
     async def power_off(self, target: BmcTarget, *, hard: bool) -> None:
         await self.act(target, PowerAction.HARD_OFF if hard else PowerAction.SOFT_OFF)
+
+    # -- drives (bmc/storage.py): same bindings, slots and deadlines as power ------------
+
+    async def drives(self, target: BmcTarget) -> list[Drive]:
+        """Every local drive of the host's system, as its BMC serves them."""
+        _refuse_storage_on_ipmi(target)
+        return await self._run(
+            target, metrics.Operation.DRIVES, lambda d: _storage(d, target).drives()
+        )
+
+    async def start_erase(self, target: BmcTarget, drive_id: str) -> str | None:
+        """Start the BMC's secure erase of ``drive_id`` (a ``Drive.id`` from ``drives``);
+        returns the task monitor to pass to ``erase_status`` (None: the BMC gave none)."""
+        _refuse_storage_on_ipmi(target)
+        monitor = await self._run(
+            target,
+            metrics.Operation.START_ERASE,
+            lambda d: _storage(d, target).start_erase(drive_id),
+        )
+        if monitor is not None:  # followed by erase_status when the caller keeps none
+            self._erase_monitors[(target.address.system_key, drive_id)] = monitor
+        return monitor
+
+    async def erase_status(
+        self, target: BmcTarget, drive_id: str, monitor: str | None = None
+    ) -> EraseStatus:
+        """Where the erase of ``drive_id`` is (``EraseFailed`` when the BMC says it failed).
+        Without ``monitor``, the one ``start_erase`` got in this process is followed, else
+        (after a restart) what the Drive itself reports."""
+        _refuse_storage_on_ipmi(target)
+        monitor = monitor or self._erase_monitors.get((target.address.system_key, drive_id))
+        status = await self._run(
+            target,
+            metrics.Operation.ERASE_STATUS,
+            lambda d: _storage(d, target).erase_status(drive_id, monitor),
+        )
+        if status.finished:
+            self._erase_monitors.pop((target.address.system_key, drive_id), None)
+        return status
+
+    async def erase_finished(
+        self, target: BmcTarget, drive_id: str, monitor: str | None = None
+    ) -> bool:
+        return (await self.erase_status(target, drive_id, monitor)).finished
 
     async def close(self) -> None:
         drivers, self._drivers = list(self._drivers.values()), {}
@@ -129,10 +177,34 @@ class BmcPool:
 
     # -- one call ---------------------------------------------------------------------
 
-    async def _run(self, target: BmcTarget, work: Callable[[PowerDriver], Awaitable[T]]) -> T:
+    async def _run(
+        self,
+        target: BmcTarget,
+        operation: metrics.Operation,
+        work: Callable[[PowerDriver], Awaitable[T]],
+    ) -> T:
+        protocol = target.address.protocol
+        try:
+            call = await self._take_slots(target, _driver_key(target))
+        except Busy:
+            metrics.turned_away(protocol, operation)
+            raise
+        failure: BaseException | None = None
+        try:
+            return await self._call(target, call, work)
+        except BaseException as error:
+            failure = error
+            raise
+        finally:
+            # Slot taken to answer (or deadline): what the host waited for at the BMC.
+            seconds = time.monotonic() - call.started
+            metrics.observe(protocol, operation, seconds, failure)
+
+    async def _call(
+        self, target: BmcTarget, call: _Call, work: Callable[[PowerDriver], Awaitable[T]]
+    ) -> T:
         timeout = self.settings.timeout
-        key = _driver_key(target)
-        call = await self._take_slots(target, key)
+        key = call.driver_key
         self._last_used[key] = call.started
         self._expire_idle(call.started)
         try:
@@ -200,6 +272,7 @@ class BmcPool:
         now = time.monotonic()
         call = _Call(endpoint, namespace, key, now, now + self.settings.timeout)
         self._calls.append(call)
+        metrics.IN_FLIGHT.inc()
         return call
 
     def _blocker(self, endpoint: str, namespace: str) -> tuple[str, list[_Call]] | None:
@@ -222,6 +295,7 @@ class BmcPool:
     def _release(self, call: _Call) -> None:
         # Synchronous: a cancellation arriving now cannot leave the slot taken.
         self._calls.remove(call)
+        metrics.IN_FLIGHT.dec()
         freed, self._freed = self._freed, asyncio.Event()
         freed.set()
 
@@ -254,6 +328,18 @@ async def _close(driver: PowerDriver) -> None:
             await driver.close()
     except Exception as error:  # close never raises by contract; a broken one must not either
         log.debug("closing a BMC driver: %s", type(error).__name__)
+
+
+def _refuse_storage_on_ipmi(target: BmcTarget) -> None:
+    # Before a slot is taken: IPMI has no notion of drives, so nothing is sent.
+    if target.address.protocol == "ipmi":
+        raise Unsupported(f"{target.address}: IPMI cannot list or erase drives; use Redfish")
+
+
+def _storage(driver: PowerDriver, target: BmcTarget) -> StorageDriver:
+    if not isinstance(driver, StorageDriver):
+        raise Unsupported(f"{target.address}: this BMC's driver cannot list or erase drives")
+    return driver
 
 
 def _driver_key(target: BmcTarget) -> tuple[str, ...]:

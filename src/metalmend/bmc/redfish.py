@@ -7,7 +7,10 @@ the BMC does not serve, and a BMC with several systems when none is named, are e
 naming the systems it has, never a fallback to another system (for fencing, powering off
 the wrong server is split brain). The ComputerSystem's ``PowerState`` is the power state;
 its ``#ComputerSystem.Reset`` action (``target``, with the reset types it allows in
-``ResetType@Redfish.AllowableValues`` or its ``@Redfish.ActionInfo``) changes it.
+``ResetType@Redfish.AllowableValues`` or its ``@Redfish.ActionInfo``) changes it. The same
+driver lists the system's drives and erases one (``#Drive.SecureErase``): what those
+answers mean is in ``bmc/storage.py``; here, every drive, storage subsystem and action
+target must lie under the system's own path.
 
 The client is httpx's asyncio client, not sushy: sushy is blocking, so a call to a BMC
 that answers slowly forever could only be abandoned in a thread that lives on, holding
@@ -36,10 +39,11 @@ import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import httpx
 
+from metalmend.api.storage import Drive
 from metalmend.bmc.address import (
     REDFISH_ROOT,
     BmcAddress,
@@ -58,6 +62,18 @@ from metalmend.bmc.errors import (
     cap,
 )
 from metalmend.bmc.settings import BmcSettings
+from metalmend.bmc.storage import (
+    FAILED_TASK_STATES,
+    MAX_DRIVES,
+    MAX_STORAGE,
+    RUNNING_TASK_STATES,
+    SECURE_ERASE_ACTION,
+    EraseFailed,
+    EraseStatus,
+    drive_from_redfish,
+    erase_in_drive,
+    task_state,
+)
 
 T = TypeVar("T")
 
@@ -93,6 +109,8 @@ class Answer:
     body: bytes
     complete: bool
     """False: the answer was larger than the cap and ``body`` is only its start."""
+    location: str | None = None
+    """The ``Location`` header (a task monitor, after an action answered 202)."""
 
 
 class RedfishDriver:
@@ -122,6 +140,10 @@ class RedfishDriver:
         self._headers: dict[str, str] = {}
         self._extensions: dict[str, Any] = {}
         self._system_path: str | None = None  # found once, forgotten on any error
+        # The system's Reset action (target, allowed types), read once like the path: a
+        # power command is then one POST, not a GET of the system first (the controller
+        # has just read the system for its power state). Forgotten on any error.
+        self._reset_action: tuple[str, set[str] | None] | None = None
 
     # ---- the driver interface -----------------------------------------------------
 
@@ -136,6 +158,163 @@ class RedfishDriver:
 
     async def close(self) -> None:
         await self._drop()
+
+    # ---- drives (the StorageDriver interface of bmc/storage.py) ---------------------
+
+    async def drives(self) -> list[Drive]:
+        return await self._guarded(self._read_drives)
+
+    async def start_erase(self, drive_id: str) -> str | None:
+        async def erase() -> str | None:
+            return await self._start_erase(drive_id)
+
+        return await self._guarded(erase)
+
+    async def erase_status(self, drive_id: str, monitor: str | None) -> EraseStatus:
+        async def status() -> EraseStatus:
+            return await self._erase_status(drive_id, monitor)
+
+        return await self._guarded(status)
+
+    # ---- Redfish: drives -----------------------------------------------------------
+
+    async def _read_drives(self) -> list[Drive]:
+        path, system = await self._system()
+        collection = self._under_system(
+            _odata_id(system.get("Storage")), path, f"the Storage link of {path}"
+        )
+        storages, unusable = await self._members(collection)
+        if unusable:
+            raise BmcError(f"{self.address}: {collection} lists {unusable} unusable members")
+        if len(storages) > MAX_STORAGE:
+            raise BmcError(
+                f"{self.address}: {collection} lists {len(storages)} storage subsystems,"
+                f" more than the {MAX_STORAGE} read"
+            )
+        drive_paths: list[str] = []
+        for storage_path in storages:
+            self._under_system(storage_path, path, f"the storage {storage_path}")
+            storage = self._document(await self._send("GET", storage_path), "GET", storage_path)
+            links = storage.get("Drives", [])
+            if not isinstance(links, list):
+                raise BmcError(f"{self.address}: Drives of {storage_path} is not a list")
+            if len(drive_paths) + len(links) > MAX_DRIVES:
+                raise BmcError(
+                    f"{self.address}: the system {path} lists more than {MAX_DRIVES} drives;"
+                    " not read"
+                )
+            for link in links:
+                drive_path = self._under_system(
+                    _odata_id(link), path, f"a drive link of {storage_path}"
+                )
+                if drive_path not in drive_paths:  # a drive may sit in two subsystems
+                    drive_paths.append(drive_path)
+        drives = []
+        for drive_path in drive_paths:
+            resource = self._document(await self._send("GET", drive_path), "GET", drive_path)
+            drives.append(drive_from_redfish(drive_path, resource))
+        return drives
+
+    async def _drive(self, drive_id: str) -> tuple[str, dict[str, Any]]:
+        """The system's path and the Drive resource ``drive_id`` (under that system only)."""
+        path, _ = await self._system()
+        self._under_system(drive_id, path, f"the drive {drive_id}")
+        answer = await self._send("GET", drive_id)
+        if answer.status == 404:
+            raise BmcError(f"{self.address}: the system {path} has no drive {drive_id}")
+        return path, self._document(answer, "GET", drive_id)
+
+    async def _start_erase(self, drive_id: str) -> str | None:
+        path, drive = await self._drive(drive_id)
+        if not erase_in_drive(drive).finished:
+            # Already busy (our own erase, asked again after a restart): never a second one.
+            return self._running_task(drive)
+        actions = drive.get("Actions")
+        erase = actions.get(SECURE_ERASE_ACTION) if isinstance(actions, dict) else None
+        if not isinstance(erase, dict):
+            raise Unsupported(
+                f"{self.address}: the drive {drive_id} offers no {SECURE_ERASE_ACTION} action"
+            )
+        target = self._under_system(
+            erase.get("target"), path, f"the target of {SECURE_ERASE_ACTION} of {drive_id}"
+        )
+        answer = await self._send("POST", target, {})
+        if answer.status == 202:
+            return self._task_monitor(answer.location, target)
+        if 200 <= answer.status < 300:
+            return None  # done while we waited: the Drive shows no operation left
+        raise self._status_error(answer, "POST", target)
+
+    async def _erase_status(self, drive_id: str, monitor: str | None) -> EraseStatus:
+        if monitor is not None:
+            checked = self._checked_link(monitor, "the erase's task monitor")
+            answer = await self._send("GET", checked)
+            if answer.status != 404:  # 404: the BMC forgot the task; the Drive says
+                return self._erase_in_task(drive_id, checked, answer)
+        _, drive = await self._drive(drive_id)
+        return erase_in_drive(drive)
+
+    def _erase_in_task(self, drive_id: str, monitor: str, answer: Answer) -> EraseStatus:
+        if answer.complete and not answer.body.strip() and 200 <= answer.status < 300:
+            # 202: still running; any other success without a body (204 No Content): the
+            # monitor answers with the action's own (empty) result, so it is over.
+            return EraseStatus(finished=False) if answer.status == 202 else EraseStatus(True, 100)
+        task = self._document(answer, "GET", monitor)
+        state, percent, said = task_state(task)
+        if state in FAILED_TASK_STATES:
+            raise EraseFailed(
+                self._with_bmc_text(
+                    f"{self.address}: the erase of {drive_id} ended {state}"
+                    + (": " if said else ""),
+                    said,
+                )
+            )
+        if answer.status == 202 or state in RUNNING_TASK_STATES:
+            return EraseStatus(finished=False, percent=percent)
+        return EraseStatus(finished=True, percent=100)
+
+    def _running_task(self, drive: dict[str, Any]) -> str | None:
+        """The task of the operation a busy drive lists, if it names one we may follow."""
+        operations = drive.get("Operations")
+        for operation in operations if isinstance(operations, list) else []:
+            task = (
+                _odata_id(operation.get("AssociatedTask")) if isinstance(operation, dict) else None
+            )
+            if isinstance(task, str) and redfish_path_problem(task) is None:
+                return task
+        return None
+
+    def _task_monitor(self, location: str | None, target: str) -> str | None:
+        """The task monitor of a 202 answer: a path on this BMC (an absolute URL only if it
+        names the endpoint we talk to), or None when the BMC gave none."""
+        if location is None:
+            return None
+        parts = urlsplit(location)
+        if parts.scheme or parts.netloc:
+            ours = {urlsplit(self._base).netloc, self._headers.get("Host", "")}
+            if parts.netloc not in ours or parts.scheme != self.address.scheme:
+                raise BmcError(
+                    self._with_bmc_text(
+                        f"{self.address}: POST {target} names a task monitor on another"
+                        " endpoint; not followed: ",
+                        location,
+                    )
+                )
+            location = parts.path
+        return self._checked_link(location, f"the task monitor of POST {target}")
+
+    def _under_system(self, link: object, system_path: str, what: str) -> str:
+        """``link`` if it is a plain path under the system's own path, else an error: a
+        drive or an action elsewhere belongs to something this host does not own."""
+        checked = self._checked_link(link, what)
+        if not unquote(checked).startswith(unquote(system_path).rstrip("/") + "/"):
+            raise BmcError(
+                self._with_bmc_text(
+                    f"{self.address}: {what} is outside the system {system_path}; not followed: ",
+                    checked,
+                )
+            )
+        return checked
 
     # ---- Redfish ------------------------------------------------------------------
 
@@ -157,13 +336,9 @@ class RedfishDriver:
         )
 
     async def _reset(self, reset_type: str) -> None:
-        _, system = await self._system()
-        actions = system.get("Actions")
-        reset = actions.get(RESET_ACTION) if isinstance(actions, dict) else None
-        if not isinstance(reset, dict):
-            raise Unsupported(f"{self.address}: the system offers no {RESET_ACTION} action")
-        target = self._checked_link(reset.get("target"), f"the target of {RESET_ACTION}")
-        allowed = await self._allowed_reset_types(reset)
+        if self._reset_action is None:
+            self._reset_action = await self._find_reset_action()
+        target, allowed = self._reset_action
         if allowed is not None and reset_type not in allowed:
             offered = ", ".join(sorted(allowed)) or "none"
             raise Unsupported(
@@ -185,6 +360,15 @@ class RedfishDriver:
                 )
             )
         raise self._status_error(answer, "POST", target)
+
+    async def _find_reset_action(self) -> tuple[str, set[str] | None]:
+        _, system = await self._system()
+        actions = system.get("Actions")
+        reset = actions.get(RESET_ACTION) if isinstance(actions, dict) else None
+        if not isinstance(reset, dict):
+            raise Unsupported(f"{self.address}: the system offers no {RESET_ACTION} action")
+        target = self._checked_link(reset.get("target"), f"the target of {RESET_ACTION}")
+        return target, await self._allowed_reset_types(reset)
 
     async def _allowed_reset_types(self, reset: dict[str, Any]) -> set[str] | None:
         """The reset types the system takes, or None when it does not say."""
@@ -434,14 +618,15 @@ class RedfishDriver:
                     )
                 )
             declared = response.headers.get("Content-Length", "")
+            location = response.headers.get("Location")
             if declared.isdigit() and int(declared) > limit and response.is_success:
-                return Answer(response.status_code, b"", False)  # an error's start is read
+                return Answer(response.status_code, b"", False, location)  # errors are read
             body = bytearray()
             async for chunk in response.aiter_raw():
                 body += chunk
                 if len(body) > limit:
-                    return Answer(response.status_code, bytes(body[:limit]), False)
-            return Answer(response.status_code, bytes(body), True)
+                    return Answer(response.status_code, bytes(body[:limit]), False, location)
+            return Answer(response.status_code, bytes(body), True, location)
         finally:
             # Unread, the rest of a large answer is not drained: the connection is closed.
             await response.aclose()
@@ -556,6 +741,7 @@ class RedfishDriver:
         """Close the connection and forget the system; never raises."""
         client, self._client = self._client, None
         self._system_path = None
+        self._reset_action = None
         if client is None:
             return
         # Shielded: a second cancellation while closing must not leave the socket open.

@@ -40,6 +40,7 @@ from metalmend.api.resources import BareMetalHost
 from metalmend.bmc import AuthenticationFailed, BmcError, BmcPool, BmcTarget, parse
 from metalmend.bmc import credentials as bmc_credentials
 from metalmend.bmc.errors import Busy, TimedOut
+from metalmend.controllers import metrics
 from metalmend.kube import errors
 from metalmend.kube.controller import DONE, Controller, Result, beyond_status
 from metalmend.kube.manager import Manager
@@ -120,6 +121,11 @@ class HostPowerController:
         that bring nothing new: each call may cost one login at the BMC), then enqueue the
         key. Synchronous and cheap: safe inside an informer handler."""
         self._schedules.pop(key, None)
+
+    def cache_samples(self) -> list[metrics.Sample]:
+        """/metrics gauges from the host cache: reboot requests pending, hosts in error."""
+        hosts = self.hosts.store.values()
+        return metrics.reboot_samples(hosts, self.clock.now()) + metrics.bmc_error_samples(hosts)
 
     def next_attempt(self, key: str) -> dt.datetime | None:
         """When a failing host is tried next (None: not failing). For tests and tools."""
@@ -383,6 +389,7 @@ def setup(manager: Manager, settings: Settings) -> None:
     # the pool answers Busy and the key is requeued).
     workers = controller.bmcs.settings.max_in_flight + 4
     runner = manager.add(Controller("host-power", controller.reconcile, workers=workers))
+    metrics.from_cache("host-power", lambda: controller.cache_samples())
     manager.on_stop(controller.bmcs.close)
     runner.watch(controller.hosts, predicate=host_power_relevant)
     for secrets in controller.secrets.values():

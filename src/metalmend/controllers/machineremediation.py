@@ -22,6 +22,7 @@ from lightkube.resources.core_v1 import Node
 from metalmend.api import indexes, links, names
 from metalmend.api.resources import BareMetalHost, Machine
 from metalmend.api.stamps import stamp
+from metalmend.controllers import metrics
 from metalmend.controllers.tenancy import report
 from metalmend.kube.controller import Controller, Result
 from metalmend.kube.manager import Manager
@@ -150,17 +151,22 @@ class MachineRemediationController:
                 await writer.patch_metadata(
                     BareMetalHost, host, "annotations", {reboot_key: HARD}, require_version=True
                 )
+                cycling = (metrics.MACHINE_REMEDIATION, metrics.POWER_CYCLING)
+                metrics.PHASE_ENTERED.labels(*cycling).inc()
             case policy.ReleasePower(key=reboot_key):
                 await writer.patch_metadata(BareMetalHost, host, "annotations", {reboot_key: None})
             case policy.DeleteNode(name=name, uid=uid):
-                await writer.delete_exact(Node, name, uid)
+                with metrics.fencing(metrics.MACHINE_REMEDIATION, "delete-node"):
+                    await writer.delete_exact(Node, name, uid)
             case policy.DeletePods(node=node):
                 await writer.delete_pods_on(node)
             case policy.RemoveRemediationRequest(ended_at=ended_at):
                 # one write: the request never reads as gone without the end that explains it
                 ended: dict[str, str | None] = {names.EXTERNAL_REMEDIATION: None}
                 ended[names.REMEDIATION_ENDED_AT] = stamp(ended_at)
-                return await writer.patch_metadata(Machine, machine, "annotations", ended)
+                written = await writer.patch_metadata(Machine, machine, "annotations", ended)
+                metrics.OUTCOMES.labels(metrics.MACHINE_REMEDIATION, "power_cycled").inc()
+                return written
             case policy.ForgetRemediationEnd():
                 forget = {names.REMEDIATION_ENDED_AT: None}
                 return await writer.patch_metadata(Machine, machine, "annotations", forget)
@@ -196,6 +202,12 @@ def setup(manager: Manager, settings: Settings) -> None:
         return sorted(keys)
 
     runner = manager.add(Controller("machine-remediation", controller.reconcile, workers=2))
+    metrics.from_cache(
+        metrics.MACHINE_REMEDIATION,
+        lambda: metrics.machine_remediation_samples(
+            controller.machines.store.values(), controller.hosts.store.values()
+        ),
+    )
     runner.watch(controller.hosts)
     runner.watch(controller.machines, by_machine)
     runner.watch(controller.nodes, by_node, predicate=node_found_or_moved)

@@ -19,6 +19,7 @@ from lightkube.resources.core_v1 import Node
 
 from metalmend.api import indexes, links, names
 from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
+from metalmend.controllers import metrics
 from metalmend.controllers.tenancy import report
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
@@ -174,8 +175,11 @@ class RemediationController:
         writer = self.writer
         match action:
             case policy.SetProgress(progress=progress):
-                status = progress.to_wire(obj.get("status") or {})
-                return await writer.patch_status(Metal3Remediation, obj, status)
+                before = obj.get("status") or {}
+                status = progress.to_wire(before)
+                written = await writer.patch_status(Metal3Remediation, obj, status)
+                metrics.entered(metrics.METAL3_REMEDIATION, before, progress.phase)
+                return written
             case policy.AddFinalizer() | policy.RemoveFinalizer():
                 present = list(obj.metadata.finalizers or [])
                 wanted = [f for f in present if f != names.REMEDIATION_FINALIZER]
@@ -214,7 +218,9 @@ class RemediationController:
         writer = self.writer
         match action:
             case policy.DeleteNode(name=name, uid=uid):
-                if await writer.delete_exact(Node, name, uid):
+                with metrics.fencing(metrics.METAL3_REMEDIATION, policy.FenceMethod.DELETE_NODE):
+                    deleted = await writer.delete_exact(Node, name, uid)
+                if deleted:
                     log.info("node deleted", extra=fields(remediation=object_key(obj), node=name))
             case policy.DeletePods(node=node_name):
                 await writer.delete_pods_on(node_name)
@@ -222,7 +228,12 @@ class RemediationController:
                 node = self.nodes.store.get(name)
                 if node is not None:
                     taints = out_of_service_taints(node, isinstance(action, policy.TaintNode))
-                    await writer.set_taints(node, taints)
+                    if isinstance(action, policy.TaintNode):
+                        method = policy.FenceMethod.OUT_OF_SERVICE_TAINT
+                        with metrics.fencing(metrics.METAL3_REMEDIATION, method):
+                            await writer.set_taints(node, taints)
+                    else:
+                        await writer.set_taints(node, taints)
             case policy.RestoreNode(name=name, labels=labels, annotations=annotations):
                 found = self.nodes.store.get(name)
                 if found is not None:
@@ -308,6 +319,10 @@ def setup(manager: Manager, settings: Settings) -> None:
         return sorted(keys)
 
     runner = manager.add(Controller("metal3-remediation", controller.reconcile, workers=4))
+    metrics.from_cache(
+        metrics.METAL3_REMEDIATION,
+        lambda: metrics.metal3_remediation_samples(controller.remediations.store.values()),
+    )
     runner.watch(controller.remediations)
     runner.watch(controller.machines, by_machine)
     runner.watch(controller.hosts, by_host)

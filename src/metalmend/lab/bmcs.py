@@ -97,7 +97,12 @@ def start_ipmi_bmcs(hosts: list[tuple[HostSpec, HostPower]]) -> threading.Thread
     from pyghmi.ipmi import bmc as pyghmi_bmc
     from pyghmi.ipmi.private import serversession
 
+    from metalmend.bmc import ipmi_wakeup
+
     _refuse_unsupported_ciphers(serversession.ServerSession)
+    # pyghmi's BMC loop has the client's lost wake-up too: a request that arrives while it
+    # is about to wait sat unread until the client retransmitted (0.5-1 s later).
+    ipmi_wakeup.install()
 
     class LabBmc(pyghmi_bmc.Bmc):  # type: ignore[misc]
         def __init__(self, spec: HostSpec, power: HostPower) -> None:

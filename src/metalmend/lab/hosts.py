@@ -4,8 +4,10 @@ registers in the cluster.
 For each host: BMC credentials (a Secret, labelled and bound to that host), a BareMetalHost
 (online, provisioned) whose ``spec.bmc.address`` is the host's BMC on 127.0.0.1, and a
 Machine linked to it (annotation ``metal3.io/BareMetalHost`` one way, ``spec.consumerRef``
-the other). Redfish hosts share one sushy-tools emulator (fake driver, TLS, basic auth);
-IPMI hosts each get a pyghmi BMC.
+the other). Redfish hosts share one sushy-tools emulator (fake driver, TLS, basic auth,
+with the lab's drives and their secure erase added by ``lab.emulator``); IPMI hosts each
+get a pyghmi BMC. Every host has drives (``lab.drives``): listed in the BareMetalHost's
+``status.hardware.storage``, the OS drive named in its ``spec.rootDeviceHints``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import secrets
 import sys
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ from metalmend.api.resources import (
 )
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
 from metalmend.kube import errors
+from metalmend.lab import drives, emulator
 from metalmend.lab.controlplane import LOOPBACK, ControlPlane, free_port
 from metalmend.lab.inventory import HardwareConfig, HostSpec
 
@@ -55,8 +59,10 @@ def plan(
     emulator_port: int,
     boot_delay: float = 3.0,
     power_delay: float = 0.0,
+    erase_seconds: float = drives.DEFAULT_ERASE_SECONDS,
 ) -> HardwareConfig:
-    """Names, ports, credentials and node identities for ``count`` hosts."""
+    """Names, ports, credentials, node identities and drives for ``count`` hosts; each
+    drive that has no content yet is seeded (``lab.drives``)."""
     hosts = []
     for index in range(count):
         kind = bmc if bmc != "mixed" else ("redfish", "ipmi")[index % 2]
@@ -77,13 +83,27 @@ def plan(
                 boot_delay=boot_delay,
                 power_delay=power_delay,
                 labels={"metalmend.dev/lab-host": name, "kubernetes.io/hostname": name},
+                drives=drives.plan(name, index),
             )
         )
-    return HardwareConfig(str(lab_dir), hosts, str(plane.ca.pair.cert))
+        drives.seed(lab_dir, name, hosts[-1].drives)
+    return HardwareConfig(str(lab_dir), hosts, str(plane.ca.pair.cert), erase_seconds)
 
 
 def emulator_files(config: HardwareConfig, workdir: Path, plane: ControlPlane, port: int) -> Path:
     """sushy-tools' configuration (a Python file), its htpasswd and TLS; returns the config."""
+    serving = plane.ca.issue(
+        "redfish-emulator", "redfish-emulator", dns_names=("localhost",),
+        ip_addresses=(LOOPBACK,), server=True,
+    )  # fmt: skip
+    return emulator_config(config, workdir, serving.cert, serving.key, port)
+
+
+def emulator_config(
+    config: HardwareConfig, workdir: Path, cert: Path, key: Path, port: int
+) -> Path:
+    """The emulator's configuration for the Redfish hosts of ``config``, served with the
+    TLS pair ``cert``/``key``: systems, credentials, and each host's drives."""
     redfish = [h for h in config.hosts if h.bmc == "redfish"]
     workdir.mkdir(parents=True, exist_ok=True)
     auth = workdir / "htpasswd"
@@ -93,22 +113,23 @@ def emulator_files(config: HardwareConfig, workdir: Path, plane: ControlPlane, p
             for h in redfish
         )
     )
-    serving = plane.ca.issue(
-        "redfish-emulator", "redfish-emulator", dns_names=("localhost",),
-        ip_addresses=(LOOPBACK,), server=True,
-    )  # fmt: skip
     systems = [
         {"uuid": h.system_id, "name": h.name, "power_state": "On", "nics": []} for h in redfish
     ]
     settings = {
         "SUSHY_EMULATOR_LISTEN_IP": LOOPBACK,
         "SUSHY_EMULATOR_LISTEN_PORT": port,
-        "SUSHY_EMULATOR_SSL_CERT": str(serving.cert),
-        "SUSHY_EMULATOR_SSL_KEY": str(serving.key),
+        "SUSHY_EMULATOR_SSL_CERT": str(cert),
+        "SUSHY_EMULATOR_SSL_KEY": str(key),
         "SUSHY_EMULATOR_AUTH_FILE": str(auth),
         "SUSHY_EMULATOR_FAKE_DRIVER": True,
         "SUSHY_EMULATOR_FAKE_SYSTEMS": systems,
         "SUSHY_EMULATOR_STATE_DIR": str(workdir / "state"),
+        emulator.DRIVES_KEY: {
+            h.system_id: {"host": h.name, "drives": [asdict(d) for d in h.drives]} for h in redfish
+        },
+        emulator.LAB_DIR_KEY: config.lab_dir,
+        emulator.ERASE_SECONDS_KEY: config.erase_seconds,
     }
     path = workdir / "emulator.conf"
     path.write_text("".join(f"{key} = {value!r}\n" for key, value in settings.items()))
@@ -119,7 +140,7 @@ def emulator_argv(config_file: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "sushy_tools.emulator.main",
+        "metalmend.lab.emulator",  # sushy-tools' emulator with the lab's drives
         "--config",
         str(config_file),
         "--fake",
@@ -181,6 +202,10 @@ def register_host(client: Client, host: HostSpec) -> None:
             "uid": machine.metadata.uid,
         },
     }
+    if host.drives:
+        # The OS drive by its device name, as an operator sets it so that destroy with
+        # preserve-local-storage knows which drive to wipe (docs/drives.md).
+        spec["rootDeviceHints"] = {"deviceName": host.drives[0].name}
     client.create(BareMetalHost(metadata=ObjectMeta(name=host.name), spec=spec), namespace=ns)
     client.patch(
         BareMetalHost.Status,
@@ -190,6 +215,8 @@ def register_host(client: Client, host: HostSpec) -> None:
                 "poweredOn": True,
                 "operationalStatus": "OK",
                 "provisioning": {"state": "provisioned"},
+                # What metal3's inspection would have found (metal3's HardwareDetails).
+                "hardware": {"storage": [d.drive().to_metal3() for d in host.drives]},
             }
         },
         namespace=ns,

@@ -1,13 +1,15 @@
 """What the lab's hardware is: its hosts (BMC kind and ports, credentials, the Node each
-becomes), as ``metalmend lab up`` writes it for the hardware process, and where that
-process reports what the hardware looks like (``status.json``, read by ``metalmend lab
-status``)."""
+becomes, its drives), as ``metalmend lab up`` writes it for the hardware process, and where
+that process reports what the hardware looks like (``status.json``, read by ``metalmend
+lab status``)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from metalmend.lab.drives import DEFAULT_ERASE_SECONDS, DriveSpec
 
 
 @dataclass
@@ -25,6 +27,7 @@ class HostSpec:
     boot_delay: float = 3.0
     power_delay: float = 0.0  # IPMI: seconds before a power change lands
     labels: dict[str, str] = field(default_factory=dict)
+    drives: list[DriveSpec] = field(default_factory=list)  # lab.drives: OS drive first
 
     @property
     def address(self) -> str:
@@ -38,11 +41,17 @@ class HardwareConfig:
     lab_dir: str
     hosts: list[HostSpec]
     ca_file: str = ""  # trusts the emulator's certificate
+    erase_seconds: float = DEFAULT_ERASE_SECONDS  # how long a drive's secure erase takes
 
     @classmethod
     def read(cls, path: Path) -> HardwareConfig:
         data = json.loads(path.read_text())
-        return cls(data["lab_dir"], [HostSpec(**h) for h in data["hosts"]], data["ca_file"])
+        hosts = []
+        for host in data["hosts"]:
+            drives = [DriveSpec(**d) for d in host.pop("drives", [])]
+            hosts.append(HostSpec(**host, drives=drives))
+        erase = data.get("erase_seconds", DEFAULT_ERASE_SECONDS)
+        return cls(data["lab_dir"], hosts, data["ca_file"], erase)
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))

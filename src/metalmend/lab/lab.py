@@ -46,6 +46,7 @@ from metalmend.lab.controlplane import (
     start_component,
     tls_context,
 )
+from metalmend.lab.drives import DEFAULT_ERASE_SECONDS
 from metalmend.lab.inventory import HardwareConfig, status_path
 from metalmend.lab.pki import KeyPair
 
@@ -121,6 +122,7 @@ class LabOptions:
     bmc: str = "mixed"  # redfish, ipmi or mixed
     boot_delay: float = 3.0  # seconds from power-on until the kubelet registers
     power_delay: float = 0.0  # seconds before an IPMI power change lands
+    erase_seconds: float = DEFAULT_ERASE_SECONDS  # a drive's secure erase (lab.drives)
     controllers: str = DEFAULT_CONTROLLERS  # `metalmend run` ("" none)
     soft_power_off_timeout: float = 30.0
     apiserver_args: tuple[str, ...] = ()  # extra kube-apiserver flags (a benchmark's audit log)
@@ -224,6 +226,7 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
     try:
         ControlPlane(config).wipe()  # every lab starts from an empty cluster
         shutil.rmtree(lab_dir / "hardware", ignore_errors=True)
+        shutil.rmtree(lab_dir / "drives", ignore_errors=True)  # new hosts, new drives
         plane = ControlPlane(config)
         plane.start()
         state.components = plane.pids()
@@ -268,7 +271,7 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
     config = hosts.plan(
         options.hosts, options.bmc, options.lab_dir, running.plane,
         emulator_port=emulator_port, boot_delay=options.boot_delay,
-        power_delay=options.power_delay,
+        power_delay=options.power_delay, erase_seconds=options.erase_seconds,
     )  # fmt: skip
     running.hardware = config
     context = tls_context(running.plane.ca.pair.cert, running.plane.admin)
@@ -383,6 +386,7 @@ def up_detached(options: LabOptions, timeout: float = 600.0) -> LabState:
     argv += ["--node-grace", f"{options.node_monitor_grace_period:g}"]
     argv += ["--hosts", str(options.hosts), "--bmc", options.bmc]
     argv += ["--boot-delay", f"{options.boot_delay:g}", "--controllers", options.controllers]
+    argv += ["--erase-seconds", f"{options.erase_seconds:g}"]
     with log_path.open("wb") as log:
         child = subprocess.Popen(
             argv,

@@ -30,10 +30,12 @@ import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import RoleRef, Subject
-from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
+from lightkube.resources.core_v1 import Namespace
+from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding, RoleBinding
 
 from metalmend.kube import errors
 from metalmend.lab.controlplane import LOOPBACK, Component, ControlPlane, free_port, start_component
+from metalmend.lab.hosts import NAMESPACE as HOSTS_NAMESPACE
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 SERVE_RBAC = DEPLOY / "rbac" / "serve.yaml"
@@ -41,6 +43,7 @@ SHUTDOWN_KUBELET = DEPLOY / "teardown" / "shutdown-kubelet.yaml"
 COMPONENT = "metalmend-serve"
 ENDPOINTS = "endpoints.json"
 NAMESPACE = "metalmend-system"
+BMC_CREDENTIALS_ROLE = "metalmend-serve-bmc-credentials"
 SERVICE_ACCOUNT = "metalmend-serve"
 ADMIN_ACCOUNT = "lab-admin"
 FIELD_MANAGER = "metalmend-lab"
@@ -51,6 +54,9 @@ TOKEN_SECONDS = 365 * 24 * 3600
 # seconds without renewal mean stopped; the lab's teardown steps take lab time (its site
 # etcd settles in seconds, not the 30 s the spec polls at).
 LAB_TEARDOWN = {"kubelet_stopped_after": 5, "shutdown_kubelet_timeout": 60, "etcd_poll_interval": 2}
+# destroy_nodes at lab speed: host-power there polls every 5 s and erases take seconds; a
+# task of a killed service is taken over after 6 s (docs/destroy.md).
+LAB_DESTROY = {"poll_interval": 0.5, "bmc_retry": 1, "lease_seconds": 6, "release_timeout": 60}
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,21 @@ def admin_token(plane: ControlPlane, client: Client) -> str:
     return token_of(path)
 
 
+def grant_bmc_credentials(client: Client, namespace: str) -> None:
+    """Let ``metalmend serve`` read the BMC credentials Secrets of ``namespace`` (destroy's
+    wipes): a RoleBinding to deploy/rbac/serve.yaml's ClusterRole there, never a cluster-wide
+    binding (docs/security.md: serve reads no Secret nobody granted it)."""
+    client.apply(Namespace(metadata=ObjectMeta(name=namespace)), field_manager=FIELD_MANAGER)
+    binding = RoleBinding(
+        metadata=ObjectMeta(name=BMC_CREDENTIALS_ROLE, namespace=namespace),
+        roleRef=RoleRef(
+            apiGroup="rbac.authorization.k8s.io", kind="ClusterRole", name=BMC_CREDENTIALS_ROLE
+        ),
+        subjects=[Subject(kind="ServiceAccount", name=SERVICE_ACCOUNT, namespace=NAMESPACE)],
+    )
+    client.apply(binding, field_manager=FIELD_MANAGER, force=True)
+
+
 def token_of(kubeconfig: Path) -> str:
     token: str = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"]
     return token
@@ -128,13 +149,23 @@ def start(plane: ControlPlane, client: Client, lab_dir: Path) -> tuple[Component
     """Start ``metalmend serve`` against the lab; return it (ready: its OpenAPI document is
     served over TLS the lab CA vouches for) and the endpoints to write."""
     apply_manifests(client, SERVE_RBAC, SHUTDOWN_KUBELET)
+    grant_bmc_credentials(client, HOSTS_NAMESPACE)
     kubeconfig = plane.service_account_kubeconfig(NAMESPACE, SERVICE_ACCOUNT, TOKEN_SECONDS)
     serving = plane.ca.issue(
         "metalmend-serve", "metalmend-serve", dns_names=("localhost",),
         ip_addresses=(LOOPBACK,), server=True,
     )  # fmt: skip
     config = lab_dir / "serve-settings.yaml"
-    config.write_text(yaml.safe_dump({"teardown": LAB_TEARDOWN}))
+    # The design store in the lab's directory: gone with the lab (docs/design-store.md).
+    database = f"sqlite:///{(lab_dir / 'serve.sqlite').resolve()}"
+    settings = {
+        "teardown": LAB_TEARDOWN,
+        "serve": {"database_url": database},
+        # destroy_nodes wipes through the lab's BMCs, whose certificates the lab CA signs
+        "bmc": {"ca_bundle": str(plane.ca.pair.cert.resolve()), "timeout": 5},
+        "destroy": LAB_DESTROY,
+    }
+    config.write_text(yaml.safe_dump(settings))
     port = free_port()
     url = f"https://{LOOPBACK}:{port}"
     ca = plane.ca.pair.cert.resolve()

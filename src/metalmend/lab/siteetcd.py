@@ -4,7 +4,10 @@ remove-etcd and etcd health read, docs/teardown.md).
 
 - ``metalmend lab up --hosts N`` (N >= 3) plans one member on each of the first three
   hosts (``plan``): the same upstream etcd build as the lab's control plane, on 127.0.0.1
-  ports, each with its own data directory under ``.lab/hardware/etcd/<host>``.
+  ports, each with its data directory on its host's OS drive
+  (``.lab/drives/<host>/os/etcd``, ``lab.drives``): erasing that drive (destroy node)
+  erases the member's data with it, so a wiped host's member cannot come back with stale
+  data; its data drives are not touched. Logs stay in ``.lab/hardware/etcd/``.
 - The hardware process runs each member bound to its host, as it runs the host's kubelet
   (``EtcdMember``, driven by the kubelet simulator's view of the power): the member runs
   while the host is on, booted and not hung; a power-off kills it (SIGKILL: power loss is
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import yaml
 
+from metalmend.lab import drives
 from metalmend.lab.controlplane import LOOPBACK, Component, free_port
 from metalmend.lab.inventory import HostSpec
 
@@ -56,6 +60,7 @@ class MemberPlan:
     client_port: int
     peer_port: int
     data_dir: str
+    log_file: str = ""  # off the drive: a wipe must not take the evidence with it
 
     @property
     def client_url(self) -> str:
@@ -64,6 +69,12 @@ class MemberPlan:
     @property
     def peer_url(self) -> str:
         return f"http://{LOOPBACK}:{self.peer_port}"
+
+    @property
+    def log_path(self) -> Path:
+        if self.log_file:
+            return Path(self.log_file)
+        return Path(self.data_dir).parent / f"{self.host}.log"  # plans written before logs moved
 
 
 @dataclass
@@ -112,7 +123,11 @@ def plan(lab_dir: Path, hosts: list[HostSpec], etcd: Path) -> SitePlan | None:
         etcd=str(etcd),
         members=[
             MemberPlan(
-                h.name, free_port(), free_port(), str(lab_dir / "hardware" / "etcd" / h.name)
+                h.name,
+                free_port(),
+                free_port(),
+                data_dir=str(drives.os_drive_dir(lab_dir, h.name) / "etcd"),
+                log_file=str(lab_dir / "hardware" / "etcd" / f"{h.name}.log"),
             )
             for h in hosts[:MEMBERS]
         ],
@@ -227,7 +242,8 @@ class EtcdMember:
         if self.component is None and self.boot is None:
             self.boot = boot
             Path(self.member.data_dir).parent.mkdir(parents=True, exist_ok=True)
-            log_path = Path(self.member.data_dir).parent / f"{self.member.host}.log"
+            log_path = self.member.log_path
+            log_path.parent.mkdir(parents=True, exist_ok=True)
             self.component = Component(f"etcd-{self.member.host}", self.argv(), log_path)
             self.component.start()
             log.info("etcd member %s started (boot %s)", self.member.host, boot)
@@ -292,7 +308,7 @@ def wait_healthy(site: SitePlan, within: float = 60.0) -> None:
         time.sleep(0.2)
     raise RuntimeError(
         f"the lab's site etcd was not healthy within {within:.0f}s"
-        f" (logs: {Path(site.members[0].data_dir).parent})"
+        f" (logs: {site.members[0].log_path.parent})"
     )
 
 

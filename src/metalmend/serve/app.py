@@ -4,7 +4,9 @@ could not read (400 BadRequest, where FastAPI would answer 422), a failure of ou
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx2
@@ -15,10 +17,13 @@ from lightkube import ApiError, AsyncClient
 from starlette.exceptions import HTTPException
 
 from metalmend import __version__
+from metalmend.db import Database
+from metalmend.drydock.destroy import DrivePool
 from metalmend.kube import errors
 from metalmend.log import fields
+from metalmend.policy.destroy import DestroySettings
 from metalmend.policy.teardown import TeardownSettings
-from metalmend.serve import context, decommission, etcd, promenade
+from metalmend.serve import context, deckhand, decommission, drydock, etcd, promenade
 from metalmend.serve.auth import Gate
 from metalmend.serve.interlock import Interlock
 from metalmend.serve.kubelet import KubeletShutdown
@@ -38,6 +43,9 @@ class Services:
     drainer: Drainer
     kubelet: KubeletShutdown
     interlock: Interlock  # the teardown claim on a Node's host (docs/design.md, invariant 7)
+    # Design revisions, tasks (docs/design-store.md), upgraded before serving; None only
+    # in tests of other endpoints: the store's endpoints then answer 503 (serve.database).
+    database: Database | None = None
 
 
 def response(code: int, reason: str, message: str, messages: list[Message]) -> JSONResponse:
@@ -45,12 +53,27 @@ def response(code: int, reason: str, message: str, messages: list[Message]) -> J
     return JSONResponse(body(code, reason, message, messages), status_code=code, headers=headers)
 
 
-def create_app(client: AsyncClient, teardown: TeardownSettings | None = None) -> FastAPI:
+def create_app(
+    client: AsyncClient,
+    teardown: TeardownSettings | None = None,
+    *,
+    database: Database | None = None,
+    drives: DrivePool | None = None,
+    destroy: DestroySettings | None = None,
+) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        drydock.start(app)  # the task worker (docs/destroy.md)
+        yield
+        await drydock.stop(app)
+
     app = FastAPI(
         title="metalmend",
         version=__version__,
         description="Airship's node-teardown API (Promenade) over this cluster:"
-        " see docs/teardown.md. Every answer is a UCP Status body.",
+        " see docs/teardown.md; the site design revisions (Deckhand): see"
+        " docs/design-store.md. Every answer is a UCP Status body.",
+        lifespan=lifespan,
     )
     teardown = teardown or TeardownSettings()
     app.state.services = Services(
@@ -59,10 +82,15 @@ def create_app(client: AsyncClient, teardown: TeardownSettings | None = None) ->
         drainer=Drainer(client, teardown),
         kubelet=KubeletShutdown(client, teardown),
         interlock=Interlock(client),
+        database=database,
     )
     app.include_router(promenade.router, prefix=promenade.PREFIX)
     app.include_router(etcd.router, prefix=promenade.PREFIX)  # remove-etcd, etcd health
     app.include_router(decommission.router, prefix=promenade.PREFIX)
+    app.include_router(deckhand.router, prefix=deckhand.PREFIX)  # design revisions
+    # destroy_nodes tasks: they need the database and the BMCs (their drives)
+    interlock = app.state.services.interlock
+    drydock.install(app, client, interlock, database, drives, destroy or DestroySettings())
     app.add_middleware(context.ContextMarker)  # X-Context-Marker: checked, echoed, logged
 
     @app.exception_handler(StatusError)

@@ -42,7 +42,8 @@ class Permission:
     group: str = API_GROUP
 
     def describe(self) -> str:
-        return f"{self.verb} {self.resource}/{self.subresource} ({self.group})"
+        resource = f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+        return f"{self.verb} {resource} ({self.group})"
 
 
 # One per Promenade endpoint. POST to a step is "create" on the Node's subresource, as a
@@ -122,7 +123,7 @@ class Gate:
                 403,
                 "Forbidden",
                 f"Credentials do not permit access: {caller.username} may not"
-                f" {permission.describe()} on {name}",
+                f" {permission.describe()}" + (f" on {name}" if name else ""),
             )
 
     async def _create(self, review: Any) -> Any:

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
+
+
+def default_database_url() -> str:
+    """A SQLite file in the user's state directory (XDG: ``$XDG_STATE_HOME``, else
+    ``~/.local/state``): ``metalmend/serve.sqlite``. Not the working directory, which a
+    Pod or a service manager may not let us write; in a Pod, give a path on a volume."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return f"sqlite:///{Path(state) / 'metalmend' / 'serve.sqlite'}"
 
 
 @dataclass(frozen=True)
@@ -25,6 +34,12 @@ class ServeSettings:
 
     tls_key: Path | None = None
     """PEM private key of ``tls_cert``."""
+
+    database_url: str = field(default_factory=default_database_url)
+    """Where the design revisions (docs/design-store.md) and tasks are kept: SQLite,
+    ``sqlite:////var/lib/metalmend/serve.sqlite`` (one replica; the default, a file in the
+    user's state directory), or PostgreSQL, ``postgresql+psycopg://USER:PASSWORD@HOST/DB``
+    (for more than one replica). Created and upgraded when ``metalmend serve`` starts."""
 
 
 class ServeSettingsError(ValueError):

@@ -1,0 +1,58 @@
+"""The task store's tables (declared on ``metalmend.db.metadata``; migration ``0002_tasks``).
+
+One row per task, one per (task, node). A node's progress is its ``NodeState`` as JSON
+(``policy.destroy`` owns that format); the task row carries the lease that makes one
+replica, and only one, run it (``store.TaskStore``). Times are stored as naive UTC
+(SQLite keeps no time zone), and compared in SQL only with each other.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Table,
+    Text,
+)
+
+from metalmend.db import metadata
+
+tasks = Table(
+    "drydock_tasks",
+    metadata,
+    Column("task_id", String(36), primary_key=True),
+    Column("action", String(64), nullable=False),
+    Column("design_ref", Text, nullable=False),
+    Column("node_filter", JSON, nullable=True),
+    Column("preserve_local_storage", Boolean, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("created", DateTime, nullable=False),
+    Column("created_by", String(512), nullable=False),
+    Column("updated", DateTime, nullable=False),
+    Column("context_marker", String(36), nullable=True),
+    # The replica running the task and until when; a lease not renewed by then is free.
+    Column("lease_owner", String(128), nullable=True),
+    Column("lease_expires", DateTime, nullable=True),
+)
+Index("ix_drydock_tasks_status", tasks.c.status)
+
+task_nodes = Table(
+    "drydock_task_nodes",
+    metadata,
+    Column(
+        "task_id",
+        String(36),
+        ForeignKey("drydock_tasks.task_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("node", String(253), primary_key=True),
+    Column("position", Integer, nullable=False),  # order given in the request
+    Column("state", JSON, nullable=False),
+    Column("updated", DateTime, nullable=False),
+)

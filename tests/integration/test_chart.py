@@ -1,0 +1,288 @@
+"""The Helm chart (deploy/chart): it lints, renders what deploy/ holds (the same RBAC rules,
+admission policies, shutdown DaemonSet and CRDs), passes the API server's own validation,
+and installs into a real control plane creating every object. Its Pods cannot start here
+(the control plane has no kubelets: they stay Pending); the image test runs the image with
+the chart's ServiceAccount instead (tests/e2e/test_image.py)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from lightkube import ApiError, Client, KubeConfig
+from lightkube.resources.core_v1 import Pod
+
+from metalmend.lab.assets import find_binaries
+from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "chart"
+NAMESPACE = "metalmend-system"
+HOST_NAMESPACES = ("metal3", "edge")
+VALUES = ["--set", f"run.secretNamespaces={{{','.join(HOST_NAMESPACES)}}}"]
+KUBE_VERSION = "1.36.3"
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    built = subprocess.run(
+        ["bash", str(REPO / "tools" / "helm" / "build.sh")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, f"tools/helm/build.sh failed (make helm):\n{built.stderr}"
+    return Path(built.stdout.strip().splitlines()[-1])
+
+
+def render(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(helm), "template", "metalmend", str(CHART), "--namespace", NAMESPACE,
+         "--kube-version", KUBE_VERSION, *args],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+def objects(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def by_kind_and_name(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def deploy_objects(*parts: str) -> dict[tuple[str, str], dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for part in parts:
+        for path in sorted((REPO / "deploy" / part).glob("*.yaml")):
+            docs += objects(path.read_text())
+    return by_kind_and_name(docs)
+
+
+@pytest.fixture(scope="module")
+def rendered(helm: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    result = render(helm, *VALUES, "--set", "policies.rebootAnnotationWriters.enabled=true")
+    assert result.returncode == 0, result.stderr
+    return by_kind_and_name(objects(result.stdout))
+
+
+def test_chart_lints_strictly(helm: Path) -> None:
+    result = subprocess.run(
+        [str(helm), "lint", "--strict", str(CHART), *VALUES],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_chart_without_host_namespaces_says_what_to_set(helm: Path) -> None:
+    result = render(helm)
+    assert result.returncode == 1
+    assert "run.secretNamespaces: name the namespaces holding BareMetalHosts" in result.stderr
+
+
+def test_more_serve_replicas_without_postgresql_are_refused(helm: Path) -> None:
+    result = render(helm, *VALUES, "--set", "serve.replicas=2")
+    assert result.returncode == 1
+    assert "serve.replicas > 1 needs serve.database.urlSecret" in result.stderr
+
+
+def test_chart_grants_what_deploy_rbac_grants_and_nothing_more(
+    rendered: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    deploy = deploy_objects("rbac")
+    roles = [k for k in deploy if k[0] in ("ClusterRole", "Role")]
+    assert roles
+    for key in roles:
+        assert rendered[key]["rules"] == deploy[key]["rules"], (
+            f"{key}: deploy/rbac/ changed; run tools/helm/sync-serve-rbac.py (serve), or edit"
+            " deploy/chart/templates/rbac-run.yaml the same way (run)"
+        )
+    chart_roles = {k for k in rendered if k[0] in ("ClusterRole", "Role")}
+    assert chart_roles == set(roles), "run tools/helm/sync-serve-rbac.py"
+
+
+def test_chart_admission_policies_and_daemonset_are_deploys(
+    rendered: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    deploy = deploy_objects("policies", "teardown")
+    for key, wanted in deploy.items():
+        if key[0] == "Namespace":
+            continue
+        assert key in rendered, key
+        assert rendered[key].get("spec") == wanted.get("spec"), key
+        assert rendered[key].get("data") == wanted.get("data"), key
+
+
+def test_chart_crds_are_the_repositorys(helm: Path) -> None:
+    shipped = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+    ours = sorted(p.name for p in (REPO / "deploy" / "crds").glob("*.yaml"))
+    assert shipped == ours
+    for name in ours:
+        assert (CHART / "crds" / name).read_bytes() == (
+            REPO / "deploy" / "crds" / name
+        ).read_bytes(), f"deploy/chart/crds/{name} differs from deploy/crds/{name}: copy it over"
+
+
+def test_controller_deployment_leads_probes_and_requests(
+    rendered: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    run = rendered[("Deployment", "metalmend")]["spec"]
+    assert run["replicas"] == 2
+    (container,) = run["template"]["spec"]["containers"]
+    assert "--leader-elect" in container["args"]
+    assert f"--leader-election-namespace={NAMESPACE}" in container["args"]
+    assert f"--secret-namespaces={','.join(HOST_NAMESPACES)}" in container["args"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8081}]
+    assert container["resources"]["requests"] == {"cpu": "50m", "memory": "160Mi"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert run["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_serve_takes_tls_from_a_secret_or_cert_manager(helm: Path) -> None:
+    result = render(
+        helm, *VALUES, "--set", "serve.tls.certManager.enabled=true",
+        "--set", "serve.tls.certManager.issuerRef.name=site-ca",
+        "--set", "serve.tls.certManager.issuerRef.kind=ClusterIssuer",
+        "--set", "serve.database.urlSecret.name=metalmend-db", "--set", "serve.replicas=2",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    docs = by_kind_and_name(objects(result.stdout))
+    certificate = docs[("Certificate", "metalmend-serve")]["spec"]
+    assert certificate["secretName"] == "metalmend-serve-tls"
+    assert certificate["issuerRef"] == {"name": "site-ca", "kind": "ClusterIssuer"}
+    assert "metalmend-serve.metalmend-system.svc" in certificate["dnsNames"]
+    serve = docs[("Deployment", "metalmend-serve")]["spec"]["template"]["spec"]
+    (env,) = serve["containers"][0]["env"]
+    assert env["valueFrom"]["secretKeyRef"] == {"name": "metalmend-db", "key": "url"}
+    tls = next(v for v in serve["volumes"] if v["name"] == "tls")
+    assert tls["secret"]["secretName"] == "metalmend-serve-tls"
+
+
+# Against a real API server: its own control plane, since the chart installs cluster-wide
+# admission policies that must not reach the other tests' objects.
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    plane = ControlPlane(ControlPlaneConfig(workdir=tmp_path_factory.mktemp("chart-plane")))
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+def kubectl(plane: ControlPlane, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    binary = find_binaries().kubectl
+    assert binary is not None, "kubectl is built by make k8s"
+    return subprocess.run(
+        [str(binary), "--kubeconfig", str(plane.kubeconfig), *args],
+        input=stdin, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+def test_rendered_chart_passes_server_side_dry_run(helm: Path, plane: ControlPlane) -> None:
+    """The CRDs (deploy/chart/crds, which helm installs before anything else), then every
+    other object as `helm install` would send it (no object is of our CRDs' kinds)."""
+    crds_text = "\n---\n".join(p.read_text() for p in sorted((CHART / "crds").glob("*.yaml")))
+    crds = kubectl(plane, "apply", "--dry-run=server", "-f", "-", stdin=crds_text)
+    assert crds.returncode == 0, crds.stderr
+    for namespace in (NAMESPACE, *HOST_NAMESPACES):
+        kubectl(plane, "create", "namespace", namespace)
+    result = render(helm, *VALUES, "--set", "policies.rebootAnnotationWriters.enabled=true")
+    applied = kubectl(plane, "apply", "--dry-run=server", "-f", "-", stdin=result.stdout)
+    assert applied.returncode == 0, applied.stderr
+    assert "(server dry run)" in applied.stdout
+
+
+def test_helm_install_creates_every_object(
+    helm: Path, plane: ControlPlane, rendered: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    for namespace in HOST_NAMESPACES:
+        kubectl(plane, "create", "namespace", namespace)
+    installed = subprocess.run(
+        [str(helm), "install", "metalmend", str(CHART), "--kubeconfig", str(plane.kubeconfig),
+         "--namespace", NAMESPACE, "--create-namespace", *VALUES,
+         "--set", "policies.rebootAnnotationWriters.enabled=true"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    kube = Client(KubeConfig.from_file(plane.kubeconfig))
+    for (kind, name), obj in rendered.items():
+        api_version = obj["apiVersion"]
+        namespace = obj["metadata"].get("namespace")
+        found = kubectl(plane, "get", f"{kind}.{api_version.split('/')[0]}" if "/" in api_version else kind,
+                        name, *(["-n", namespace] if namespace else []), "-o", "name")  # fmt: skip
+        assert found.returncode == 0, f"{kind}/{name}: {found.stderr}"
+    for namespace in HOST_NAMESPACES:
+        assert (
+            kubectl(
+                plane, "get", "rolebinding", "metalmend-bmc-credentials", "-n", namespace
+            ).returncode
+            == 0
+        )
+    for path in sorted((CHART / "crds").glob("*.yaml")):
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        assert kubectl(plane, "get", "crd", name).returncode == 0, name
+    # No kubelet here: the controller's two Pods are created and stay Pending.
+    deadline = time.monotonic() + 30
+    pods: list[Pod] = []
+    while time.monotonic() < deadline and len(pods) < 2:
+        try:
+            pods = list(
+                kube.list(Pod, namespace=NAMESPACE, labels={"app.kubernetes.io/name": "metalmend"})
+            )
+        except ApiError:
+            pods = []
+        time.sleep(0.5)
+    assert len(pods) == 2
+    assert {p.status.phase for p in pods if p.status} <= {"Pending"}
+
+
+def test_run_with_the_charts_service_account_takes_the_lease(
+    plane: ControlPlane, tmp_path: Path
+) -> None:
+    """What the chart's Pod would do, as a process: the chart's ServiceAccount and flags
+    (every controller, leader election, the host namespaces' Secrets), nothing more."""
+    test_helm_install_ran = kubectl(plane, "get", "sa", "metalmend", "-n", NAMESPACE)
+    assert test_helm_install_ran.returncode == 0, (
+        "runs after test_helm_install_creates_every_object"
+    )
+    account = plane.service_account_kubeconfig(NAMESPACE, "metalmend")
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "metalmend", "run", "--kubeconfig", str(account),
+         "--controllers", "all", "--leader-elect", "--leader-election-namespace", NAMESPACE,
+         "--secret-namespaces", ",".join(HOST_NAMESPACES), "--health-bind", f"127.0.0.1:{port}"],
+        stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not ready(f"http://127.0.0.1:{port}/readyz"):
+            assert process.poll() is None, process.communicate()[1]
+            assert time.monotonic() < deadline, "metalmend run never got ready"
+            time.sleep(0.2)
+        lease = kubectl(plane, "get", "lease", "metalmend", "-n", NAMESPACE, "-o",
+                        "jsonpath={.spec.holderIdentity}")  # fmt: skip
+        assert lease.returncode == 0
+        assert lease.stdout
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+    assert process.returncode == 0, stderr
+    assert "forbidden" not in stderr.lower(), stderr
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,0 +1,232 @@
+"""The design revisions endpoints (Deckhand's API under /deckhand/api/v1.0) against the
+real API server for authentication and authorization (the service's ServiceAccount and
+the ClusterRoles of deploy/rbac/serve.yaml), on a SQLite file and on PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from lightkube import AsyncClient, Client, KubeConfig
+
+from metalmend.db import Database
+from metalmend.lab.controlplane import ControlPlane
+from metalmend.serve.app import create_app
+from tests.integration.test_serve_promenade import bearer, lines, serve_kubeconfig, status_of, token
+
+__all__ = ["serve_kubeconfig"]  # a fixture this module uses
+
+DECKHAND = "/deckhand/api/v1.0"
+YAML = {"Content-Type": "application/x-yaml"}
+
+
+def doc(name: str, value: object = 1, schema: str = "promenade/Node/v1", extra: str = "") -> str:
+    return (
+        f"---\nschema: {schema}\nmetadata: {{schema: metadata/Document/v1, name: {name}{extra}}}\n"
+        f"data: {{value: {value}}}\n"
+    )
+
+
+@pytest.fixture
+async def http(serve_kubeconfig: Path, database_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    client = AsyncClient(KubeConfig.from_file(serve_kubeconfig))
+    database = Database.open(database_url)
+    database.upgrade()
+    app = create_app(client, database=database)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(
+        transport=transport, base_url=f"http://serve{DECKHAND}", timeout=60
+    ) as h:
+        yield h
+    await client.close()
+    database.dispose()
+
+
+@pytest.fixture
+def admin(control_plane: ControlPlane, kube: Client, namespace: str) -> dict[str, str]:
+    return bearer(token(control_plane, kube, namespace, "design-admin", "metalmend-deckhand-admin"))
+
+
+@pytest.fixture
+def viewer(control_plane: ControlPlane, kube: Client, namespace: str) -> dict[str, str]:
+    return bearer(
+        token(control_plane, kube, namespace, "design-viewer", "metalmend-deckhand-viewer")
+    )
+
+
+async def put(
+    http: httpx.AsyncClient, who: dict[str, str], bucket: str, body: str
+) -> httpx.Response:
+    return await http.put(f"/buckets/{bucket}/documents", content=body, headers={**who, **YAML})
+
+
+def documents_of(answer: httpx.Response) -> list[dict[str, Any]]:
+    assert answer.headers["content-type"].startswith("application/x-yaml")
+    return [d for d in yaml.safe_load_all(answer.text) if d is not None]
+
+
+async def test_a_put_answers_the_bucket_as_yaml_and_an_unchanged_put_makes_no_revision(
+    http: httpx.AsyncClient, admin: dict[str, str]
+) -> None:
+    answer = await put(http, admin, "site", doc("a") + doc("b"))
+    assert answer.status_code == 200
+    assert answer.headers["X-Revision-Created"] == "true"
+    found = documents_of(answer)
+    assert [(d["metadata"]["name"], d["status"]) for d in found] == [
+        ("a", {"bucket": "site", "revision": 1}), ("b", {"bucket": "site", "revision": 1}),
+    ]  # fmt: skip
+    again = await put(http, admin, "site", answer.text)  # what was answered goes back as is
+    assert again.headers["X-Revision-Created"] == "false"
+    listed = yaml.safe_load((await http.get("/revisions", headers=admin)).text)
+    assert listed["count"] == 1
+    assert listed["results"][0]["buckets"] == ["site"]
+
+
+async def test_a_bad_body_is_400_naming_the_document_and_nothing_is_stored(
+    http: httpx.AsyncClient, admin: dict[str, str]
+) -> None:
+    body = (
+        doc("a")
+        + "---\nschema: promenade/Node/v1\nmetadata: {schema: metadata/Document/v1}\ndata: {}\n"
+        + doc("a")
+    )
+    answer = await put(http, admin, "site", body)
+    document = status_of(answer, 400, "BadRequest")
+    assert "nothing stored" in document["message"]
+    problems = lines(document)
+    assert any(p.startswith("document 2 (line 6)") and "no metadata.name" in p for p in problems)
+    assert any(p.startswith("document 3") and "is also document 1" in p for p in problems)
+    malformed = status_of(await put(http, admin, "site", "schema: [oops\n"), 400, "BadRequest")
+    assert "not valid YAML" in lines(malformed)[0]
+    assert yaml.safe_load((await http.get("/revisions", headers=admin)).text)["count"] == 0
+
+
+async def test_a_document_of_another_bucket_is_409(
+    http: httpx.AsyncClient, admin: dict[str, str]
+) -> None:
+    await put(http, admin, "global", doc("shared"))
+    document = status_of(await put(http, admin, "site", doc("shared")), 409, "Conflict")
+    assert "lives in bucket global" in lines(document)[0]
+
+
+async def test_documents_and_rendered_documents_with_filters(
+    http: httpx.AsyncClient, admin: dict[str, str]
+) -> None:
+    await put(http, admin, "site", doc("n1", extra=", labels: {role: worker}")
+              + doc("base", schema="promenade/Genesis/v1", extra=", layeringDefinition: {abstract: true, layer: global}")
+              + doc("r1", schema="prometheus/Rule/v1"))  # fmt: skip
+
+    async def names(kind: str, params: list[tuple[str, str]]) -> list[str]:
+        answer = await http.get(f"/revisions/1/{kind}", params=params, headers=admin)
+        assert answer.status_code == 200, answer.text
+        return [d["metadata"]["name"] for d in documents_of(answer)]
+
+    assert await names("documents", [("schema", "promenade")]) == ["base", "n1"]
+    assert await names("documents", [("schema", "prom")]) == []
+    assert await names("documents", [("metadata.label", "role=worker")]) == ["n1"]
+    assert await names("documents", [("metadata.name", "r1")]) == ["r1"]
+    assert await names("rendered-documents", [("status.bucket", "site")]) == ["n1", "r1"]
+    assert await names("documents", [("status.bucket", "elsewhere")]) == []
+    assert await names("documents", []) == await names("documents", [("sort", "status.bucket")])
+    bad = await http.get("/revisions/1/documents", params={"schmea": "x"}, headers=admin)
+    assert "unknown query parameter 'schmea'" in lines(status_of(bad, 400, "BadRequest"))[0]
+    assert (await http.get("/revisions/0/documents", headers=admin)).text.strip() in ("", "[]")
+
+
+async def test_tags_created_listed_read_replaced_and_deleted(
+    http: httpx.AsyncClient, admin: dict[str, str]
+) -> None:
+    await put(http, admin, "site", doc("a"))
+    created = await http.post(
+        "/revisions/1/tags/committed", content="by: alice\n", headers={**admin, **YAML}
+    )
+    assert (created.status_code, yaml.safe_load(created.text)) == (
+        201,
+        {"committed": {"by": "alice"}},
+    )
+    await http.post("/revisions/1/tags/committed", content="by: bob\n", headers={**admin, **YAML})
+    await http.post("/revisions/1/tags/site-action-success", headers=admin)
+    listed = yaml.safe_load((await http.get("/revisions/1/tags", headers=admin)).text)
+    assert listed == {"committed": {"by": "bob"}, "site-action-success": {}}
+    one = await http.get("/revisions/1/tags/committed", headers=admin)
+    assert yaml.safe_load(one.text) == {"committed": {"by": "bob"}}
+    revision = yaml.safe_load((await http.get("/revisions/1", headers=admin)).text)
+    assert revision["tags"] == listed
+    assert revision["url"].endswith(f"{DECKHAND}/revisions/1")
+    tagged = yaml.safe_load(
+        (await http.get("/revisions", params={"tag": "committed"}, headers=admin)).text
+    )
+    assert [r["id"] for r in tagged["results"]] == [1]
+    assert (await http.delete("/revisions/1/tags/committed", headers=admin)).status_code == 204
+    status_of(await http.get("/revisions/1/tags/committed", headers=admin), 404, "NotFound")
+    assert (await http.delete("/revisions/1/tags", headers=admin)).status_code == 204
+    assert yaml.safe_load((await http.get("/revisions/1/tags", headers=admin)).text) == {}
+    bad = await http.post("/revisions/1/tags/x", content="- a list\n", headers={**admin, **YAML})
+    status_of(bad, 400, "BadRequest")
+
+
+async def test_diff_rollback_and_deleting_every_revision(
+    http: httpx.AsyncClient, admin: dict[str, str]
+) -> None:
+    await put(http, admin, "site", doc("a"))
+    await put(http, admin, "global", doc("g"))
+    await put(http, admin, "site", doc("a", value=2))
+    diff = yaml.safe_load((await http.get("/revisions/3/diff/1", headers=admin)).text)
+    assert diff == {"global": "created", "site": "modified"}
+    assert yaml.safe_load((await http.get("/revisions/0/diff/1", headers=admin)).text) == {
+        "site": "created"
+    }
+    rolled = await http.post("/rollback/1", headers=admin)
+    assert (rolled.status_code, yaml.safe_load(rolled.text)["id"]) == (201, 4)
+    assert yaml.safe_load((await http.get("/revisions/1/diff/4", headers=admin)).text) == {
+        "site": "unmodified"
+    }
+    assert (await http.delete("/revisions", headers=admin)).status_code == 204
+    assert yaml.safe_load((await http.get("/revisions", headers=admin)).text) == {
+        "count": 0,
+        "results": [],
+    }
+    status_of(await http.get("/revisions/1", headers=admin), 404, "NotFound")
+
+
+async def test_unknown_or_malformed_revisions(
+    http: httpx.AsyncClient, admin: dict[str, str]
+) -> None:
+    assert (
+        "revision 9 not found"
+        in status_of(await http.get("/revisions/9", headers=admin), 404, "NotFound")["message"]
+    )
+    status_of(await http.get("/revisions/abc/documents", headers=admin), 400, "BadRequest")
+    status_of(await put(http, admin, "bad%20name", doc("a")), 400, "BadRequest")
+    status_of(await http.get("/revisions/99999999999", headers=admin), 404, "NotFound")
+    status_of(await http.get("/revisions/\u0663", headers=admin), 400, "BadRequest")
+
+
+async def test_callers_need_a_token_and_the_permission(
+    http: httpx.AsyncClient, admin: dict[str, str], viewer: dict[str, str]
+) -> None:
+    status_of(await http.get("/revisions"), 401, "Unauthorized")
+    await put(http, admin, "site", doc("a"))
+    refused = status_of(await put(http, viewer, "site", doc("b")), 403, "Forbidden")
+    assert "update buckets/documents (deckhand.metalmend.dev) on site" in refused["message"]
+    assert (await http.get("/revisions/1/documents", headers=viewer)).status_code == 200
+    status_of(await http.post("/revisions/1/tags/committed", headers=viewer), 403, "Forbidden")
+    status_of(await http.delete("/revisions", headers=viewer), 403, "Forbidden")
+
+
+async def test_a_database_that_is_down_is_503_without_its_password(
+    serve_kubeconfig: Path, admin: dict[str, str]
+) -> None:
+    client = AsyncClient(KubeConfig.from_file(serve_kubeconfig))
+    database = Database.open("postgresql+psycopg://design:hunter2@127.0.0.1:1/design")
+    transport = httpx.ASGITransport(app=create_app(client, database=database))
+    async with httpx.AsyncClient(transport=transport, base_url=f"http://serve{DECKHAND}") as h:
+        answer = await h.get("/revisions", headers=admin)
+    await client.close()
+    document = status_of(answer, 503, "ServiceUnavailable")
+    assert "hunter2" not in answer.text
+    assert "is unavailable" in document["message"]
