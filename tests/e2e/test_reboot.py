@@ -90,6 +90,10 @@ async def settled(kube: AsyncClient, spec: HostSpec, bmcs: BmcPool) -> dt.dateti
     return dt.datetime.now(dt.UTC)
 
 
+async def has_reason(kube: AsyncClient, name: str, reason: str) -> bool:
+    return reason in await reasons(kube, name)
+
+
 async def reasons(kube: AsyncClient, name: str) -> list[str]:
     return [
         e.reason
@@ -240,7 +244,8 @@ async def test_bmc_failure_is_reported_in_status_and_cleared_when_it_answers(
         assert status["errorType"] == "power management error"
         assert status["errorCount"] >= 1
         assert spec.password not in status["errorMessage"]
-        assert "BMCError" in await reasons(kube, spec.name)
+        # The Event follows the status write (facts first): wait for it, do not race it.
+        await until(lambda: has_reason(kube, spec.name, "BMCError"), within=10)
     finally:
         lab.inject_fault(lab_dir, spec.name, "bmc-up")
         await annotate(kube, spec.name, {"reboot.metal3.io/while-down": None})

@@ -519,6 +519,11 @@ def _power_to(
         command = PowerAction.ON
     elif any(r.mode == "hard" for r in requests):
         command = PowerAction.HARD_OFF  # "a hard shutdown request takes priority over a soft one"
+    elif last is not None and last.action == PowerAction.HARD_OFF:
+        # Escalated to hard (or asked hard by a request since withdrawn): never back to soft
+        # while the hard power-off lands. A soft one sent now would replace the pending hard
+        # change on many BMCs and restart the soft timeout: a loop of soft, hard, soft.
+        command = PowerAction.HARD_OFF
     elif last is not None and last.action == PowerAction.SOFT_OFF and since is not None:
         if since < settings.soft_timeout and host.command_confirmed:
             # running: look for it landing, escalate on time
