@@ -174,7 +174,7 @@ async def test_soft_falls_back_to_hard_when_the_bmc_ignores_graceful_shutdown(
         assert pending is not None
         assert last is not None
         assert (last - pending).total_seconds() >= SOFT_TIMEOUT - 0.5, "soft was given its time"
-        assert "SoftPowerOffTimedOut" in await reasons(kube, spec.name)
+        await until(lambda: has_reason(kube, spec.name, "SoftPowerOffTimedOut"), within=10)
     finally:
         lab.inject_fault(lab_dir, spec.name, "honour-soft")
 
@@ -222,7 +222,7 @@ async def test_malformed_values_warn_and_still_reboot(
     asked = await settled(kube, spec, bmcs)
     await annotate(kube, spec.name, {REBOOT: "{mode: hard"})
     await until(lambda: rebooted_after(kube, spec.name, asked), within=15)
-    assert "InvalidRebootAnnotation" in await reasons(kube, spec.name)
+    await until(lambda: has_reason(kube, spec.name, "InvalidRebootAnnotation"), within=10)
 
 
 async def test_bmc_failure_is_reported_in_status_and_cleared_when_it_answers(

@@ -128,6 +128,11 @@ async def reasons(client: AsyncClient, namespace: str) -> list[str]:
     return [e.reason async for e in client.list(Event, namespace=namespace)]
 
 
+async def recorded(client: AsyncClient, namespace: str, reason: str) -> bool:
+    """An Event follows the write it reports (facts first): tests wait for it."""
+    return reason in await reasons(client, namespace)
+
+
 async def test_conditions_mark_an_unhealthy_machine_after_its_timeout(
     aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
 ) -> None:
@@ -155,7 +160,7 @@ async def test_conditions_mark_an_unhealthy_machine_after_its_timeout(
     current = await status(aclient, namespace)
     assert (current["expectedMachines"], current["currentHealthy"]) == (2, 1)
     assert current["targets"] == ["m1", "m2"]
-    assert "RemediationRequested" in await reasons(aclient, namespace)
+    await until(lambda: recorded(aclient, namespace, "RemediationRequested"), within=10)
 
 
 async def _status_is(client: AsyncClient, namespace: str, **expected: Any) -> bool:
@@ -199,7 +204,7 @@ async def test_external_remediation_is_created_and_removed_when_healthy(
     assert (owner.kind, owner.name) == ("Machine", "m1")
     await pool.health("m1", healthy=True)
     await until(lambda: _gone(remediation), within=10)
-    assert "RemediationWithdrawn" in await reasons(aclient, namespace)
+    await until(lambda: recorded(aclient, namespace, "RemediationWithdrawn"), within=10)
 
 
 async def _exists(get: Any) -> bool:
@@ -302,7 +307,7 @@ async def test_overlapping_checks_are_reported(
         return "also" in found.get("OverlappingHealthChecks", {}).get("message", "")
 
     await until(reported, within=10)
-    assert "OverlappingHealthChecks" in await reasons(aclient, namespace)
+    await until(lambda: recorded(aclient, namespace, "OverlappingHealthChecks"), within=10)
 
 
 async def test_nothing_is_written_when_nothing_changed(
@@ -402,7 +407,7 @@ async def test_a_node_deleted_under_its_machine_is_remediated_at_once_with_start
     await until(lambda: owner_remediated(aclient, "m1", namespace), within=5)
     found = await conditions(aclient, Machine, "m1", namespace)
     assert found["HealthCheckSucceeded"]["reason"] == "NodeNotFound"
-    assert "MachineMarkedUnhealthy" in await reasons(aclient, namespace)
+    await until(lambda: recorded(aclient, namespace, "MachineMarkedUnhealthy"), within=10)
 
 
 async def test_a_machine_with_a_failure_reason_is_unhealthy_at_once(
