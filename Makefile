@@ -11,8 +11,12 @@ STAMP := $(VENV)/.installed
 demo: venv k8s
 	$(BIN)/metalmend demo
 
+# Two workers, one test file each at a time (module fixtures stay in one process); each
+# worker starts its own control plane. Most of a lab test's time is waiting on the lab.
+TEST_WORKERS ?= 2
+
 test: venv k8s helm tools lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 venv: $(STAMP)
 
