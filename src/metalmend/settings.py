@@ -24,7 +24,9 @@ values into a ConfigMap and may set single fields by environment.
 ``metalmend serve`` reads ``serve`` (``metalmend.serve.settings.ServeSettings``: bind
 address, port, TLS) and ``teardown`` (``metalmend.policy.teardown.TeardownSettings``: the
 node-teardown steps' retries) and ``destroy`` (``metalmend.policy.destroy.DestroySettings``:
-Drydock's destroy_nodes, docs/destroy.md), besides ``runtime.kubeconfig``.
+Drydock's destroy_nodes, docs/destroy.md) and ``redeploy``
+(``metalmend.policy.redeploy.RedeploySettings``: redeploy_server's waits,
+docs/site-actions.md), besides ``runtime.kubeconfig``.
 
 Sections still to come join the tree the same way, each a frozen dataclass with a
 documented default per field, added to ``Settings`` with a default instance (so a file or
@@ -51,6 +53,7 @@ import yaml
 from metalmend.bmc.settings import BmcSettings
 from metalmend.policy.destroy import DestroySettings
 from metalmend.policy.hostpower import PowerSettings, RetrySettings
+from metalmend.policy.redeploy import RedeploySettings
 from metalmend.policy.remediation import FenceMethod
 from metalmend.policy.remediation import Settings as RemediationSettings
 from metalmend.policy.teardown import TeardownSettings
@@ -152,6 +155,7 @@ class Settings:
     serve: ServeSettings = field(default_factory=ServeSettings)
     teardown: TeardownSettings = field(default_factory=TeardownSettings)
     destroy: DestroySettings = field(default_factory=DestroySettings)
+    redeploy: RedeploySettings = field(default_factory=RedeploySettings)
 
 
 DEFAULTS = Settings()

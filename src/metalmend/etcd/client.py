@@ -218,6 +218,17 @@ class EtcdClient:
         except ValueError as error:
             raise EtcdInvalid(endpoint, f"member remove: {error}") from None
 
+    async def member_add(self, endpoint: str, peer_urls: tuple[str, ...]) -> Member:
+        """Add a voting member with ``peer_urls`` (etcd MemberAdd); the member added, not
+        started yet (no name). etcd refuses peer URLs another member already has."""
+        answer = await self._call(
+            endpoint, "/v3/cluster/member/add", {"peerURLs": list(peer_urls)}
+        )
+        try:
+            return _member(answer.get("member"))
+        except ValueError as error:
+            raise EtcdInvalid(endpoint, f"member add: {error}") from None
+
     async def status(self, endpoint: str) -> EndpointStatus:
         answer = await self._call(endpoint, "/v3/maintenance/status", {})
         try:

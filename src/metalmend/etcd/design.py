@@ -162,9 +162,16 @@ def documents(text: str, source: str) -> list[Any]:
 
 def parse(text: str, source: str) -> Design:
     """Every cluster of every ``promenade/EtcdClusters/v1`` document in the design."""
+    return from_documents(documents(text, source), source)
+
+
+def from_documents(design: Iterable[Any], source: str) -> Design:
+    """The same reading from documents already parsed (a design store revision read
+    in-process: a site action passes its revision's documents, no HTTP round trip).
+    ``source`` names the design in messages (``design revision 7``)."""
     clusters: list[ClusterDesign] = []
     found = False
-    for document in documents(text, source):
+    for document in design:
         if not isinstance(document, dict) or document.get("schema") != SCHEMA:
             continue
         found = True

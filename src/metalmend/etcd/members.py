@@ -1,5 +1,6 @@
 """Taking a Node's etcd members out of their clusters, and reading the clusters' health,
-for remove-etcd, the health endpoint and decommission (docs/teardown.md).
+for remove-etcd, the health endpoint and decommission (docs/teardown.md); and bringing a
+redeployed server's members back (``add_member``: redeploy_server, docs/site-actions.md).
 
 observe (etcd's member list, each member's own ``/health``, the leader) -> the pure rule
 (``metalmend.policy.etcd.decide``) -> act (move leadership, remove the member), again
@@ -13,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -143,7 +144,7 @@ async def observe(client: EtcdClient, cluster: ClusterDesign, node: str | None) 
         members=tuple(
             policy.MemberFacts(
                 id=m.id, name=m.name, healthy=m.id in healthy, leader=m.id == leader,
-                learner=m.is_learner, client_urls=m.client_urls,
+                learner=m.is_learner, client_urls=m.client_urls, peer_urls=m.peer_urls,
             )
             for m in members
         ),
@@ -378,3 +379,127 @@ async def _health(
     return ClusterHealth(
         cluster.name, state, healthy, len(view.members), cluster.threshold, invalid, detail
     )
+
+
+# ---- adding a member back (a redeployed server) --------------------------------------------
+
+
+async def observe_add(
+    client: EtcdClient, cluster: ClusterDesign, node: str, expired: bool = False
+) -> policy.AddView:
+    """The cluster as ``policy.etcd.decide_add`` reads it, with the design's member for
+    ``node`` found among etcd's members by its peer URLs."""
+    members = (await observe(client, cluster, None)).view.members
+    wanted = cluster.member_on(node)
+    peer_urls = wanted.peer_urls if wanted else ()
+    present = next((m.id for m in members if set(m.peer_urls) & set(peer_urls)), None)
+    return policy.AddView(cluster.name, cluster.threshold, members, peer_urls, present, expired)
+
+
+@dataclass(frozen=True)
+class AddHooks:
+    """What the caller is told while a member comes back: ``requested(cluster)`` is awaited
+    BEFORE each MemberAdd is sent (the caller records it, so that a restart looks the member
+    up rather than trusting memory); ``progress(line)`` for the operator."""
+
+    requested: Callable[[str], Awaitable[None]]
+    progress: Callable[[str], Awaitable[None]]
+
+
+async def add_member(
+    design: Design,
+    node: str,
+    hooks: AddHooks,
+    *,
+    timeout: float,  # noqa: ASYNC109 (the whole wait, quorum and start included)
+    poll: float = RETRY,
+    secrets: access.SecretReader | None = None,
+) -> list[Outcome]:
+    """Bring ``node``'s member back into every cluster of ``design`` that places one
+    there, one cluster after the other; one Outcome per cluster (none: no member there).
+    REMOVED here means "back": listed, started and healthy."""
+    clusters = [c for c in design.clusters_on(node) if c.member_on(node)]
+    deadline = time.monotonic() + timeout
+    outcomes: list[Outcome] = []
+    async with _clients(clusters, secrets) as clients:
+        for cluster in clusters:
+            etcd = clients[cluster.name]
+            if isinstance(etcd, str):
+                outcomes.append(Outcome(cluster.name, node, Result.UNREACHABLE, [etcd]))
+                continue
+            outcomes.append(await _bring_back(etcd, cluster, node, hooks, deadline, poll))
+    return outcomes
+
+
+async def _bring_back(
+    etcd: EtcdClient, cluster: ClusterDesign, node: str, hooks: AddHooks,
+    deadline: float, poll: float,
+) -> Outcome:  # fmt: skip
+    outcome = Outcome(cluster.name, node, Result.TIMED_OUT)
+    said = ""
+    while True:
+        expired = time.monotonic() >= deadline
+        try:
+            action = policy.decide_add(await observe_add(etcd, cluster, node, expired))
+            match action:
+                case policy.MemberBack(member_id=member_id):
+                    outcome.result = Result.REMOVED
+                    outcome.lines.append(
+                        f"etcd member {member_id:x} on {node} is back in cluster {cluster.name},"
+                        " started and healthy"
+                    )
+                    return outcome
+                case policy.CannotAdd(reason=reason):
+                    outcome.result = Result.REFUSED
+                    outcome.lines.append(reason)
+                    return outcome
+                case policy.GiveUp(reason=reason):
+                    outcome.lines.append(f"cluster {cluster.name}: not back in time: {reason}")
+                    return outcome
+                case policy.WithdrawMember():
+                    await _withdraw(etcd, action)
+                    outcome.lines.append(
+                        f"cluster {cluster.name}: member {action.member_id:x} for {node} never"
+                        " started in time and was removed again, so that the cluster keeps its"
+                        " fault tolerance"
+                    )
+                    return outcome
+                case policy.AwaitMember(why=why):
+                    line = f"etcd cluster {cluster.name}: member on {node} added, {why}"
+                case policy.AwaitQuorum(reasons=reasons):
+                    line = "; ".join(reasons) + ": waiting before adding the member"
+                case policy.AddMember():
+                    await hooks.requested(cluster.name)
+                    added = await _add(etcd, action)
+                    line = (
+                        f"etcd cluster {cluster.name}: member {added.id:x} added for {node}"
+                        f" ({', '.join(action.peer_urls)})"
+                    )
+                    log.info("etcd member added for %s to %s", node, cluster.name)
+        except (Unreachable, EtcdError) as error:
+            line = f"etcd cluster {cluster.name}: {error}"
+            if expired:
+                outcome.result = Result.UNREACHABLE
+                outcome.lines.append(line)
+                return outcome
+        if line != said:
+            outcome.lines.append(line)
+            await hooks.progress(line)
+            said = line
+        await asyncio.sleep(max(0.05, min(poll, deadline - time.monotonic())))
+
+
+async def _withdraw(client: EtcdClient, action: policy.WithdrawMember) -> None:
+    await _remove(client, policy.RemoveMember(action.cluster, action.member_id, "", action.via))
+
+
+async def _add(client: EtcdClient, action: policy.AddMember) -> Member:
+    last: EtcdError | None = None
+    for endpoint in action.via:
+        try:
+            return await client.member_add(endpoint, action.peer_urls)
+        except EtcdRefused:
+            raise
+        except EtcdError as error:
+            last = error
+    raise last or EtcdUnreachable(action.cluster, "no healthy member to send the add to")

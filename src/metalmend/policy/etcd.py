@@ -30,6 +30,7 @@ class MemberFacts:
     leader: bool
     learner: bool = False
     client_urls: tuple[str, ...] = ()
+    peer_urls: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -188,3 +189,164 @@ def health(view: ClusterView, ignore_node_member: int | None = None) -> Health:
     healthy = [m for m in voters if m.healthy and m.id != ignore_node_member]
     needed = max(quorum(len(voters)), view.threshold)
     return Health.HEALTHY if voters and len(healthy) >= needed else Health.UNHEALTHY
+
+
+# ---- adding a member back (a redeployed server) ----------------------------------------
+
+
+@dataclass(frozen=True)
+class AddView:
+    """One cluster, observed to bring back the member the design places on a redeployed
+    Node. ``members`` is etcd's own (linearizable) list, each probed; ``peer_urls`` the
+    design's for the member; ``present``: the id of the listed member with one of those
+    peer URLs (None: not listed), so a restart finds an add that already went through."""
+
+    cluster: str
+    threshold: int
+    members: tuple[MemberFacts, ...]
+    peer_urls: tuple[str, ...]
+    present: int | None
+    expired: bool = False  # the wait for the member is over (its timeout passed)
+
+
+@dataclass(frozen=True)
+class MemberBack:
+    """The member is listed, started and healthy: nothing left to do."""
+
+    cluster: str
+    member_id: int
+
+
+@dataclass(frozen=True)
+class AwaitMember:
+    """The member is listed (added) but not started or not healthy yet: look again."""
+
+    cluster: str
+    member_id: int
+    why: str
+
+
+@dataclass(frozen=True)
+class AwaitQuorum:
+    """Adding now could cost the cluster its quorum; nothing is changed, look again."""
+
+    cluster: str
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AddMember:
+    """etcd MemberAdd with the design's peer URLs, sent to the healthy members in turn."""
+
+    cluster: str
+    peer_urls: tuple[str, ...]
+    via: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WithdrawMember:
+    """The member was added but never started within the wait: remove it again. An added,
+    unstarted member counts toward quorum while it cannot vote, so leaving it would cost
+    the cluster a failure's worth of tolerance (3 healthy of 4 need all 3)."""
+
+    cluster: str
+    member_id: int
+    via: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """The wait is over and nothing is left to undo; ``reason`` says where it stopped."""
+
+    cluster: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CannotAdd:
+    """The design does not say how to add the member (no peer URLs): the step fails."""
+
+    cluster: str
+    reason: str
+
+
+AddAction = MemberBack | AwaitMember | AwaitQuorum | AddMember | WithdrawMember | GiveUp | CannotAdd
+
+
+def add_refusals(view: AddView) -> list[str]:
+    """Why adding a voting member now could break the cluster, one line each (empty: it
+    may be added). etcd's ``--strict-reconfig-check`` only asks that the started members
+    stay a quorum of the larger cluster; this rule asks more, since the new member starts
+    with an empty data dir and counts toward quorum before it has caught up:
+    - every current voting member healthy right now (a sick member plus the newcomer
+      could make two missing votes);
+    - those healthy members a quorum of the cluster with the new member (n + 1);
+    - no other member added and not started yet (one newcomer at a time);
+    - the site's threshold of healthy members already met.
+    """
+    voters = _voters(view.members)
+    healthy = [m for m in voters if m.healthy]
+    reasons = []
+    if not voters:
+        reasons.append(f"cluster {view.cluster} lists no voting member")
+    sick = [m.name or f"{m.id:x}" for m in voters if not m.healthy and m.name]
+    if sick:
+        reasons.append(f"cluster {view.cluster}: member(s) {', '.join(sick)} not healthy")
+    if voters and len(healthy) < quorum(len(voters) + 1):
+        reasons.append(
+            f"cluster {view.cluster}: {len(healthy)} healthy member(s) would not be a quorum"
+            f" of {len(voters) + 1} ({quorum(len(voters) + 1)} needed) until the new member"
+            " has started"
+        )
+    unstarted = [m for m in view.members if not m.name]
+    if unstarted:
+        reasons.append(
+            f"cluster {view.cluster}: member {unstarted[0].id:x} was added and has not"
+            " started yet: one new member at a time"
+        )
+    if len(healthy) < view.threshold:
+        reasons.append(
+            f"cluster {view.cluster} is below its minimum functionality ({len(healthy)}"
+            f" healthy, the site needs {view.threshold})"
+        )
+    return reasons
+
+
+def decide_add(view: AddView) -> AddAction:
+    """One step of bringing the member back, decided again after each: the member is
+    found by its peer URLs first (an add that landed before a restart is never sent
+    twice), added only while ``add_refusals`` says nothing, then waited for."""
+    if not view.peer_urls:
+        return CannotAdd(
+            view.cluster,
+            f"the design gives the member of cluster {view.cluster} no peer_urls: it cannot"
+            " be added back",
+        )
+    if view.present is not None:
+        member = next((m for m in view.members if m.id == view.present), None)
+        if member is not None and member.name and member.healthy:
+            return MemberBack(view.cluster, member.id)
+        started = member is not None and bool(member.name)
+        why = "not healthy yet" if started else "not started yet"
+        if view.expired and not started:
+            return WithdrawMember(view.cluster, view.present, _via(view, view.present))
+        if view.expired:
+            return GiveUp(view.cluster, f"member {view.present:x} started but {why}")
+        return AwaitMember(view.cluster, view.present, why)
+    if reasons := add_refusals(view):
+        if view.expired:
+            return GiveUp(view.cluster, "; ".join(reasons))
+        return AwaitQuorum(view.cluster, tuple(reasons))
+    if view.expired:
+        return GiveUp(view.cluster, "the member was not added in time")
+    return AddMember(view.cluster, view.peer_urls, _via(view, None))
+
+
+def _via(view: AddView, leaving: int | None) -> tuple[str, ...]:
+    """Client URLs of the healthy members (not ``leaving``), the leader first."""
+    return tuple(
+        url
+        for m in sorted(view.members, key=lambda m: (not m.leader, m.name, m.id))
+        if m.healthy and m.id != leaving
+        for url in m.client_urls
+    )

@@ -1,0 +1,1 @@
+"""Shipyard's site actions in ``metalmend serve`` (docs/site-actions.md)."""

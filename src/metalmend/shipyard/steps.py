@@ -1,0 +1,54 @@
+"""What a site action's step is given and may raise (docs/site-actions.md): the interface
+between the action worker and the steps it runs.
+
+A step is an ``async`` function of a ``StepContext`` returning its closing note. It must be
+idempotent given its record: the worker runs it again after a restart with the record it
+last saved (``ctx.record``). ``StepFailed`` fails the step with the operator's message;
+``MissingPrecondition`` is the spec's "fail due to a missing precondition" (nothing was
+touched).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# What the worker gives every step (the API client, the design and task stores, the
+# interlock, the Event recorder, the drainer, the kubelet shutdown, the teardown and action
+# settings, the clock), read by attribute.
+SiteServices = Any
+
+
+@dataclass(frozen=True)
+class Action:
+    """A stored action as its steps read it."""
+
+    id: str
+    name: str
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    user: str = ""
+    context_marker: str | None = None
+    revision: int | None = None  # the design revision the action uses (design_lookup's)
+    allow_intermediate_commits: bool = False
+
+
+@dataclass(frozen=True)
+class StepContext:
+    action: Action
+    step: str
+    record: Mapping[str, Any]  # this step's saved JSON record ({} the first time)
+    save: Callable[[Mapping[str, Any]], Awaitable[None]]  # lease-conditional
+    note: Callable[[str], Awaitable[None]]  # appends a note (stored, shown live)
+    services: SiteServices
+
+
+class StepFailed(Exception):
+    """The step failed; the message is the operator's."""
+
+
+class MissingPrecondition(StepFailed):
+    """The action cannot start: what it needs does not exist; nothing was touched."""
+
+
+StepRunner = Callable[[StepContext], Awaitable[str]]  # returns its closing note
