@@ -65,7 +65,7 @@ def table_of(difference: Any) -> str:
             return item.name
         if isinstance(item, sa.Index | sa.UniqueConstraint | sa.ForeignKeyConstraint):
             return item.table.name if item.table is not None else ""
-        if isinstance(item, str) and item.startswith(("design_", "drydock_")):
+        if isinstance(item, str) and item.startswith(("design_", "drydock_", "shipyard_")):
             return item
     return repr(difference)
 

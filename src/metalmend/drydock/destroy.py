@@ -33,6 +33,7 @@ from metalmend.bmc.credentials import SECRET_LABEL, SECRET_LABEL_VALUE, Credenti
 from metalmend.bmc.errors import BmcError, Busy, TimedOut, Unreachable, Unsupported
 from metalmend.bmc.storage import EraseFailed, EraseStatus
 from metalmend.clock import SYSTEM_CLOCK, Clock
+from metalmend.db.lease import LeaseLost
 from metalmend.kube import errors
 from metalmend.kube.events import EventRecorder
 from metalmend.kube.store import split_key
@@ -57,10 +58,6 @@ class DrivePool(Protocol):
     async def erase_status(
         self, target: BmcTarget, drive_id: str, monitor: str | None = None
     ) -> EraseStatus: ...
-
-
-class LeaseLost(Exception):
-    """Another replica runs the task now: this one stops, changing nothing more."""
 
 
 Save = Callable[[policy.NodeState], Awaitable[bool]]

@@ -1,13 +1,10 @@
 """``TaskStore``: tasks and their nodes in the database, and the lease that runs each once.
 
-Several replicas of ``metalmend serve`` may share one PostgreSQL database; a task must run
-in one of them at a time. A replica takes a task with one conditional UPDATE (the lease is
-free, expired, or already its own): of two replicas racing, the database lets one update
-the row. It renews the lease while it runs the task (every third of the lease); a replica
-that died stops renewing, and another takes the task over once the lease has expired,
-continuing from the nodes' stored records. Every write of a node's record is conditional
-on still holding the lease, so a replica that lost it (paused past its lease) changes
-nothing more.
+Several replicas of ``metalmend serve`` may share one PostgreSQL database; a task runs in
+one of them at a time, under a lease on its row (``metalmend.db.lease``, shared with
+Shipyard's actions): a replica that died stops renewing it and another takes the task
+over, continuing from the nodes' stored records. Every write of a node's record is
+conditional on still holding the lease.
 
 Synchronous (SQLAlchemy Core); async code calls it through ``asyncio.to_thread``.
 """
@@ -18,22 +15,17 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, or_, select, update
+from sqlalchemy import Connection, and_, select, update
 
 from metalmend.db import Database
+from metalmend.db.lease import Leases
+from metalmend.db.lease import aware as _aware
+from metalmend.db.lease import naive as _naive
 from metalmend.drydock.model import Task
 from metalmend.drydock.tables import task_nodes, tasks
 from metalmend.policy.destroy import NodeState, TaskStatus
 
 LIST_LIMIT = 1000  # GET /tasks: the newest this many
-
-
-def _naive(moment: dt.datetime) -> dt.datetime:
-    return moment.astimezone(dt.UTC).replace(tzinfo=None)
-
-
-def _aware(moment: dt.datetime) -> dt.datetime:
-    return moment.replace(tzinfo=dt.UTC) if moment.tzinfo is None else moment
 
 
 class TaskStore:
@@ -91,53 +83,38 @@ class TaskStore:
         with self.db.read() as conn:
             return {str(node): str(task_id) for node, task_id in conn.execute(query)}
 
-    # ---- running tasks: the lease ----------------------------------------------------------
+    # ---- running tasks: the lease (metalmend.db.lease) --------------------------------------
+
+    @property
+    def leases(self) -> Leases:
+        unfinished = tasks.c.status != str(TaskStatus.COMPLETE)
+        return Leases(self.db, tasks, tasks.c.task_id, unfinished, tasks.c.created)
 
     def runnable(self, now: dt.datetime) -> list[str]:
         """Tasks not complete whose lease is free or expired, oldest first."""
-        free = or_(tasks.c.lease_owner.is_(None), tasks.c.lease_expires < _naive(now))
-        query = (
-            select(tasks.c.task_id)
-            .where(and_(tasks.c.status != str(TaskStatus.COMPLETE), free))
-            .order_by(tasks.c.created)
-        )
-        with self.db.read() as conn:
-            return [str(r[0]) for r in conn.execute(query)]
+        return self.leases.runnable(now)
 
     def take(self, task_id: str, owner: str, now: dt.datetime, until: dt.datetime) -> bool:
         """Take the lease of a task not complete, if it is free, expired or ours."""
-        mine = or_(
-            tasks.c.lease_owner.is_(None),
-            tasks.c.lease_expires < _naive(now),
-            tasks.c.lease_owner == owner,
-        )
-        where = and_(tasks.c.task_id == task_id, tasks.c.status != str(TaskStatus.COMPLETE), mine)
-        values = {"lease_owner": owner, "lease_expires": _naive(until)}
-        return self._update(where, values)
+        return self.leases.take(task_id, owner, now, until)
 
     def renew(self, task_id: str, owner: str, until: dt.datetime) -> bool:
         """Extend our lease; False when it is no longer ours."""
-        where = and_(tasks.c.task_id == task_id, tasks.c.lease_owner == owner)
-        return self._update(where, {"lease_expires": _naive(until)})
+        return self.leases.renew(task_id, owner, until)
 
     def set_status(self, task_id: str, owner: str, status: TaskStatus, now: dt.datetime) -> bool:
-        where = and_(tasks.c.task_id == task_id, tasks.c.lease_owner == owner)
         values: dict[str, Any] = {"status": str(status), "updated": _naive(now)}
         if status is TaskStatus.COMPLETE:
             values |= {"lease_owner": None, "lease_expires": None}
-        return self._update(where, values)
+        return self.leases.update(self.leases.held(task_id, owner), values)
 
     def save_node(
         self, task_id: str, owner: str, node: str, state: NodeState, now: dt.datetime
     ) -> bool:
         """Store a node's record, only while ``owner`` holds the task's lease."""
         with self.db.begin() as conn:
-            held = conn.execute(
-                update(tasks)
-                .where(and_(tasks.c.task_id == task_id, tasks.c.lease_owner == owner))
-                .values(updated=_naive(now))
-            ).rowcount
-            if held != 1:
+            leases = self.leases
+            if not leases.update_in(conn, leases.held(task_id, owner), {"updated": _naive(now)}):
                 return False
             conn.execute(
                 update(task_nodes)
@@ -145,10 +122,6 @@ class TaskStore:
                 .values(state=state.to_wire(), updated=_naive(now))
             )
             return True
-
-    def _update(self, where: Any, values: Mapping[str, Any]) -> bool:
-        with self.db.begin() as conn:
-            return conn.execute(update(tasks).where(where).values(**values)).rowcount == 1
 
 
 def _nodes(conn: Connection, ids: Sequence[str]) -> dict[str, dict[str, NodeState]]:

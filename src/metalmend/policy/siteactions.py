@@ -477,3 +477,29 @@ def _kind(raw: object) -> str:
     return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
         type(raw), "null" if raw is None else f"a {type(raw).__name__}"
     )
+
+
+# --- actions side by side ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Running:
+    """An action not finished: its id, name and the nodes it redeploys (none: all)."""
+
+    id: str
+    name: str
+    targets: frozenset[str] = frozenset()
+
+
+def collision(name: ActionName, targets: Iterable[str], running: Iterable[Running]) -> str | None:
+    """Why a new action cannot start while others run, or None. A site action changes
+    every host: it runs alone. Redeploys of different servers may run side by side; two
+    of one server would race on its host (and its etcd member)."""
+    wanted = frozenset(targets)
+    for other in running:
+        if name in SITE_ACTIONS or other.name in SITE_ACTIONS:
+            return f"action {other.id} ({other.name}) is running: {name} waits until it ends"
+        shared = sorted(wanted & other.targets)
+        if shared:
+            return f"action {other.id} ({other.name}) is already redeploying {', '.join(shared)}"
+    return None

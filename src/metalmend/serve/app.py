@@ -8,6 +8,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import httpx2
 from fastapi import FastAPI, Request
@@ -17,19 +18,25 @@ from lightkube import ApiError, AsyncClient
 from starlette.exceptions import HTTPException
 
 from metalmend import __version__
+from metalmend.clock import SYSTEM_CLOCK
 from metalmend.db import Database
+from metalmend.design.store import DesignStore
 from metalmend.drydock.destroy import DrivePool
 from metalmend.kube import errors
+from metalmend.kube.events import EventRecorder
 from metalmend.log import fields
 from metalmend.policy.destroy import DestroySettings
+from metalmend.policy.redeploy import RedeploySettings
 from metalmend.policy.teardown import TeardownSettings
-from metalmend.serve import context, deckhand, decommission, drydock, etcd, promenade
+from metalmend.serve import context, deckhand, decommission, drydock, etcd, promenade, shipyard
 from metalmend.serve.auth import Gate
 from metalmend.serve.interlock import Interlock
 from metalmend.serve.kubelet import KubeletShutdown
 from metalmend.serve.nodes import Drainer
 from metalmend.serve.params import RequestRejected
 from metalmend.serve.status import Message, StatusError, body, reason_for
+from metalmend.shipyard.store import ActionStore
+from metalmend.shipyard.worker import ActionWorker
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +67,15 @@ def create_app(
     database: Database | None = None,
     drives: DrivePool | None = None,
     destroy: DestroySettings | None = None,
+    redeploy: RedeploySettings | None = None,
+    site_namespaces: tuple[str, ...] = (),
 ) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         drydock.start(app)  # the task worker (docs/destroy.md)
+        shipyard.start(app)  # the action worker (docs/site-actions.md)
         yield
+        await shipyard.stop(app)
         await drydock.stop(app)
 
     app = FastAPI(
@@ -72,7 +83,8 @@ def create_app(
         version=__version__,
         description="Airship's node-teardown API (Promenade) over this cluster:"
         " see docs/teardown.md; the site design revisions (Deckhand): see"
-        " docs/design-store.md. Every answer is a UCP Status body.",
+        " docs/design-store.md; destroy tasks (Drydock): docs/destroy.md; configdocs and"
+        " site actions (Shipyard): docs/site-actions.md. Every answer is a UCP Status body.",
         lifespan=lifespan,
     )
     teardown = teardown or TeardownSettings()
@@ -90,7 +102,10 @@ def create_app(
     app.include_router(deckhand.router, prefix=deckhand.PREFIX)  # design revisions
     # destroy_nodes tasks: they need the database and the BMCs (their drives)
     interlock = app.state.services.interlock
-    drydock.install(app, client, interlock, database, drives, destroy or DestroySettings())
+    destroy = destroy or DestroySettings()
+    drydock.install(app, client, interlock, database, drives, destroy)
+    # Site actions (Shipyard): they need the database and the task worker (destroy).
+    shipyard.install(app, _shipyard(app, teardown, destroy, redeploy, site_namespaces))
     app.add_middleware(context.ContextMarker)  # X-Context-Marker: checked, echoed, logged
 
     @app.exception_handler(StatusError)
@@ -148,3 +163,27 @@ def create_app(
         return answer
 
     return app
+
+
+def _shipyard(
+    app: FastAPI,
+    teardown: TeardownSettings,
+    destroy: DestroySettings,
+    redeploy: RedeploySettings | None,
+    namespaces: tuple[str, ...],
+) -> shipyard.Shipyard | None:
+    """The action store and worker, and what the steps are given (``shipyard.steps``)."""
+    services: Services = app.state.services
+    tasks: drydock.Drydock | None = app.state.drydock
+    if services.database is None or tasks is None:
+        return None
+    steps = SimpleNamespace(
+        client=services.client, design_store=DesignStore(services.database),
+        task_store=tasks.store, task_worker=tasks.worker, interlock=services.interlock,
+        events=EventRecorder(services.client, component="metalmend-shipyard"),
+        drainer=services.drainer, kubelet=services.kubelet, teardown=teardown,
+        clock=SYSTEM_CLOCK, redeploy=redeploy or RedeploySettings(), site_namespaces=namespaces,
+    )  # fmt: skip
+    store = ActionStore(services.database)
+    worker = ActionWorker(store, steps, destroy.lease_seconds)
+    return shipyard.Shipyard(store, worker, namespaces)

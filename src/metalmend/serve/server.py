@@ -26,12 +26,12 @@ async def serve(settings: Settings) -> None:
     config = load_config(settings.runtime.kubeconfig)
     client = async_client(config)
     pool = BmcPool(settings.bmc)  # drives only (destroy's wipe): power is host-power's
+    options = settings.serve
     try:
         # Fails fast, in one line, when the cluster or our credentials do not work.
         current = config.get()
         identity = await whoami(client, current.cluster.server if current else "?")
         log.info("serving as %s", identity.username)
-        options = settings.serve
         server = uvicorn.Server(
             uvicorn.Config(
                 create_app(
@@ -40,6 +40,8 @@ async def serve(settings: Settings) -> None:
                     database=database,
                     drives=pool,
                     destroy=settings.destroy,
+                    redeploy=settings.redeploy,
+                    site_namespaces=options.site_namespaces,
                 ),
                 host=options.bind_address,
                 port=options.port,

@@ -41,6 +41,11 @@ class ServeSettings:
     user's state directory), or PostgreSQL, ``postgresql+psycopg://USER:PASSWORD@HOST/DB``
     (for more than one replica). Created and upgraded when ``metalmend serve`` starts."""
 
+    site_namespaces: tuple[str, ...] = ()
+    """The namespaces whose BareMetalHosts and Machines deploy_site and update_site may
+    write (docs/site-actions.md). Empty by default: a site action applies no namespaced
+    object until the operator names them (comma-separated in the environment)."""
+
 
 class ServeSettingsError(ValueError):
     """Settings ``metalmend serve`` cannot start with; the message says which and why."""

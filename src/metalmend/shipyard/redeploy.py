@@ -354,14 +354,14 @@ async def remove_from_cluster(ctx: StepContext) -> str:
 # ---- deploy the server again ------------------------------------------------------------
 
 
-def _ready(node: Node | None) -> bool | None:
+def node_ready(node: Node | None) -> bool | None:
     if node is None:
         return None
     conditions = (node.status.conditions if node.status else None) or []
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
-def _host_facts(host: Any | None) -> policy.HostFacts | None:
+def host_facts(host: Any | None) -> policy.HostFacts | None:
     if host is None:
         return None
     status = host.status if isinstance(host.status, Mapping) else {}
@@ -424,7 +424,7 @@ class ServerDeploy:
         present = dict((found.metadata.labels if found and found.metadata else None) or {})
         clusters = tuple(c.name for c in self.design.clusters_on(self.node)) if self.design else ()
         view = policy.DeployView(
-            self.node, self.record, len(self.wanted.objects), _host_facts(host), _ready(found),
+            self.node, self.record, len(self.wanted.objects), host_facts(host), node_ready(found),
             policy.labels_missing(self.wanted.labels, present), clusters,
         )  # fmt: skip
         return view, host, found

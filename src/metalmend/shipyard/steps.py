@@ -31,6 +31,7 @@ class Action:
     context_marker: str | None = None
     revision: int | None = None  # the design revision the action uses (design_lookup's)
     allow_intermediate_commits: bool = False
+    states: Mapping[str, str] = field(default_factory=dict)  # step -> its state, when started
 
 
 @dataclass(frozen=True)
@@ -52,3 +53,13 @@ class MissingPrecondition(StepFailed):
 
 
 StepRunner = Callable[[StepContext], Awaitable[str]]  # returns its closing note
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A step of an action's plan. A ``final`` step runs even after an earlier one failed
+    or the action was stopped (the site-action tag, as upstream's last task)."""
+
+    name: str
+    run: StepRunner
+    final: bool = False

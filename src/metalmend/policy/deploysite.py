@@ -1,0 +1,279 @@
+"""What ``deploy_site`` and ``update_site`` apply, and what they refuse (docs/site-actions.md,
+"deploy_site and update_site"): pure rules over a design revision's documents.
+
+The design's Kubernetes objects are documents of schema ``metalmend/KubernetesObject/v1``
+whose ``data`` is the object. A design is input an operator (or anyone who may put
+configdocs) controls, and a site action applies it with metalmend's own identity, so
+only what a site deployment needs is accepted:
+
+- kinds: ``BareMetalHost`` (metal3.io/v1alpha1), ``Machine`` (cluster.x-k8s.io/v1beta1),
+  and ``Node`` (v1) carrying **labels only** (a Node is the kubelet's; the design may
+  only say how it is labelled);
+- namespaced objects only in the namespaces the service is configured for
+  (``serve.site_namespaces``): a design cannot reach into another tenant's hosts;
+- metadata: name, namespace, labels, annotations, and no annotation that asks for power
+  (``reboot.metal3.io``) or claims a host for teardown (``metalmend.dev/``): a design
+  must not fence or power-cycle a server by being applied;
+- no ``status`` (the controllers' own), no two objects of one kind, namespace and name;
+- a BareMetalHost names its BMC credentials (``spec.bmc.credentialsName``): the Secret is
+  referenced, never carried in the design, and must exist (checked by the step).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from metalmend.api.names import REBOOT, REBOOT_PREFIX
+from metalmend.policy.redeploy import HOST_KINDS, KUBERNETES_OBJECT
+
+MAX_OBJECTS = 20_000  # far beyond a site; a bound on what one action writes
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_METADATA = frozenset({"name", "namespace", "labels", "annotations"})
+_NODE_METADATA = frozenset({"name", "labels"})
+_FORBIDDEN_ANNOTATIONS = ("metalmend.dev/",)
+APPLY_ORDER = ("BareMetalHost", "Machine")  # a Machine's host exists before it
+
+
+@dataclass(frozen=True)
+class SiteObject:
+    kind: str
+    namespace: str  # "" for a Node
+    name: str
+    body: Mapping[str, Any]
+
+    @property
+    def key(self) -> str:
+        return (
+            f"{self.kind} {self.namespace}/{self.name}"
+            if self.namespace
+            else f"{self.kind} {self.name}"
+        )
+
+
+@dataclass(frozen=True)
+class SiteDesign:
+    """The objects to apply (hosts first, then machines), the Nodes' labels, and every
+    problem found (an action applies nothing while there is one)."""
+
+    objects: tuple[SiteObject, ...] = ()
+    node_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+
+    @property
+    def hosts(self) -> tuple[SiteObject, ...]:
+        return tuple(o for o in self.objects if o.kind == "BareMetalHost")
+
+
+def read_site(documents: Iterable[Any], namespaces: Iterable[str]) -> SiteDesign:
+    allowed = frozenset(namespaces)
+    objects: list[SiteObject] = []
+    labels: dict[str, Mapping[str, str]] = {}
+    problems: list[str] = []
+    seen: set[str] = set()
+    count = 0
+    for where, data in _kubernetes_objects(documents, problems):
+        count += 1
+        if count > MAX_OBJECTS:
+            problems.append(f"more than {MAX_OBJECTS} Kubernetes objects in the design")
+            break
+        found = _object(where, data, allowed, problems)
+        if found is None:
+            continue
+        if found.key in seen:
+            problems.append(f"{where}: {found.key} is in the design twice")
+            continue
+        seen.add(found.key)
+        if found.kind == "Node":
+            labels[found.name] = dict(found.body["metadata"].get("labels") or {})
+        else:
+            objects.append(found)
+    objects.sort(key=lambda o: APPLY_ORDER.index(o.kind))
+    if not allowed and objects:
+        problems.append(
+            "metalmend serve applies no namespaced object: serve.site_namespaces is empty"
+            " (name the namespaces site actions may write)"
+        )
+    return SiteDesign(tuple(objects), labels, tuple(problems))
+
+
+def _kubernetes_objects(
+    documents: Iterable[Any], problems: list[str]
+) -> Iterable[tuple[str, Mapping[str, Any]]]:
+    for document in documents:
+        if not isinstance(document, Mapping) or document.get("schema") != KUBERNETES_OBJECT:
+            continue
+        meta = document.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        where = f"document {_shown(name)}"
+        data = document.get("data")
+        if not isinstance(data, Mapping):
+            problems.append(f"{where}: data must be a Kubernetes object")
+            continue
+        yield where, data
+
+
+def _object(
+    where: str, data: Mapping[str, Any], allowed: frozenset[str], problems: list[str]
+) -> SiteObject | None:
+    kind, version = data.get("kind"), data.get("apiVersion")
+    if not isinstance(kind, str) or HOST_KINDS.get(kind) != version:
+        known = ", ".join(f"{k} ({v})" for k, v in HOST_KINDS.items())
+        problems.append(
+            f"{where}: {_shown(version)} {_shown(kind)} is not a kind site actions apply;"
+            f" they apply {known}"
+        )
+        return None
+    meta = data.get("metadata")
+    if not isinstance(meta, Mapping):
+        problems.append(f"{where}: {kind} has no metadata")
+        return None
+    name, namespace = meta.get("name"), meta.get("namespace")
+    if not isinstance(name, str) or not _DNS_SUBDOMAIN.fullmatch(name) or len(name) > 253:
+        problems.append(f"{where}: {kind} name {_shown(name)} is not a valid name")
+        return None
+    before = len(problems)
+    if kind == "Node":
+        _node_problems(where, data, meta, problems)
+        namespace = ""
+    else:
+        _namespaced_problems(where, kind, data, meta, namespace, allowed, problems)
+    if len(problems) > before:
+        return None
+    return SiteObject(kind, str(namespace or ""), name, data)
+
+
+def _node_problems(
+    where: str, data: Mapping[str, Any], meta: Mapping[str, Any], problems: list[str]
+) -> None:
+    extra = sorted(str(k) for k in data if k not in ("apiVersion", "kind", "metadata"))
+    extra += sorted(f"metadata.{k}" for k in meta if k not in _NODE_METADATA)
+    if extra:
+        problems.append(
+            f"{where}: a Node in the design may carry only its labels, not {', '.join(extra)}"
+        )
+    _label_problems(where, meta.get("labels"), problems)
+
+
+def _namespaced_problems(
+    where: str,
+    kind: str,
+    data: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    namespace: object,
+    allowed: frozenset[str],
+    problems: list[str],
+) -> None:
+    if not isinstance(namespace, str) or not namespace:
+        problems.append(f"{where}: {kind} {meta.get('name')} has no metadata.namespace")
+    elif allowed and namespace not in allowed:
+        problems.append(
+            f"{where}: namespace {_shown(namespace)} is not one site actions write"
+            f" (serve.site_namespaces: {', '.join(sorted(allowed))})"
+        )
+    if "status" in data:
+        problems.append(f"{where}: status is the controllers', not the design's")
+    extra = sorted(f"metadata.{k}" for k in meta if k not in _METADATA)
+    if extra:
+        problems.append(f"{where}: {', '.join(extra)} cannot be set by the design")
+    _label_problems(where, meta.get("labels"), problems)
+    _annotation_problems(where, meta.get("annotations"), problems)
+    if kind == "BareMetalHost":
+        _host_problems(where, data.get("spec"), problems)
+
+
+def _label_problems(where: str, labels: object, problems: list[str]) -> None:
+    if labels is None:
+        return
+    if not isinstance(labels, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        problems.append(f"{where}: labels must map strings to strings")
+
+
+def _annotation_problems(where: str, annotations: object, problems: list[str]) -> None:
+    if annotations is None:
+        return
+    if not isinstance(annotations, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+    ):
+        problems.append(f"{where}: annotations must map strings to strings")
+        return
+    for key in annotations:
+        if key == REBOOT or key.startswith(REBOOT_PREFIX) or key.startswith(_FORBIDDEN_ANNOTATIONS):
+            problems.append(
+                f"{where}: annotation {_shown(key)} would power or claim a host; a design"
+                " cannot carry it"
+            )
+
+
+def _host_problems(where: str, spec: object, problems: list[str]) -> None:
+    bmc = spec.get("bmc") if isinstance(spec, Mapping) else None
+    if not isinstance(bmc, Mapping):
+        problems.append(f"{where}: BareMetalHost has no spec.bmc")
+        return
+    if not isinstance(bmc.get("address"), str):
+        problems.append(f"{where}: spec.bmc.address must be a string")
+    credentials = bmc.get("credentialsName")
+    if not isinstance(credentials, str) or not _DNS_SUBDOMAIN.fullmatch(credentials):
+        problems.append(
+            f"{where}: spec.bmc.credentialsName must name the Secret of the BMC's"
+            " credentials (the design references it; it never carries it)"
+        )
+
+
+def _shown(raw: object) -> str:
+    text = raw if isinstance(raw, str) else repr(raw)
+    return repr(text[:64] + ("..." if len(text) > 64 else ""))
+
+
+# ---- waiting for the site -----------------------------------------------------------------
+
+FAILED_STATES = frozenset({"registration error", "provisioning error", "power management error"})
+
+
+@dataclass(frozen=True)
+class HostSeen:
+    """A design host as the cluster shows it (None fields: not reported yet)."""
+
+    key: str
+    wants_on: bool
+    wants_image: bool
+    provisioning: str
+    powered_on: bool | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    waiting: tuple[str, ...]  # one line per thing not there yet
+    failed: tuple[str, ...]  # one line per host that cannot get there
+
+    @property
+    def done(self) -> bool:
+        return not self.waiting and not self.failed
+
+
+def progress(hosts: Iterable[HostSeen], nodes: Mapping[str, bool | None]) -> Progress:
+    """What the site still waits for: hosts on (and provisioned, when the design gives an
+    image) and the design's Nodes registered and Ready (``nodes``: name -> Ready, None
+    when the Node does not exist)."""
+    waiting: list[str] = []
+    failed: list[str] = []
+    for host in hosts:
+        if host.provisioning in FAILED_STATES:
+            failed.append(
+                f"{host.key}: {host.provisioning}: {host.error}".rstrip(": ")
+            )
+        elif host.wants_image and host.provisioning != "provisioned":
+            waiting.append(f"{host.key} {host.provisioning or 'not registered'}")
+        elif host.wants_on and host.powered_on is not True:
+            waiting.append(f"{host.key} not on yet")
+    for name, ready in sorted(nodes.items()):
+        if ready is None:
+            waiting.append(f"Node {name} not registered")
+        elif not ready:
+            waiting.append(f"Node {name} not Ready")
+    return Progress(tuple(waiting), tuple(failed))

@@ -1,0 +1,234 @@
+"""deploy_site and update_site (docs/site-actions.md, "deploy_site and update_site"): bring
+the cluster to the committed design revision, then tag it.
+
+Steps: ``validation`` (the revision's documents, ``policy.deploysite``; each host's BMC
+address and credentials Secret; no host held by a teardown or a power request),
+``apply`` (server-side apply of the BareMetalHosts, then the Machines, field manager
+``metalmend-shipyard``), ``wait`` (hosts on and provisioned, the design's Nodes Ready with
+their labels), and ``create_action_tag``, which runs even after a failure: the revision is
+tagged ``site-action-success``, or ``site-action-failure`` once validation had passed.
+The guard against intermediate commits ran when the action was created (``serve.shipyard``).
+
+Every step is idempotent: apply again writes nothing new; the wait keeps its start in its
+record so its timeout survives restarts; tagging again replaces the tag's data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from lightkube import ApiError
+from lightkube.resources.core_v1 import Node, Secret
+from lightkube.types import PatchType
+
+from metalmend.api.resources import BareMetalHost, Machine
+from metalmend.bmc import address as bmc_address
+from metalmend.kube import errors
+from metalmend.policy import deploysite as policy
+from metalmend.policy import siteactions
+from metalmend.policy.interlock import TEARDOWN_ANNOTATION
+from metalmend.policy.redeploy import RedeploySettings
+from metalmend.shipyard import redeploy
+from metalmend.shipyard.redeploy import FIELD_MANAGER, documents, event, node_named, revision
+from metalmend.shipyard.steps import Planned, StepContext, StepFailed
+
+VALIDATION = "validation"
+APPLY = "apply"
+WAIT = "wait"
+CREATE_ACTION_TAG = "create_action_tag"
+KINDS: dict[str, Any] = {"BareMetalHost": BareMetalHost, "Machine": Machine}
+
+
+def _namespaces(ctx: StepContext) -> tuple[str, ...]:
+    return tuple(getattr(ctx.services, "site_namespaces", ()) or ())
+
+
+async def site_design(ctx: StepContext) -> policy.SiteDesign:
+    return policy.read_site(await documents(ctx), _namespaces(ctx))
+
+
+# ---- validation ---------------------------------------------------------------------------
+
+
+async def validation(ctx: StepContext) -> str:
+    design = await site_design(ctx)
+    problems = list(design.problems)
+    if not problems:
+        problems += _address_problems(design)
+        problems += await _secret_problems(ctx, design)
+        problems += await _held_problems(ctx, design)
+    etcd = await redeploy.etcd_design(ctx)  # a design that declares etcd must read
+    if problems:
+        raise StepFailed(f"design revision {revision(ctx)}: " + "; ".join(problems[:20]))
+    clusters = f", {len(etcd.clusters)} etcd cluster(s)" if etcd is not None else ""
+    return (
+        f"design revision {revision(ctx)}: {len(design.hosts)} host(s),"
+        f" {len(design.objects) - len(design.hosts)} machine(s),"
+        f" {len(design.node_labels)} node(s){clusters}"
+    )
+
+
+def _address_problems(design: policy.SiteDesign) -> list[str]:
+    """Every BMC address must read as one metalmend drives (scheme, host, port, path):
+    host-power would refuse it later, with the host already applied."""
+    problems = []
+    for host in design.hosts:
+        raw = str(host.body["spec"]["bmc"]["address"])
+        try:
+            bmc_address.parse(raw)
+        except ValueError as error:
+            problems.append(f"{host.key}: spec.bmc.address: {error}")
+    return problems
+
+
+async def _secret_problems(ctx: StepContext, design: policy.SiteDesign) -> list[str]:
+    problems = []
+    for host in design.hosts:
+        name = str(host.body["spec"]["bmc"]["credentialsName"])
+        try:
+            await ctx.services.client.get(Secret, name, namespace=host.namespace)
+        except ApiError as error:
+            if errors.code(error) == 403:
+                problems.append(
+                    f"{host.key}: metalmend serve may not read Secrets in {host.namespace}"
+                    " (bind ClusterRole metalmend-serve-bmc-credentials there)"
+                )
+            elif errors.is_not_found(error):
+                problems.append(f"{host.key}: its BMC credentials Secret {name} does not exist")
+            else:
+                raise
+    return problems
+
+
+async def _held_problems(ctx: StepContext, design: policy.SiteDesign) -> list[str]:
+    """A host being torn down or fenced is not the design's to power: applying
+    ``online: true`` over a remediation's power-off would undo the fence."""
+    problems = []
+    for host in design.hosts:
+        found = await redeploy.host_of(ctx.services.client, (host.namespace, host.name))
+        annotations = dict((found.metadata.annotations or {}) if found else {})
+        if TEARDOWN_ANNOTATION in annotations:
+            problems.append(f"{host.key} is claimed for teardown ({TEARDOWN_ANNOTATION})")
+        pending = sorted(k for k in annotations if k.startswith("reboot.metal3.io"))
+        if pending:
+            problems.append(f"{host.key} has a power request pending ({pending[0]})")
+    return problems
+
+
+# ---- apply --------------------------------------------------------------------------------
+
+
+def _body(obj: policy.SiteObject) -> Any:
+    meta = {
+        k: v
+        for k, v in obj.body["metadata"].items()
+        if k in ("name", "namespace", "labels", "annotations")
+    }
+    return KINDS[obj.kind].from_dict({**obj.body, "metadata": meta})
+
+
+async def apply(ctx: StepContext) -> str:
+    design = await site_design(ctx)
+    client = ctx.services.client
+    for obj in design.objects:
+        applied = await client.apply(
+            _body(obj), field_manager=FIELD_MANAGER, force=True, namespace=obj.namespace
+        )
+        if obj.kind == "BareMetalHost":
+            await event(ctx, applied, f"applied from design revision {revision(ctx)}")
+    await ctx.note(f"applied {len(design.objects)} object(s)")
+    return f"{len(design.objects)} object(s) applied (server-side apply, {FIELD_MANAGER})"
+
+
+# ---- wait ---------------------------------------------------------------------------------
+
+
+async def wait(ctx: StepContext) -> str:
+    design = await site_design(ctx)
+    timing: RedeploySettings = redeploy.settings(ctx)
+    clock = ctx.services.clock
+    since = _since(ctx.record) or clock.now()
+    if "since" not in ctx.record:
+        await ctx.save({"since": since.isoformat()})
+    limit = timing.provision_timeout + timing.node_ready_timeout
+    shown: tuple[str, ...] = ()
+    while True:
+        seen = [await _host_seen(ctx, h) for h in design.hosts]
+        ready = {n: await _node_ready(ctx, n, labels) for n, labels in design.node_labels.items()}
+        found = policy.progress(seen, ready)
+        if found.failed:
+            raise StepFailed("; ".join(found.failed))
+        if found.done:
+            return f"{len(seen)} host(s) on, {len(ready)} Node(s) Ready"
+        if found.waiting != shown:
+            shown = found.waiting
+            await ctx.note("waiting for " + "; ".join(found.waiting[:10]))
+        if clock.now() >= since + dt.timedelta(seconds=limit):
+            raise StepFailed(f"not there after {limit:g}s: " + "; ".join(found.waiting[:10]))
+        await asyncio.sleep(timing.poll_interval)
+
+
+def _since(record: Mapping[str, Any]) -> dt.datetime | None:
+    raw = record.get("since")
+    try:
+        return dt.datetime.fromisoformat(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+
+
+async def _host_seen(ctx: StepContext, obj: policy.SiteObject) -> policy.HostSeen:
+    found = await redeploy.host_of(ctx.services.client, (obj.namespace, obj.name))
+    spec = obj.body.get("spec") or {}
+    facts = redeploy.host_facts(found)
+    return policy.HostSeen(
+        obj.key, spec.get("online") is True, isinstance(spec.get("image"), Mapping),
+        facts.provisioning if facts else "", facts.powered_on if facts else None,
+        facts.error if facts else "",
+    )  # fmt: skip
+
+
+async def _node_ready(ctx: StepContext, name: str, labels: Mapping[str, str]) -> bool | None:
+    """The Node's Ready; its design labels applied first, once it exists."""
+    client = ctx.services.client
+    node = await node_named(client, name)
+    if node is None:
+        return None
+    present = dict(node.metadata.labels or {}) if node.metadata else {}
+    if any(present.get(k) != v for k, v in labels.items()):
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": dict(labels)},
+        }
+        node = await client.patch(
+            Node, name, body, patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True
+        )
+        await event(ctx, node, f"labels of design revision {revision(ctx)} applied")
+    return bool(redeploy.node_ready(node))
+
+
+# ---- the tag ------------------------------------------------------------------------------
+
+
+async def create_action_tag(ctx: StepContext) -> str:
+    states = ctx.action.states
+    validated = states.get(VALIDATION) == "success"
+    succeeded = all(states.get(s) == "success" for s in (VALIDATION, APPLY, WAIT))
+    name = siteactions.ActionName(ctx.action.name)
+    tag = siteactions.completion_tag(name, revision(ctx), ctx.action.name, validated, succeeded)
+    if tag is None:
+        return "no tag: the action failed before it changed the site"
+    data = {**tag.data, "action_id": ctx.action.id}
+    await asyncio.to_thread(ctx.services.design_store.tag, tag.revision, tag.tag, data)
+    return f"design revision {tag.revision} tagged {tag.tag}"
+
+
+PLAN = (
+    Planned(VALIDATION, validation),
+    Planned(APPLY, apply),
+    Planned(WAIT, wait),
+    Planned(CREATE_ACTION_TAG, create_action_tag, final=True),
+)

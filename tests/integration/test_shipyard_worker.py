@@ -1,0 +1,244 @@
+"""The action worker (shipyard.worker) over the action store, on a SQLite file and on
+PostgreSQL: steps in order, records kept across a kill, a failure's remaining steps not
+run but the final one, a stop between steps, and two replicas running each action once.
+
+The steps here are plain functions that count their runs: what is tested is the worker's
+bookkeeping; the real steps are tested against the API server in their own files."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import inspect
+from sqlalchemy.engine import Inspector
+
+from metalmend.db import Database
+from metalmend.policy.siteactions import ActionLifecycle, new_action_id
+from metalmend.shipyard import model
+from metalmend.shipyard.steps import MissingPrecondition, Planned, StepContext, StepFailed
+from metalmend.shipyard.store import ActionStore
+from metalmend.shipyard.worker import ActionWorker
+
+LEASE = 1.5  # seconds: short, so that a takeover after a kill is quick
+
+
+@pytest.fixture
+def database(database_url: str) -> Iterator[Database]:
+    db = Database.open(database_url)
+    db.upgrade()
+    yield db
+    db.dispose()
+
+
+def new_action(store: ActionStore, steps: tuple[str, ...], name: str = "redeploy_server") -> str:
+    now = dt.datetime.now(dt.UTC)
+    action = model.Action(
+        id=new_action_id(now, os.urandom(10)), name=name, parameters={"target_nodes": ["n1"]},
+        lifecycle=ActionLifecycle.PENDING, created=now, updated=now, user="tester",
+        context_marker=None, committed_rev_id=3, revision=None, allow_intermediate_commits=False,
+        steps=tuple(model.Step(s, i) for i, s in enumerate(steps)),
+    )  # fmt: skip
+    store.create(action)
+    return action.id
+
+
+class Steps:
+    """Steps that count their runs; ``block`` makes one wait until released."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, int] = {}
+        self.records: dict[str, dict[str, Any]] = {}
+        self.block: dict[str, asyncio.Event] = {}
+        self.started: dict[str, asyncio.Event] = {}
+
+    def ok(self, name: str) -> Planned:
+        async def run(ctx: StepContext) -> str:
+            self.runs[name] = self.runs.get(name, 0) + 1
+            self.records[name] = dict(ctx.record)
+            self.started.setdefault(name, asyncio.Event()).set()
+            await ctx.note(f"{name} working (run {self.runs[name]})")
+            if "half" not in ctx.record:
+                await ctx.save({"half": True})
+            if name in self.block:
+                await self.block[name].wait()
+            return f"{name} done"
+
+        return Planned(name, run)
+
+    def failing(self, name: str, error: Exception) -> Planned:
+        async def run(ctx: StepContext) -> str:
+            self.runs[name] = self.runs.get(name, 0) + 1
+            raise error
+
+        return Planned(name, run)
+
+    def final(self, name: str) -> Planned:
+        async def run(ctx: StepContext) -> str:
+            self.runs[name] = self.runs.get(name, 0) + 1
+            return f"states: {dict(ctx.action.states)}"
+
+        return Planned(name, run, final=True)
+
+
+async def finished(store: ActionStore, action_id: str, within: float = 20) -> model.Action:
+    async with asyncio.timeout(within):
+        while True:
+            found = store.get(action_id)
+            assert found is not None
+            if found.finished:
+                return found
+            await asyncio.sleep(0.05)
+
+
+def worker(store: ActionStore, plan: tuple[Planned, ...], owner: str) -> ActionWorker:
+    plans = {"redeploy_server": plan, "deploy_site": plan}
+    return ActionWorker(store, None, LEASE, steps=plans, owner=owner, retry_seconds=0.05)
+
+
+def test_the_migration_creates_the_tables_the_store_uses(database: Database) -> None:
+    found: Inspector = inspect(database.engine)
+    assert {"shipyard_actions", "shipyard_action_steps"} <= set(found.get_table_names())
+
+
+async def test_steps_run_in_order_and_the_action_completes(database: Database) -> None:
+    store, steps = ActionStore(database), Steps()
+    plan = (steps.ok("a"), steps.ok("b"), steps.final("tag"))
+    action_id = new_action(store, ("a", "b", "tag"))
+    running = worker(store, plan, "one")
+    running.start()
+    try:
+        done = await finished(store, action_id)
+    finally:
+        await running.stop()
+    assert done.lifecycle is ActionLifecycle.COMPLETE
+    assert [(s.name, s.state, s.try_number) for s in done.steps] == [
+        ("a", model.StepState.SUCCESS, 1), ("b", model.StepState.SUCCESS, 1),
+        ("tag", model.StepState.SUCCESS, 1),
+    ]  # fmt: skip
+    assert [n.text for n in done.steps[0].notes] == ["a working (run 1)", "a done"]
+    assert "'a': 'success', 'b': 'success'" in done.steps[2].notes[-1].text
+    assert all(s.start and s.end and s.start <= s.end for s in done.steps)
+    wire = done.to_wire(f"/actions/{done.id}")
+    assert (wire["action_lifecycle"], wire["dag_status"]) == ("Complete", "success")
+    assert [s["state"] for s in wire["steps"]] == ["success"] * 3
+
+
+async def test_a_failed_step_skips_the_rest_but_the_final_one(database: Database) -> None:
+    store, steps = ActionStore(database), Steps()
+    plan = (
+        steps.ok("a"), steps.failing("b", StepFailed("no host")), steps.ok("c"), steps.final("tag"),
+    )  # fmt: skip
+    action_id = new_action(store, ("a", "b", "c", "tag"))
+    running = worker(store, plan, "one")
+    running.start()
+    try:
+        done = await finished(store, action_id)
+    finally:
+        await running.stop()
+    assert done.lifecycle is ActionLifecycle.FAILED
+    states = {s.name: s.state for s in done.steps}
+    assert states == {
+        "a": model.StepState.SUCCESS, "b": model.StepState.FAILED,
+        "c": model.StepState.NOT_RUN, "tag": model.StepState.SUCCESS,
+    }  # fmt: skip
+    assert done.step("b").notes[-1].text == "no host"  # type: ignore[union-attr]
+    assert "c" not in steps.runs
+
+
+async def test_a_missing_precondition_says_so(database: Database) -> None:
+    store, steps = ActionStore(database), Steps()
+    plan = (steps.failing("lookup", MissingPrecondition("no revision is tagged x")),)
+    action_id = new_action(store, ("lookup",))
+    running = worker(store, plan, "one")
+    running.start()
+    try:
+        done = await finished(store, action_id)
+    finally:
+        await running.stop()
+    assert done.steps[0].notes[-1].text == "missing precondition: no revision is tagged x"
+
+
+async def test_an_unexpected_error_is_tried_again_then_fails_the_step(database: Database) -> None:
+    store, steps = ActionStore(database), Steps()
+    plan = (steps.failing("a", RuntimeError("bug")),)
+    action_id = new_action(store, ("a",))
+    running = worker(store, plan, "one")
+    running.start()
+    try:
+        done = await finished(store, action_id)
+    finally:
+        await running.stop()
+    assert steps.runs["a"] == 10
+    assert done.steps[0].notes[-1].text == "metalmend serve failed: RuntimeError (10 times)"
+
+
+async def test_killed_mid_step_another_replica_resumes_it_from_its_record(
+    database: Database,
+) -> None:
+    store, steps = ActionStore(database), Steps()
+    steps.block["b"] = asyncio.Event()
+    plan = (steps.ok("a"), steps.ok("b"), steps.final("tag"))
+    action_id = new_action(store, ("a", "b", "tag"))
+    first = worker(store, plan, "first")
+    first.start()
+    async with asyncio.timeout(10):
+        await steps.started.setdefault("b", asyncio.Event()).wait()
+        while store.get(action_id).step("b").record != {"half": True}:  # type: ignore[union-attr]
+            await asyncio.sleep(0.05)  # noqa: ASYNC110 - the store is polled, not an event
+    await first.stop()  # killed: its lease is left to expire
+    steps.block["b"].set()
+    second = worker(store, plan, "second")
+    second.start()
+    try:
+        done = await finished(store, action_id)
+    finally:
+        await second.stop()
+    assert done.lifecycle is ActionLifecycle.COMPLETE
+    assert steps.runs == {"a": 1, "b": 2, "tag": 1}  # a done once; b again from its record
+    assert steps.records["b"] == {"half": True}
+    assert done.step("b").try_number == 2  # type: ignore[union-attr]
+
+
+async def test_a_stop_ends_the_running_step_and_runs_only_the_final_one(
+    database: Database,
+) -> None:
+    store, steps = ActionStore(database), Steps()
+    steps.block["a"] = asyncio.Event()
+    plan = (steps.ok("a"), steps.ok("b"), steps.final("tag"))
+    action_id = new_action(store, ("a", "b", "tag"))
+    running = worker(store, plan, "one")
+    running.start()
+    try:
+        await asyncio.wait_for(steps.started.setdefault("a", asyncio.Event()).wait(), 10)
+        assert store.request_stop(action_id, "operator", {"command": "stop"})
+        steps.block["a"].set()
+        done = await finished(store, action_id)
+    finally:
+        await running.stop()
+    assert done.lifecycle is ActionLifecycle.FAILED
+    assert [s.state for s in done.steps] == [
+        model.StepState.SUCCESS, model.StepState.NOT_RUN, model.StepState.SUCCESS,
+    ]  # fmt: skip
+    assert done.step("b").notes[-1].text == "not run: action stopped by operator"  # type: ignore[union-attr]
+    assert not store.request_stop(action_id, "operator", {"command": "stop"})  # finished
+
+
+async def test_two_replicas_run_each_action_exactly_once(database: Database) -> None:
+    store, steps = ActionStore(database), Steps()
+    plan = (steps.ok("a"), steps.ok("b"))
+    ids = [new_action(store, ("a", "b")) for _ in range(6)]
+    replicas = [worker(store, plan, "left"), worker(store, plan, "right")]
+    for replica in replicas:
+        replica.start()
+    try:
+        for action_id in ids:
+            assert (await finished(store, action_id)).lifecycle is ActionLifecycle.COMPLETE
+    finally:
+        for replica in replicas:
+            await replica.stop()
+    assert steps.runs == {"a": 6, "b": 6}
