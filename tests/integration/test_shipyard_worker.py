@@ -23,6 +23,7 @@ from metalmend.shipyard import model
 from metalmend.shipyard.steps import MissingPrecondition, Planned, StepContext, StepFailed
 from metalmend.shipyard.store import ActionStore
 from metalmend.shipyard.worker import ActionWorker
+from tests.support import until
 
 LEASE = 1.5  # seconds: short, so that a takeover after a kill is quick
 
@@ -188,8 +189,7 @@ async def test_killed_mid_step_another_replica_resumes_it_from_its_record(
     first.start()
     async with asyncio.timeout(10):
         await steps.started.setdefault("b", asyncio.Event()).wait()
-        while store.get(action_id).step("b").record != {"half": True}:  # type: ignore[union-attr]
-            await asyncio.sleep(0.05)  # noqa: ASYNC110 - the store is polled, not an event
+    await until(lambda: store.get(action_id).step("b").record == {"half": True}, 10)  # type: ignore[union-attr]
     await first.stop()  # killed: its lease is left to expire
     steps.block["b"].set()
     second = worker(store, plan, "second")
