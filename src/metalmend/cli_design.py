@@ -11,9 +11,7 @@ success, 1 the service refused, 2 usage, 3 unreachable.
 
 from __future__ import annotations
 
-import ssl
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -25,21 +23,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from metalmend.cli_node import (
-    CONNECT_TIMEOUT,
-    EXIT_FAILURE,
-    EXIT_UNREACHABLE,
-    Ca,
-    CliError,
-    Kubeconfig,
-    LabDir,
-    Service,
-    Token,
-    Url,
-    fail,
-    resolve,
-    show_status,
-)
+from metalmend.cli_node import Ca, CliError, Kubeconfig, LabDir, Token, Url
+from metalmend.cli_service import Target, parsed, run_command
+from metalmend.cli_service import request as service_request
 
 DECKHAND = "/deckhand/api/v1.0"
 YAML = "application/x-yaml"
@@ -52,77 +38,15 @@ design_app = typer.Typer(
 out = Console()
 
 
-@dataclass(frozen=True)
-class Target:
-    url: str | None
-    ca: Path | None
-    token: str | None
-    kubeconfig: Path | None
-    lab_dir: Path
-
-    def service(self) -> Service:
-        return resolve(self.url, self.ca, self.token, self.kubeconfig, self.lab_dir)
-
-
 def request(
     target: Target, method: str, path: str, *, body: str | None = None, params: Any = None
 ) -> httpx.Response:
-    """One request; a refusal printed as its Status body and exit 1."""
-    service = target.service()
-    verify = ssl.create_default_context(cafile=service.ca) if service.ca else True
-    headers = {"Authorization": f"Bearer {service.token}", "Accept": YAML}
-    if body is not None:
-        headers["Content-Type"] = YAML
-    timeout = httpx.Timeout(300.0, connect=CONNECT_TIMEOUT)
-    try:
-        with httpx.Client(verify=verify, timeout=timeout, headers=headers) as http:
-            answer = http.request(
-                method, service.url + DECKHAND + path, content=body, params=params
-            )
-    except httpx.ConnectError as error:
-        raise CliError(
-            f"cannot reach metalmend serve at {service.url}: {error}", EXIT_UNREACHABLE
-        ) from None
-    except httpx.HTTPError as error:
-        raise CliError(
-            f"metalmend serve at {service.url} did not answer: {error}", EXIT_UNREACHABLE
-        ) from None
-    if answer.status_code >= 400:
-        refused(answer, service.url)
-    return answer
-
-
-def refused(answer: httpx.Response, url: str) -> None:
-    try:
-        document = yaml.safe_load(answer.text)  # a Status body: JSON, which is YAML
-    except yaml.YAMLError:
-        document = None
-    if not isinstance(document, dict) or "status" not in document:
-        raise CliError(
-            f"{url} answered HTTP {answer.status_code} without a Status body:"
-            " is it metalmend serve?",
-            EXIT_FAILURE,
-        )
-    show_status(document)
-    raise typer.Exit(EXIT_FAILURE)
-
-
-def parsed(answer: httpx.Response, many: bool = False) -> Any:
-    try:
-        return list(yaml.safe_load_all(answer.text)) if many else yaml.safe_load(answer.text)
-    except yaml.YAMLError:
-        raise CliError("metalmend serve answered YAML that cannot be read", EXIT_FAILURE) from None
+    """One request to Deckhand's API; a refusal printed as its Status body and exit 1."""
+    return service_request(target, method, DECKHAND + path, body=body, params=params)
 
 
 def revision_path(revision: int) -> str:
     return f"/revisions/{revision}"
-
-
-def run_command(target: Target, command: Any) -> None:
-    try:
-        command()
-    except CliError as error:
-        fail(error)
 
 
 # ---- the commands -----------------------------------------------------------------------
