@@ -15,6 +15,7 @@ from metalmend import __version__
 from metalmend import settings as settings_
 from metalmend.cli_design import design_app
 from metalmend.cli_node import etcd_app, node_app
+from metalmend.cli_site import site_app
 from metalmend.kube.leader import LeadershipLost
 
 # The lab (and its extras: sushy-tools, bcrypt) is imported inside the lab commands only, so
@@ -33,6 +34,7 @@ app.add_typer(credentials_app, name="credentials")
 app.add_typer(node_app, name="node")  # the node-teardown API of `metalmend serve`
 app.add_typer(etcd_app, name="etcd")
 app.add_typer(design_app, name="design")  # the design revisions (Deckhand) of `metalmend serve`
+app.add_typer(site_app, name="site")  # configdocs and site actions (Shipyard) of `metalmend serve`
 out = Console()
 err = Console(stderr=True)
 
