@@ -57,6 +57,12 @@ LAB_TEARDOWN = {"kubelet_stopped_after": 5, "shutdown_kubelet_timeout": 60, "etc
 # destroy_nodes at lab speed: host-power there polls every 5 s and erases take seconds; a
 # task of a killed service is taken over after 6 s (docs/destroy.md).
 LAB_DESTROY = {"poll_interval": 0.5, "bmc_retry": 1, "lease_seconds": 6, "release_timeout": 60}
+# redeploy_server and deploy_site at lab speed: provisioning takes seconds, kubelets boot
+# in seconds; the action worker shares destroy's lease (6 s).
+LAB_REDEPLOY = {
+    "destroy_timeout": 300, "provision_timeout": 120, "node_ready_timeout": 120,
+    "etcd_timeout": 120, "poll_interval": 0.5,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -160,10 +166,12 @@ def start(plane: ControlPlane, client: Client, lab_dir: Path) -> tuple[Component
     database = f"sqlite:///{(lab_dir / 'serve.sqlite').resolve()}"
     settings = {
         "teardown": LAB_TEARDOWN,
-        "serve": {"database_url": database},
+        # site actions apply the lab design's hosts and machines in the hosts' namespace
+        "serve": {"database_url": database, "site_namespaces": [HOSTS_NAMESPACE]},
         # destroy_nodes wipes through the lab's BMCs, whose certificates the lab CA signs
         "bmc": {"ca_bundle": str(plane.ca.pair.cert.resolve()), "timeout": 5},
         "destroy": LAB_DESTROY,
+        "redeploy": LAB_REDEPLOY,
     }
     config.write_text(yaml.safe_dump(settings))
     port = free_port()
