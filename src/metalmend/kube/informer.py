@@ -16,6 +16,7 @@ Store true and telling handlers what changed.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -188,6 +189,11 @@ class Informer:
                 response.raise_for_status()
                 self._contact()
                 async for line in response.aiter_lines():
+                    version = bookmark_version(line)
+                    if version is not None:  # not decoded as an object: see bookmark_version
+                        driver._version = version  # a reconnect resumes from it
+                        self._on_event("BOOKMARK", None, version)
+                        continue
                     self._on_event(*driver.process_one_line(line))
             except ApiError:
                 raise  # (an ApiError is an HTTPStatusError too: an ERROR event, 410 Gone)
@@ -199,12 +205,12 @@ class Informer:
             finally:
                 await response.aclose()
 
-    def _on_event(self, event: str, obj: Any) -> None:
+    def _on_event(self, event: str, obj: Any, version: str | None = None) -> None:
         metrics.INFORMER_EVENTS.labels(self.name, event).inc()
-        self.resource_version = obj.metadata.resourceVersion
+        self.resource_version = version or obj.metadata.resourceVersion
         self._failures = 0
         self._contact()
-        if event == "BOOKMARK":
+        if event == "BOOKMARK" or obj is None:
             return
         if event == "DELETED":
             old = self.store.delete(object_key(obj))
@@ -218,3 +224,21 @@ class Informer:
                 handler(old, new)
             except Exception:
                 log.exception("event handler failed", extra=fields(resource=self.name))
+
+
+def bookmark_version(line: str) -> str | None:
+    """The resourceVersion of a BOOKMARK watch event, None for any other line.
+
+    A bookmark's object is an empty object of the watched kind with only its
+    resourceVersion set, serialized with the kind's required fields as null (a Pod's
+    ``spec.containers: null``): lightkube's typed decoder refuses it (msgspec
+    ValidationError), which would break the watch on every bookmark. So bookmarks are read
+    here, as JSON, and never decoded into the resource's model."""
+    if '"BOOKMARK"' not in line[:64]:
+        return None
+    try:
+        event = json.loads(line)
+        version = event["object"]["metadata"]["resourceVersion"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return str(version) if event.get("type") == "BOOKMARK" and version else None
