@@ -6,10 +6,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test k8s helm image tools lint bench venv clean
+.PHONY: demo demo-site test k8s helm image tools lint bench venv clean
 
 demo: venv k8s
 	$(BIN)/metalmend demo
+
+# Site actions (docs/site-actions.md): the design deployed, a server redeployed live.
+demo-site: venv k8s
+	$(BIN)/metalmend demo-site
 
 # Two workers, one test file each at a time (module fixtures stay in one process); each
 # worker starts its own control plane. Most of a lab test's time is waiting on the lab.

@@ -11,6 +11,7 @@ from benchmarks import (
     healthcheck_eval,
     hostile_bmcs,
     reboot_latency,
+    redeploy,
     remediation_overhead,
     runtime,
 )
@@ -27,3 +28,4 @@ at_rest.main()
 etcd_removal.main()
 drain.main()
 design_store.main()
+redeploy.main()

@@ -185,6 +185,27 @@ def lab_fault(
     out.print(f"{host}: {kind}")
 
 
+@lab_app.command("design")
+def lab_design(
+    lab_dir: LabDir = Path(".lab"),
+    output: Annotated[
+        Path | None, typer.Option("--output", help="Write the documents here, not to stdout.")
+    ] = None,
+) -> None:
+    """Print the running lab's site design: documents for the design store's bucket."""
+    from metalmend.lab import lab as lab_
+
+    try:
+        text = lab_.site_design(lab_dir)
+    except lab_.LabError as error:
+        fail(str(error))
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
+        err.print(f"site design written to {output}")
+
+
 @app.command()
 def demo(
     lab_dir: LabDir = Path(".lab-demo"),
@@ -194,6 +215,18 @@ def demo(
     from metalmend.demo import run_demo
 
     run_demo(lab_dir, out, keep=keep)
+
+
+@app.command("demo-site")
+def demo_site(
+    lab_dir: LabDir = Path(".lab-demo"),
+    keep: Annotated[bool, typer.Option(help="Keep the lab running until Ctrl-C.")] = False,
+) -> None:
+    """Start the lab and show site actions: the design deployed, a server redeployed live,
+    the intermediate-commit guard."""
+    from metalmend.demo_site import run_site_demo
+
+    run_site_demo(lab_dir, out, keep=keep)
 
 
 # `metalmend run`'s flags, each setting one field of the settings tree (metalmend.settings):

@@ -4,7 +4,8 @@
   shared vocabulary in ``metalmend.api`` (the power vocabulary included), and its own
   modules;
 - the lab (real control plane, emulated BMCs, kubelet simulators) is a harness: nothing
-  outside ``metalmend.lab``, ``metalmend.demo`` and ``metalmend.cli`` imports it;
+  outside ``metalmend.lab``, the demos (``metalmend.demo``, ``metalmend.demo_site``) and
+  ``metalmend.cli`` imports it;
 - ``metalmend.cli`` loads the lab and the demo only inside the commands that use them, so
   that ``metalmend run`` works where the lab's extras (sushy-tools) are not installed;
 - every third-party module the package imports comes from a distribution it declares
@@ -35,7 +36,7 @@ POLICY_MAY_IMPORT = ("metalmend.api", "metalmend.policy")
 # each with the reason and what removes it. Empty: the policy follows the rule.
 POLICY_EXCEPTIONS: frozenset[tuple[str, str]] = frozenset()
 
-LAB_USERS = ("metalmend.lab", "metalmend.demo", "metalmend.cli")
+LAB_USERS = ("metalmend.lab", "metalmend.demo", "metalmend.demo_site", "metalmend.cli")
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def test_the_cli_loads_the_lab_only_in_the_commands_that_use_it() -> None:
         if i.module == "metalmend.cli"
         and i.top_level
         and not i.type_checking
-        and within(i.imported, ("metalmend.lab", "metalmend.demo"))
+        and within(i.imported, ("metalmend.lab", "metalmend.demo", "metalmend.demo_site"))
     ]
     assert not eager, "import these inside the lab commands:\n" + show(eager)
 
@@ -177,7 +178,7 @@ def test_the_cli_works_without_the_lab(command: list[str]) -> None:
         class NoLab(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
                 if name.split(".")[0] in ("sushy_tools", "bcrypt") or name.startswith(
-                    ("metalmend.lab", "metalmend.demo")
+                    ("metalmend.lab", "metalmend.demo", "metalmend.demo_site")
                 ):
                     raise ModuleNotFoundError(f"{{name}} is not installed here", name=name)
                 return None
@@ -223,7 +224,11 @@ def test_every_third_party_import_is_a_declared_dependency() -> None:
         top = i.imported.partition(".")[0]
         if top in stdlib or top == "metalmend" or i.type_checking:
             continue
-        declared = lab if within(i.module, ("metalmend.lab", "metalmend.demo")) else core
+        declared = (
+            lab
+            if within(i.module, ("metalmend.lab", "metalmend.demo", "metalmend.demo_site"))
+            else core
+        )
         offered = {_distribution(d) for d in providers.get(top, [])}
         if not offered & declared:
             wrong.append(f"{i.module}:{i.line} imports {top} (from {sorted(offered) or '?'})")

@@ -7,7 +7,8 @@ Per host (what each part is lives in its own module; this one puts them together
   through Redfish;
 - a fault line in front of the BMC (``lab.proxies``: UDP relay or TCP proxy) for bmc-down
   and bmc-slow;
-- a kubelet simulator bound to that power (``lab.kubelet``);
+- a kubelet simulator bound to that power and to the OS on its OS drive (``lab.kubelet``,
+  ``lab.osdrive``);
 - the faults ``metalmend lab fault`` asks for (``lab.faults``), applied every 0.2 s.
 
 What the hardware is comes from ``lab.inventory`` (written by ``metalmend lab up``); what
@@ -31,6 +32,7 @@ from metalmend.lab.bmcs import HostPower, RedfishPower, start_ipmi_bmcs
 from metalmend.lab.faults import FaultInjector
 from metalmend.lab.inventory import HardwareConfig, HostSpec, status_path
 from metalmend.lab.kubelet import KubeletSim
+from metalmend.lab.osdrive import OsDrive
 from metalmend.lab.proxies import TcpProxy, UdpRelay
 
 log = logging.getLogger("metalmend.lab.hardware")
@@ -58,7 +60,7 @@ async def serve(config: HardwareConfig) -> None:
         else:
             powered = RedfishPower(spec, config.ca_file).boot
             lines[spec.name] = TcpProxy("127.0.0.1", spec.internal_port, listen_port=spec.bmc_port)
-        kubelets[spec.name] = KubeletSim(spec, powered)
+        kubelets[spec.name] = KubeletSim(spec, powered, OsDrive.of(lab_dir, spec.name))
         injectors[spec.name] = FaultInjector(
             lab_dir, spec.name, kubelets[spec.name], lines[spec.name], ipmi_power
         )

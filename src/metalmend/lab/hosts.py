@@ -2,11 +2,13 @@
 registers in the cluster.
 
 For each host: BMC credentials (a Secret, labelled and bound to that host), a BareMetalHost
-(online, provisioned) whose ``spec.bmc.address`` is the host's BMC on 127.0.0.1, and a
-Machine linked to it (annotation ``metal3.io/BareMetalHost`` one way, ``spec.consumerRef``
-the other). Redfish hosts share one sushy-tools emulator (fake driver, TLS, basic auth,
-with the lab's drives and their secure erase added by ``lab.emulator``); IPMI hosts each
-get a pyghmi BMC. Every host has drives (``lab.drives``): listed in the BareMetalHost's
+(online, provisioned with the lab's image, whose OS ``plan`` writes on the host's OS
+drive) whose ``spec.bmc.address`` is the host's BMC on 127.0.0.1, and a Machine linked to
+it (annotation ``metal3.io/BareMetalHost`` one way, ``spec.consumerRef`` the other): the
+objects of the lab's site design (``lab.sitedesign``). Redfish hosts share one
+sushy-tools emulator (fake driver, TLS, basic auth, with the lab's drives and their
+secure erase added by ``lab.emulator``); IPMI hosts each get a pyghmi BMC. Every host
+has drives (``lab.drives``): listed in the BareMetalHost's
 ``status.hardware.storage``, the OS drive named in its ``spec.rootDeviceHints``.
 """
 
@@ -33,9 +35,10 @@ from metalmend.api.resources import (
 )
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
 from metalmend.kube import errors
-from metalmend.lab import drives, emulator
+from metalmend.lab import drives, emulator, sitedesign
 from metalmend.lab.controlplane import LOOPBACK, ControlPlane, free_port
 from metalmend.lab.inventory import HardwareConfig, HostSpec
+from metalmend.lab.osdrive import OsDrive
 
 NAMESPACE = "metalmend-lab"
 BMC_KINDS = ("redfish", "ipmi", "mixed")
@@ -62,7 +65,8 @@ def plan(
     erase_seconds: float = drives.DEFAULT_ERASE_SECONDS,
 ) -> HardwareConfig:
     """Names, ports, credentials, node identities and drives for ``count`` hosts; each
-    drive that has no content yet is seeded (``lab.drives``)."""
+    drive that has no content yet is seeded (``lab.drives``), the lab's OS written on each
+    OS drive (``lab.osdrive``)."""
     hosts = []
     for index in range(count):
         kind = bmc if bmc != "mixed" else ("redfish", "ipmi")[index % 2]
@@ -87,6 +91,8 @@ def plan(
             )
         )
         drives.seed(lab_dir, name, hosts[-1].drives)
+        # Every host starts provisioned: the OS is on its OS drive (lab.osdrive).
+        OsDrive.of(lab_dir, name).install(sitedesign.LAB_IMAGE["url"], name)
     return HardwareConfig(str(lab_dir), hosts, str(plane.ca.pair.cert), erase_seconds)
 
 
@@ -177,36 +183,12 @@ def register_host(client: Client, host: HostSpec) -> None:
         ),
         namespace=ns,
     )
-    machine: Any = client.create(
-        Machine(
-            metadata=ObjectMeta(
-                name=host.name,
-                labels={"role": "worker", "metalmend.dev/lab-host": host.name},
-                annotations={"metal3.io/BareMetalHost": f"{ns}/{host.name}"},
-            ),
-            spec={"clusterName": "lab", "providerID": host.provider_id},
-        ),
-        namespace=ns,
-    )
-    spec: dict[str, Any] = {
-        "online": True,
-        "bootMACAddress": _mac(host.name),
-        "bootMode": "UEFI",
-        "externallyProvisioned": False,
-        "bmc": {"address": host.address, "credentialsName": f"{host.name}-bmc"},
-        "consumerRef": {
-            "apiVersion": "cluster.x-k8s.io/v1beta1",
-            "kind": "Machine",
-            "name": host.name,
-            "namespace": ns,
-            "uid": machine.metadata.uid,
-        },
-    }
-    if host.drives:
-        # The OS drive by its device name, as an operator sets it so that destroy with
-        # preserve-local-storage knows which drive to wipe (docs/drives.md).
-        spec["rootDeviceHints"] = {"deviceName": host.drives[0].name}
-    client.create(BareMetalHost(metadata=ObjectMeta(name=host.name), spec=spec), namespace=ns)
+    # The objects of the lab's site design (lab.sitedesign), so that a host redeployed
+    # from that design comes back as it was registered.
+    machine: Any = client.create(Machine.from_dict(sitedesign.machine_object(host)))
+    body = sitedesign.host_object(host)
+    body["spec"]["consumerRef"]["uid"] = machine.metadata.uid
+    client.create(BareMetalHost.from_dict(body))
     client.patch(
         BareMetalHost.Status,
         host.name,
@@ -214,7 +196,8 @@ def register_host(client: Client, host: HostSpec) -> None:
             "status": {
                 "poweredOn": True,
                 "operationalStatus": "OK",
-                "provisioning": {"state": "provisioned"},
+                # They start provisioned: lab.hosts.plan put the OS on their OS drives.
+                "provisioning": {"state": "provisioned", "image": sitedesign.LAB_IMAGE},
                 # What metal3's inspection would have found (metal3's HardwareDetails).
                 "hardware": {"storage": [d.drive().to_metal3() for d in host.drives]},
             }
@@ -222,11 +205,6 @@ def register_host(client: Client, host: HostSpec) -> None:
         namespace=ns,
         patch_type=PatchType.MERGE,
     )
-
-
-def _mac(name: str) -> str:
-    digest = uuid.uuid5(uuid.NAMESPACE_DNS, name).bytes
-    return "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
 
 
 def fence_health_check(

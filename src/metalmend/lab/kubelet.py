@@ -8,8 +8,15 @@ clears a hang and restarts the pods.
 The shutdown-kubelet DaemonSet (deploy/teardown/shutdown-kubelet.yaml) is honoured as on a
 real server: once its pod lands on this Node (the lab's controller-manager runs the
 DaemonSet controller and its scheduler binds the pod), the kubelet starts the pod, then
-stops and stays stopped ("disabled": across power cycles too, until the hardware process
-is restarted), so its Lease is no longer renewed.
+stops and stays stopped ("disabled"), so its Lease is no longer renewed. The disabled
+unit is a file on the host's OS drive (``lab.osdrive``): it survives power cycles and a
+restart of the hardware process, and goes with the OS drive's wipe, so that a redeployed
+server's kubelet runs again.
+
+A host whose OS drive holds no OS (wiped by destroy, not provisioned yet) boots to
+nothing: its kubelet is silent ("no-os") until the provisioner (``lab.provisioner``) has
+written the OS, then boots it (the boot delay counted from then: Ironic reboots the host
+into the OS it wrote).
 
 A pod being deleted stops as on a real server (the kubelet's graceful termination): its
 pretend containers get SIGTERM and exit after the seconds its annotation
@@ -47,6 +54,8 @@ from lightkube.resources.core_v1 import Node, Pod
 from metalmend.kube import errors
 from metalmend.kube.writes import delete_exact
 from metalmend.lab.inventory import HostSpec
+from metalmend.lab.osdrive import OsDrive
+from metalmend.lab.sitedesign import node_labels
 from metalmend.policy.teardown import SHUTDOWN_KUBELET_APP
 
 log = logging.getLogger("metalmend.lab.kubelet")
@@ -179,13 +188,21 @@ class KubeletSim:
     stopped. While off, booting, hung or disabled: nothing, and stops under way are
     abandoned (nothing runs on the host to finish them; the next boot does)."""
 
-    def __init__(self, spec: HostSpec, powered: Callable[[], Awaitable[int | None]]) -> None:
+    def __init__(
+        self,
+        spec: HostSpec,
+        powered: Callable[[], Awaitable[int | None]],
+        os_drive: OsDrive | None = None,
+    ) -> None:
         self.spec = spec
         self.powered = powered  # None while off, else the boot number
+        # The host's OS drive: its OS and the kubelet's disabled unit live there. None (a
+        # kubelet simulated without hardware): always an OS, disabled kept in memory.
+        self.os_drive = os_drive
         self.hung = False
-        self.disabled = False  # `systemctl disable --now kubelet` ran on this host
+        self._disabled = False
         self.boot: int | None = None
-        self.state = "off"  # off, booting, running, hung, disabled
+        self.state = "off"  # off, no-os, booting, running, hung, disabled
         self._booted_at: float | None = None
         self._registered = False
         self._last_status = 0.0
@@ -195,6 +212,21 @@ class KubeletSim:
         self._removed: set[str] = set()
         self._writes = asyncio.Semaphore(STOP_WRITES)
         self._client = AsyncClient(KubeConfig.from_file(spec.kubeconfig))
+
+    @property
+    def disabled(self) -> bool:
+        """`systemctl disable --now kubelet` ran on this host (and its OS was not wiped)."""
+        return self.os_drive.kubelet_disabled if self.os_drive is not None else self._disabled
+
+    @disabled.setter
+    def disabled(self, value: bool) -> None:
+        if self.os_drive is None:
+            self._disabled = value
+        else:
+            self.os_drive.set_kubelet_disabled(value)
+
+    def os_installed(self) -> bool:
+        return self.os_drive is None or self.os_drive.installed() is not None
 
     @property
     def pods(self) -> int:
@@ -224,6 +256,12 @@ class KubeletSim:
         if boot != self.boot:  # a new boot: whatever hung the old kernel is gone
             self.boot, self._booted_at, self._registered, self.hung = boot, now, False, False
             self.state = "booting"
+        if not self.os_installed():
+            # Nothing to boot: the host waits at its firmware until an OS is written, and
+            # boots it from then (boot delay included) with a Node to register afresh.
+            self.state, self._booted_at, self._registered = "no-os", now, False
+            self._abandon_stops()
+            return
         assert self._booted_at is not None
         if now - self._booted_at < self.spec.boot_delay:
             self.state = "booting"
@@ -251,12 +289,7 @@ class KubeletSim:
     # ---- the Node ----------------------------------------------------------------------
 
     def _labels(self) -> dict[str, str]:
-        return {
-            "kubernetes.io/hostname": self.spec.name,
-            "kubernetes.io/os": "linux",
-            "kubernetes.io/arch": "amd64",
-            **self.spec.labels,
-        }
+        return node_labels(self.spec)  # the site design's labels for this Node
 
     def _node_status(self) -> dict[str, Any]:
         now = _now()
@@ -398,6 +431,8 @@ class KubeletSim:
             return
         running = self._pods.get(uid)
         if running is None or running.boot != boot:
+            if not await self._admits(pod):
+                return
             running = _RunningPod(boot, {})
             self._pods[uid] = running
         elif _reported(status, running):
@@ -412,6 +447,31 @@ class KubeletSim:
             # What its container does on a real server: this kubelet stops for good.
             log.info("kubelet %s: disabled and stopped by %s", self.spec.name, meta["name"])
             self.disabled = True
+
+    async def _admits(self, pod: dict[str, Any]) -> bool:
+        """The kubelet's admission of a pod it is to start: its ``nodeSelector`` must match
+        the Node's labels now, else it is rejected (Failed, NodeAffinity), as a real
+        kubelet rejects it. It matters for a redeployed server: the shutdown-kubelet pod of
+        the Node's former life is still bound to its name until the pod GC or the DaemonSet
+        controller removes it, and must not disable the new kubelet."""
+        meta, selector = pod["metadata"], pod["spec"].get("nodeSelector") or {}
+        if not selector:
+            return True
+        node: Any = await self._client.get(Node, self.spec.name)
+        labels = (node.metadata.labels if node.metadata else None) or {}
+        if all(labels.get(k) == v for k, v in selector.items()):
+            return True
+        log.info(
+            "kubelet %s: pod %s/%s rejected: its nodeSelector does not match the Node",
+            self.spec.name, meta["namespace"], meta["name"],
+        )  # fmt: skip
+        rejected = {
+            "phase": "Failed",
+            "reason": "NodeAffinity",
+            "message": "Pod was rejected: Predicate NodeAffinity failed",
+        }
+        await self._write_status(meta["name"], meta["namespace"], meta["uid"], rejected)
+        return False
 
     async def _stop_pod(self, pod: dict[str, Any], stop: Stop) -> None:
         """SIGTERM now: not Ready while the containers stop; at ``stop.at`` they are gone,

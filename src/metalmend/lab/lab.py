@@ -6,7 +6,8 @@ described by ``.lab/lab.json`` (supervisor and component pids, ports), which is 
 and ``status`` find it, and which lets ``down`` clean up even after the supervisor was
 killed with SIGKILL.
 
-The supervisor restarts ``metalmend run`` and ``metalmend serve`` (lab.serve) when they die,
+The supervisor restarts ``metalmend run``, ``metalmend serve`` (lab.serve) and the lab's
+provisioner (lab.provisioner) when they die,
 as a Deployment's kubelet would (CrashLoopBackOff, with lab-sized waits: 1 s doubling to
 30 s, back to 1 s once it has run for a minute), so that crash tests can kill the
 controller (or the service) of a lab as started by default. Restarts are logged and
@@ -36,7 +37,7 @@ from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Node
 
 from metalmend.kube.crds import install_crds
-from metalmend.lab import hosts, siteetcd
+from metalmend.lab import hosts, provisioner, siteetcd
 from metalmend.lab import serve as lab_serve
 from metalmend.lab.controlplane import (
     Component,
@@ -125,6 +126,7 @@ class LabOptions:
     erase_seconds: float = DEFAULT_ERASE_SECONDS  # a drive's secure erase (lab.drives)
     controllers: str = DEFAULT_CONTROLLERS  # `metalmend run` ("" none)
     soft_power_off_timeout: float = 30.0
+    provision_delay: float = provisioner.DEFAULT_DELAY  # seconds an image takes to write
     apiserver_args: tuple[str, ...] = ()  # extra kube-apiserver flags (a benchmark's audit log)
     serve: bool = True  # `metalmend serve` and .lab/endpoints.json (lab.serve)
 
@@ -301,12 +303,24 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
         ),
     )  # fmt: skip
     hosts.register(running.client(), config)
+    start_provisioner(running, config_file, options.provision_delay)
     if site is not None:  # the site etcd (on the hosts) and the design declaring it
         siteetcd.wait_healthy(site)
         argv = siteetcd.design_server_argv(options.lab_dir, site)
         ready = lambda: siteetcd.design_served(site)  # noqa: E731
         _record(running, start_component("design-server", argv, workdir, ready))
         running.state.design_ref = site.design_url
+
+
+def start_provisioner(running: RunningLab, config_file: Path, delay: float) -> None:
+    """The lab's stand-in for baremetal-operator's provisioning (lab.provisioner),
+    restarted when it dies as `metalmend run` is."""
+    lab_dir = running.plane.workdir.parent
+    status = provisioner.status_path(lab_dir)
+    status.unlink(missing_ok=True)  # ready once it has looked at the hosts
+    argv = provisioner.argv(config_file, running.kubeconfig, delay)
+    _record(running, start_component(provisioner.COMPONENT, argv, lab_dir, status.exists))
+    running.restarting[provisioner.COMPONENT] = Restarts()
 
 
 def controller_argv(
@@ -522,6 +536,25 @@ def _bmc_reachable(address: str) -> bool:
             return False
         return True
     return probe_blocking(bmc.host, bmc.port or 623, 1.0) == "answers"
+
+
+def site_design(lab_dir: Path) -> str:
+    """The running lab's site design as YAML documents (lab.sitedesign): its hosts'
+    BareMetalHosts, Machines and Nodes, and its EtcdClusters when it has a site etcd."""
+    from metalmend.design.documents import dump_all
+    from metalmend.lab import sitedesign
+
+    if running_state(lab_dir) is None:
+        raise LabError(f"no lab is running in {lab_dir}")
+    try:
+        config = HardwareConfig.read(lab_dir / "hardware" / "config.json")
+    except (OSError, ValueError, KeyError) as error:
+        raise LabError(
+            f"the lab in {lab_dir} has no hosts (start it with --hosts): {error}"
+        ) from None
+    site = siteetcd.SitePlan.read(siteetcd.plan_path(lab_dir))
+    etcd = siteetcd.design_document(site) if site is not None else None
+    return dump_all(sitedesign.site_documents(config.hosts, etcd))
 
 
 FAULTS = ("hang", "recover", "bmc-down", "bmc-up", "bmc-slow", "ignore-soft", "honour-soft")

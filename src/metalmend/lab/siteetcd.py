@@ -15,7 +15,10 @@ remove-etcd and etcd health read, docs/teardown.md).
   connections but nothing answers, as a hung host looks to its peers); ``recover`` thaws
   it; a new boot starts it again from the same data directory. A member that was removed
   from its cluster refuses to start from its old data (etcd's own behaviour): it stays
-  down, as on a real host, until someone adds it back.
+  down, as on a real host, until someone adds it back. A member without data (its OS drive
+  wiped) starts only once etcd's member list shows it added and not started, then joins
+  the existing cluster (``decide_start``); only the founding members ``lab up`` flags on
+  their OS drives start a new cluster.
 - The lab serves the design documents over http on 127.0.0.1 (``lab.designserver``):
   ``design_url`` is the design reference to give remove-etcd, the health endpoint and
   decommission; ``lab status`` shows it. The lab's etcd runs without TLS and without
@@ -32,6 +35,7 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,9 +43,11 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import yaml
 
+from metalmend.etcd.client import EtcdClient, EtcdError, Member
 from metalmend.lab import drives
 from metalmend.lab.controlplane import LOOPBACK, Component, free_port
 from metalmend.lab.inventory import HostSpec
+from metalmend.lab.osdrive import OsDrive
 
 if TYPE_CHECKING:
     from metalmend.lab.kubelet import KubeletSim
@@ -133,6 +139,10 @@ def plan(lab_dir: Path, hosts: list[HostSpec], etcd: Path) -> SitePlan | None:
         ],
         design_port=free_port(),
     )
+    for member in site.members:
+        # These members found the cluster; a member whose OS drive is wiped loses the flag
+        # with its data, and waits to be added back instead (decide_start).
+        OsDrive.of(lab_dir, member.host).mark_etcd_genesis()
     site.write(plan_path(lab_dir))
     design_path(lab_dir).write_text(design_documents(site))
     return site
@@ -140,7 +150,12 @@ def plan(lab_dir: Path, hosts: list[HostSpec], etcd: Path) -> SitePlan | None:
 
 def design_documents(site: SitePlan) -> str:
     """The site's design as the lab serves it: one EtcdClusters document."""
-    document = {
+    return yaml.safe_dump_all([design_document(site)], sort_keys=False)
+
+
+def design_document(site: SitePlan) -> dict[str, Any]:
+    """The site's ``promenade/EtcdClusters/v1`` document."""
+    return {
         "schema": "promenade/EtcdClusters/v1",
         "metadata": {
             "schema": "metadata/Document/v1",
@@ -167,7 +182,82 @@ def design_documents(site: SitePlan) -> str:
             ]
         },
     }
-    return yaml.safe_dump_all([document], sort_keys=False)
+
+
+# ---- how a member starts (pure) ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    """Start etcd with these bootstrap flags (etcd ignores them once it has data)."""
+
+    cluster_state: str  # --initial-cluster-state: new or existing
+    initial_cluster: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Do not start: ``why`` says what would let it start."""
+
+    why: str
+
+
+def decide_start(
+    site: SitePlan,
+    member: MemberPlan,
+    has_data: bool,
+    genesis: bool,
+    listed: Sequence[Member] | None,
+) -> Start | Wait:
+    """How the member on a host that has just booted starts, if at all.
+
+    With data it restarts from it. Without, only a founding member (``genesis``: seeded by
+    ``lab up``) starts a new cluster; any other, a wiped server's, joins the cluster
+    (``existing``) only once the cluster's member list (``listed``; None: no member
+    answered) shows it added and not started, as etcd's runtime reconfiguration asks (a
+    MemberAdd with its peer URL, which metalmend's redeploy_server does). Never a new
+    cluster of its own: that would be a second cluster under the same name."""
+    if has_data:
+        return Start("new", site.initial_cluster, "from its data directory")
+    if genesis:
+        return Start("new", site.initial_cluster, "founding the cluster")
+    if listed is None:
+        return Wait("empty data directory; no member of the cluster answers its member list")
+    me = next((m for m in listed if member.peer_url in m.peer_urls), None)
+    if me is None:
+        return Wait(
+            f"empty data directory and not in the cluster's member list: waiting for a"
+            f" MemberAdd of {member.peer_url}"
+        )
+    if me.name:
+        return Wait(
+            f"empty data directory, but the member list has member {me.name} started with"
+            f" {member.peer_url}: it must be removed and added again"
+        )
+    return Start("existing", joining_cluster(site, member, listed), "joining the cluster")
+
+
+def joining_cluster(site: SitePlan, member: MemberPlan, listed: Sequence[Member]) -> str:
+    """``--initial-cluster`` for a member joining: every member of the list, by name, with
+    every peer URL (etcd checks them against the cluster's). A member not started yet has
+    no name: it is this one, or one the plan knows by its peer URL, or named by its id."""
+    planned = {m.peer_url: m.host for m in site.members}
+    entries = []
+    for found in listed:
+        name = found.name
+        if not name:
+            known = (planned.get(u) for u in found.peer_urls)
+            name = next((n for n in known if n), f"unstarted-{found.id:x}")
+            if member.peer_url in found.peer_urls:
+                name = member.host
+        entries += [f"{name}={url}" for url in found.peer_urls]
+    return ",".join(entries)
+
+
+def has_data(data_dir: Path) -> bool:
+    """etcd's own test: a write-ahead log in the data directory."""
+    return any((data_dir / "member" / "wal").glob("*.wal"))
 
 
 # ---- a member, bound to its host (runs in the hardware process) ---------------------------
@@ -175,19 +265,24 @@ def design_documents(site: SitePlan) -> str:
 
 class EtcdMember:
     """One etcd member on one lab host, following the host's kubelet simulator's view of
-    the power: running while ``running``, frozen while ``hung``, killed while ``off``."""
+    the power: running while ``running``, frozen while ``hung``, killed while ``off`` or
+    while its OS is gone; started, at each boot, as ``decide_start`` says."""
 
     def __init__(self, site: SitePlan, member: MemberPlan, kubelet: KubeletSim) -> None:
         self.site = site
         self.member = member
         self.kubelet = kubelet
+        # The data directory is on the host's OS drive (plan): so is the genesis flag.
+        self.os_drive = OsDrive(Path(member.data_dir).parent)
         self.component: Component | None = None
         self.boot: int | None = None  # the boot this member's process was started in
-        self.state = "off"  # off, running, frozen, exited
+        self.state = "off"  # off, waiting, running, frozen, exited
         self.frozen = False
+        self.waiting = ""  # why it is not started (logged once per reason)
 
-    def argv(self) -> list[str]:
+    def argv(self, start: Start | None = None) -> list[str]:
         m = self.member
+        start = start or Start("new", self.site.initial_cluster, "")
         return [
             self.site.etcd,
             f"--name={m.host}",
@@ -196,8 +291,8 @@ class EtcdMember:
             f"--advertise-client-urls={m.client_url}",
             f"--listen-peer-urls={m.peer_url}",
             f"--initial-advertise-peer-urls={m.peer_url}",
-            f"--initial-cluster={self.site.initial_cluster}",
-            "--initial-cluster-state=new",  # ignored once the data directory exists
+            f"--initial-cluster={start.initial_cluster}",
+            f"--initial-cluster-state={start.cluster_state}",  # ignored once it has data
             f"--initial-cluster-token={self.site.token}",
             "--unsafe-no-fsync",  # a lab cluster trades durability for speed
             "--log-level=warn",
@@ -218,15 +313,16 @@ class EtcdMember:
             self.component = None
         self.frozen = False
 
-    def beat(self) -> None:
-        """Bring the process in line with the host (called every heartbeat)."""
+    def beat(self, listed: Sequence[Member] | None = None) -> None:
+        """Bring the process in line with the host (called every heartbeat); ``listed``:
+        the cluster's member list, when a start needs it (``wants_member_list``)."""
         state, boot = self.kubelet.state, self.kubelet.boot
-        if state == "off" or (self.boot is not None and boot != self.boot):
+        if state in ("off", "no-os") or (self.boot is not None and boot != self.boot):
             if self.component is not None:
                 log.info("etcd member %s: host powered off, member killed", self.member.host)
             self._kill()
             self.boot = None
-            self.state = "off" if state in ("off", "booting") else self.state
+            self.state = "off" if state in ("off", "booting", "no-os") else self.state
         if state == "hung":
             if self.component is not None and not self.frozen:
                 self._signal(signal.SIGSTOP)
@@ -240,13 +336,7 @@ class EtcdMember:
             self._signal(signal.SIGCONT)
             self.frozen = False
         if self.component is None and self.boot is None:
-            self.boot = boot
-            Path(self.member.data_dir).parent.mkdir(parents=True, exist_ok=True)
-            log_path = self.member.log_path
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            self.component = Component(f"etcd-{self.member.host}", self.argv(), log_path)
-            self.component.start()
-            log.info("etcd member %s started (boot %s)", self.member.host, boot)
+            self._start(boot, listed)
         if self.component is not None and not self.component.running():
             # e.g. removed from the cluster: etcd will not start from its old data
             log.warning(
@@ -255,15 +345,65 @@ class EtcdMember:
             )  # fmt: skip
             self.component.stop()
             self.component = None
-        self.state = "running" if self.component is not None else "exited"
+        if self.component is not None and has_data(Path(self.member.data_dir)):
+            self.os_drive.clear_etcd_genesis()  # founded or joined: never again "new"
+        if self.component is not None:
+            self.state = "running"
+        elif self.boot is not None:
+            self.state = "exited"
+
+    def _start(self, boot: int | None, listed: Sequence[Member] | None) -> None:
+        data_dir = Path(self.member.data_dir)
+        decision = decide_start(
+            self.site, self.member, has_data(data_dir), self.os_drive.etcd_genesis, listed
+        )
+        if isinstance(decision, Wait):
+            if decision.why != self.waiting:
+                log.info("etcd member %s not started: %s", self.member.host, decision.why)
+                self.waiting = decision.why
+            self.state = "waiting"
+            return
+        self.waiting = ""
+        self.boot = boot
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        log_path = self.member.log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.component = Component(f"etcd-{self.member.host}", self.argv(decision), log_path)
+        self.component.start()
+        log.info(
+            "etcd member %s started (boot %s, %s, --initial-cluster-state %s)",
+            self.member.host, boot, decision.why, decision.cluster_state,
+        )  # fmt: skip
+
+    def wants_member_list(self) -> bool:
+        """About to start without data and without the genesis flag: only the cluster's
+        member list says whether it may (decide_start)."""
+        return (
+            self.component is None
+            and self.boot is None
+            and self.kubelet.state == "running"
+            and not has_data(Path(self.member.data_dir))
+            and not self.os_drive.etcd_genesis
+        )
+
+    async def member_list(self, etcd: EtcdClient) -> list[Member] | None:
+        """The cluster's member list from the first other member that gives it."""
+        for other in self.site.members:
+            if other.host == self.member.host:
+                continue
+            with contextlib.suppress(EtcdError):
+                return await etcd.member_list(other.client_url)
+        return None
 
     async def run(self) -> None:
-        try:
-            while True:
-                await asyncio.to_thread(self.beat)
-                await asyncio.sleep(0.2)
-        finally:
-            self._kill()
+        async with EtcdClient(deadline=1.0) as etcd:
+            try:
+                while True:
+                    listed = await self.member_list(etcd) if self.wants_member_list() else None
+                    await asyncio.to_thread(self.beat, listed)
+                    await asyncio.sleep(0.2)
+            finally:
+                self._kill()
 
 
 def members_for(lab_dir: Path, kubelets: dict[str, KubeletSim]) -> list[EtcdMember]:
