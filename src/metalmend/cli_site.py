@@ -202,16 +202,15 @@ def compare(target: Target, flags: list[str], base: str | None, diff: str | None
     if (base or diff) and flags:
         raise CliError("give two version flags or --base-version/--diff-version, not both")
     if base or diff:
-        versions = [version_name(base or "committed"), version_name(diff or "buffer")]
+        params = [("base-version", version_name(base or "committed")),
+                  ("diff-version", version_name(diff or "buffer"))]  # fmt: skip
     elif flags:
         if len(flags) != 2:
             raise CliError("to compare, give two version flags (or none: committed and buffer)")
-        versions = flags
+        params = [("versions", v) for v in flags]
     else:
-        versions = ["committed", "buffer"]
-    rows = parsed(
-        request(target, "GET", f"{SHIPYARD}/configdocs", params=[("versions", v) for v in versions])
-    )
+        params = [("versions", "committed"), ("versions", "buffer")]
+    rows = parsed(request(target, "GET", f"{SHIPYARD}/configdocs", params=params))
     rows = rows if isinstance(rows, list) else []
     if rows:
         first = rows[0]

@@ -201,6 +201,11 @@ async def test_the_buffer_commit_and_versions(
             ("site", "modified"), ("other", "unmodified")
         }  # fmt: skip
         assert rows[0]["base_version"] == "committed"  # older first, whatever order was asked
+        spec = await http.get(
+            "/configdocs", headers=admin,
+            params={"base-version": "committed", "diff-version": "buffer"},
+        )  # fmt: skip
+        assert spec.json() == rows  # the spec's names for the same comparison
         bad = await http.get(
             "/configdocs", headers=admin, params={"versions": ["buffer", "buffer"]}
         )

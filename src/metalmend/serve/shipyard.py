@@ -251,12 +251,19 @@ async def get_configdocs(
 @router.get(
     "/configdocs",
     summary="Each collection's status between two versions",
-    description="Query: versions=A&versions=B (or version=A,B); default committed and buffer.",
+    description="Query: versions=A&versions=B (or version=A,B), or base-version=A&diff-version=B;"
+    " default committed and buffer. The older version (Shipyard's order) is the base.",
     responses=documented((200, "list"), (404, "NotFound")),
 )
 async def configdocs_status(request: Request, credentials: auth.Credentials) -> JSONResponse:
     await auth.admit(request, credentials, LIST_CONFIGDOCS, "")
-    raw = [*request.query_params.getlist("versions"), *request.query_params.getlist("version")]
+    query = request.query_params
+    raw = [*query.getlist("versions"), *query.getlist("version")]
+    if "base-version" in query or "diff-version" in query:  # the spec's names for the two
+        if raw:
+            text = "give versions (Shipyard's) or base-version/diff-version (the spec's), not both"
+            raise StatusError(400, "BadRequest", text, errors(text))
+        raw = [query.get("base-version", "committed"), query.get("diff-version", "buffer")]
     wanted = siteactions.compared_versions(raw)
     if isinstance(wanted, siteactions.BadRequest):
         raise StatusError(400, "BadRequest", wanted.message, errors(wanted.message))
