@@ -382,6 +382,7 @@ SERVE_FLAGS: dict[str, tuple[str, str]] = {
     "tls_cert": ("serve", "tls_cert"),
     "tls_key": ("serve", "tls_key"),
     "database_url": ("serve", "database_url"),
+    "site_namespaces": ("serve", "site_namespaces"),
     "log_level": ("runtime", "log_level"),
 }
 
@@ -409,12 +410,20 @@ def serve_command(
         str,
         typer.Option(help="sqlite:///PATH or postgresql+psycopg://... (docs/design-store.md)."),
     ] = DEFAULTS.serve.database_url,
+    site_namespaces: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated namespaces whose BareMetalHosts and Machines site actions"
+            " may write (docs/site-actions.md); empty: none."
+        ),
+    ] = ",".join(DEFAULTS.serve.site_namespaces),
     log_level: Annotated[
         settings_.LogLevel, typer.Option(case_sensitive=False, help="How much to log.")
     ] = DEFAULTS.runtime.log_level,
 ) -> None:
-    """Serve Airship's node-teardown API (Promenade's, under /promenade/api/v1.0) and the
-    site design revisions (Deckhand's, under /deckhand/api/v1.0)."""
+    """Serve Airship's node-teardown API (Promenade's, under /promenade/api/v1.0), the site
+    design revisions (Deckhand's), destroy tasks (Drydock's) and configdocs and site actions
+    (Shipyard's, under /shipyard/api/v1.0)."""
     import asyncio
 
     from metalmend import log
