@@ -189,7 +189,9 @@ async def test_a_destroyed_etcd_host_is_provisioned_boots_and_rejoins_etcd(
     apply_host(site, documents, "worker-0")
     seen = states_seen(site, "worker-0", "provisioned", within=60)
     provisioned = time.monotonic() - started
-    assert seen == ["available", "provisioning", "provisioned"]
+    # "available" was read just before the apply; under load the provisioner may have
+    # moved on before the first look after it
+    assert seen in (["available", "provisioning", "provisioned"], ["provisioning", "provisioned"])
     host = bmh(site, "worker-0")
     assert host.status["provisioning"]["image"] == host.spec["image"]
     assert OsDrive.of(lab_dir(site), "worker-0").installed() == host.spec["image"]["url"]

@@ -292,14 +292,26 @@ async def destroy(ctx: StepContext) -> str:
                 case policy.CreateTask(task_id=task_id):
                     await _create_task(ctx, task_id, wanted, now)
                 case policy.Succeed(note=note):
+                    await _tell_outcome(ctx, wanted, f"destroyed: {note}")
                     return note
                 case policy.Fail(message=message):
+                    await _tell_outcome(ctx, wanted, f"destroy failed: {message}", warning=True)
                     raise StepFailed(message)
         if summary and summary != said:
             await ctx.note(f"Drydock task {record.task_id}: {summary}")
             said = summary
         if decision.requeue_at is not None:
             await asyncio.sleep(max(0.0, (decision.requeue_at - clock.now()).total_seconds()))
+
+
+async def _tell_outcome(
+    ctx: StepContext, wanted: siteactions.RedeployParameters, message: str, warning: bool = False
+) -> None:
+    """The task's end on each Node and host: told at the end too, not only at the task's
+    creation, which a restart between creating the task and telling would leave untold."""
+    for node in wanted.target_nodes:
+        found = await node_named(ctx.services.client, node)
+        await tell(ctx, found, node, message, warning)
 
 
 async def _create_task(
