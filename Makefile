@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-site test k8s helm image tools lint bench venv clean
+.PHONY: demo demo-site test k8s helm kwok image tools lint bench venv clean
 
 demo: venv k8s
 	$(BIN)/metalmend demo
@@ -38,6 +38,11 @@ k8s:
 helm:
 	@bash tools/helm/build.sh >/dev/null
 
+# kwok, for the scale benchmark's thousands of Nodes (benchmarks/scale.py): built once from
+# its Go module, cached by version. Not needed by the tests.
+kwok:
+	@bash tools/kwok/build.sh >/dev/null
+
 # The container image (docs/install.md): Debian base by mmdebstrap, the wheel by pip;
 # cached by content. Needs root (podman); tools/image/build.sh installs what it lacks.
 image:
@@ -61,7 +66,7 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_import_contract.py
 
-bench: venv k8s
+bench: venv k8s kwok
 	$(BIN)/python -m benchmarks
 
 clean:

@@ -14,6 +14,7 @@ from benchmarks import (
     redeploy,
     remediation_overhead,
     runtime,
+    scale,
 )
 
 controlplane_start.main()
@@ -28,4 +29,5 @@ at_rest.main()
 etcd_removal.main()
 drain.main()
 design_store.main()
+scale.main()  # METALMEND_BENCH_SCALE_HOSTS hosts (default 1,000); --hosts 5000 alone
 redeploy.main()

@@ -572,3 +572,40 @@ async def test_a_template_of_another_provider_is_watched_once_named(
     assert (await remediation())["spec"] == {"how": "cycle"}
     await pool.health("m1", healthy=True)
     await until(lambda: _gone(remediation), within=10)
+
+
+def reconciles() -> float:
+    """machine-health-check's reconciles so far, every outcome (this process's /metrics)."""
+    from prometheus_client import REGISTRY
+
+    return sum(
+        sample.value
+        for metric in REGISTRY.collect()
+        if metric.name == "metalmend_reconcile"
+        for sample in metric.samples
+        if sample.name == "metalmend_reconcile_total"
+        and sample.labels.get("controller") == "machine-health-check"
+    )
+
+
+async def test_node_heartbeats_do_not_wake_the_check_but_a_condition_does(
+    aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
+) -> None:
+    """benchmarks/scale.py: every Node heartbeat evaluated every Machine of the check."""
+    await pool.machine("m1")
+    await health_check(aclient, namespace)
+    await until(lambda: _status_is(aclient, namespace, expectedMachines=1, currentHealthy=1))
+    await asyncio.sleep(1)
+    node: Any = await aclient.get(Node, f"{namespace}-m1")
+    since = next(c.lastTransitionTime for c in node.status.conditions if c.type == "KernelDeadlock")
+    before = reconciles()
+    for _ in range(5):  # what a kubelet's heartbeat changes: lastHeartbeatTime only
+        beat = {"type": "KernelDeadlock", "status": "False", "reason": "KernelHasNoDeadlock",
+                "lastHeartbeatTime": dt.datetime.now(dt.UTC).isoformat(),
+                "lastTransitionTime": since.isoformat()}  # fmt: skip
+        await aclient.patch(Node.Status, f"{namespace}-m1", {"status": {"conditions": [beat]}})
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(1)
+    assert reconciles() == before
+    await pool.health("m1", healthy=False)  # a condition that changed: evaluated, in time
+    await until(lambda: _status_is(aclient, namespace, currentHealthy=0), 15)

@@ -281,3 +281,46 @@ async def test_a_driver_left_unused_is_closed(monkeypatch: pytest.MonkeyPatch) -
     assert drivers.of(ipmi(1))[0].closed
     assert not drivers.of(ipmi(2))[0].closed, "the driver in use is kept"
     await pool.close()
+
+
+async def test_only_drivers_unused_for_the_idle_time_are_closed_oldest_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pool keeps its drivers in order of last use and stops looking at the first one
+    used recently (no walk over every driver per call: benchmarks/scale.py); a driver used
+    again moves to the end, and is kept."""
+    clock = [1000.0]
+    monkeypatch.setattr(pool_module.time, "monotonic", lambda: clock[0])
+    drivers = Drivers()
+    pool = pool_with(drivers)
+    for port in (1, 2, 3):
+        await pool.power_state(ipmi(port))
+        clock[0] += 1.0
+    clock[0] += pool_module.DRIVER_IDLE - 2.5  # 1 and 2 about to be idle too long, 3 not
+    await pool.power_state(ipmi(1))  # used again: kept, and now the newest
+    clock[0] += 1.0
+    await pool.power_state(ipmi(4))
+    await asyncio.sleep(0)  # the closing runs on its own
+    assert [d.closed for d in drivers.made] == [False, True, False, False]
+    assert list(pool._last_used) == [ipmi_key(pool, 3), ipmi_key(pool, 1), ipmi_key(pool, 4)]
+    await pool.close()
+
+
+def ipmi_key(pool: BmcPool, port: int) -> tuple[str, ...]:
+    return pool_module._driver_key(ipmi(port))
+
+
+async def test_background_polls_leave_a_slot_to_calls_for_changes() -> None:
+    """benchmarks/scale.py: at 5,000 hosts in one namespace the routine polls took every
+    slot, and a reboot's call was turned away as busy for seconds."""
+    drivers = Drivers()
+    pool = pool_with(drivers, max_in_flight_per_namespace=3, max_in_flight=16)
+    held = [await started(pool, drivers, ipmi(port)) for port in (1, 2)]
+    with pytest.raises(Busy, match="already has 2 BMC calls in flight"):
+        await pool.power_state(ipmi(3), background=True)  # the last slot is not for polls
+    assert await pool.power_state(ipmi(4)) == PowerState.ON  # a change's call gets it
+    for driver in drivers.made:
+        driver.gate.set()
+    await asyncio.gather(*held)
+    assert await pool.power_state(ipmi(3), background=True) == PowerState.ON
+    await pool.close()

@@ -115,3 +115,58 @@ async def test_a_cancelled_waiter_passes_its_wake_up_on() -> None:
     first.cancel()
     await asyncio.sleep(0)
     assert await asyncio.wait_for(second, 1) == "ns/a"
+
+
+async def due(queue: WorkQueue, *keys: str) -> None:
+    """Schedule ``keys`` in the background now-ish and let their timers fire, in order."""
+    for key in keys:
+        queue.add_after(key, 0.001, background=True)
+    await asyncio.sleep(0.05)
+
+
+async def test_background_keys_go_after_every_other_key() -> None:
+    """benchmarks/scale.py: a reboot request, and the polls watching its power change land,
+    waited behind 250 idle power polls a second."""
+    queue = WorkQueue()
+    await due(queue, "ns/poll-1", "ns/poll-2")
+    queue.add("ns/reboot")
+    queue.add_after("ns/landing", 0.001)  # a follow-up schedule: not background
+    await asyncio.sleep(0.05)
+    assert len(queue) == 4
+    handed = [await next_key(queue) for _ in range(4)]
+    assert handed == ["ns/reboot", "ns/landing", "ns/poll-1", "ns/poll-2"]
+    assert len(queue) == 0
+
+
+async def test_a_due_key_asked_for_now_moves_ahead_and_is_handed_out_once() -> None:
+    queue = WorkQueue()
+    await due(queue, "ns/a", "ns/b", "ns/c")
+    queue.add("ns/c")
+    assert len(queue) == 3
+    handed = [await next_key(queue) for _ in range(3)]
+    assert handed == ["ns/c", "ns/a", "ns/b"]
+    with pytest.raises(TimeoutError):
+        await next_key(queue, within=0.05)
+
+
+async def test_a_key_asked_for_while_processing_runs_next_after_done() -> None:
+    queue = WorkQueue()
+    queue.add("ns/a")
+    assert await next_key(queue) == "ns/a"
+    await due(queue, "ns/poll")
+    queue.add("ns/a")  # changed again while a worker holds it
+    queue.done("ns/a")
+    assert [await next_key(queue), await next_key(queue)] == ["ns/a", "ns/poll"]
+
+
+async def test_the_queue_says_which_keys_it_handed_out_as_background() -> None:
+    """For a reconcile that did nothing (a busy BMC): its key keeps its priority."""
+    queue = WorkQueue()
+    await due(queue, "ns/poll")
+    queue.add("ns/change")
+    first, second = await next_key(queue), await next_key(queue)
+    assert (first, second) == ("ns/change", "ns/poll")
+    assert not queue.handed_out_in_background("ns/change")
+    assert queue.handed_out_in_background("ns/poll")
+    queue.done("ns/poll")
+    assert not queue.handed_out_in_background("ns/poll")

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import json
+import os
 import re
 import socket
 import ssl
@@ -91,6 +93,14 @@ COMPUTER_SYSTEM_TYPE = "#ComputerSystem."
 MAX_COLLECTION_PAGES = 16
 """Pages of a Systems collection followed (``Members@odata.nextLink``); BMCs serve one."""
 
+IDLE_CONNECTION = 5.0
+"""Seconds a BMC connection stays open after a call: httpx's own keep-alive expiry, long
+enough for the calls of one reconcile and for a power change being watched land (polls
+0.1-1 s apart), shorter than the idle power poll (20 s), which connects again. httpx only
+drops an expired connection when its client is used next, so without closing it here
+every driver kept a dead TLS connection (about 35 KiB) from one poll to the next: 170 MiB
+at 5,000 hosts (benchmarks/scale.py)."""
+
 SYSTEMS_SHOWN = 5
 """Systems named in an error message; more are counted."""
 
@@ -144,6 +154,9 @@ class RedfishDriver:
         # power command is then one POST, not a GET of the system first (the controller
         # has just read the system for its power state). Forgotten on any error.
         self._reset_action: tuple[str, set[str] | None] | None = None
+        self._calls = 0  # calls in progress
+        self._idle_since = 0.0  # loop time the last call ended
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     # ---- the driver interface -----------------------------------------------------
 
@@ -522,7 +535,36 @@ class RedfishDriver:
 
     async def _guarded(self, work: Callable[[], Awaitable[T]]) -> T:
         """Run ``work`` under this driver's own deadline, typing every failure; after any
-        failure or cancellation the connection is closed and the system found again."""
+        failure or cancellation the connection is closed and the system found again.
+        After a success the connection stays open for IDLE_CONNECTION seconds."""
+        self._calls += 1
+        try:
+            return await self._deadline(work)
+        finally:
+            self._calls -= 1
+            self._idle_since = asyncio.get_running_loop().time()
+            if self._client is not None and self._idle_timer is None:
+                self._idle_timer = asyncio.get_running_loop().call_later(
+                    IDLE_CONNECTION, self._close_if_idle
+                )
+
+    def _close_if_idle(self) -> None:
+        """(A timer.) Close the connection of a driver unused for IDLE_CONNECTION; what it
+        found (the system, its reset action) is kept: the next call only connects again."""
+        self._idle_timer = None
+        if self._client is None:
+            return
+        idle = asyncio.get_running_loop().time() - self._idle_since
+        if self._calls or idle < IDLE_CONNECTION:  # used since: look again when it may be
+            wait = max(IDLE_CONNECTION - idle, 0.0) if not self._calls else IDLE_CONNECTION
+            self._idle_timer = asyncio.get_running_loop().call_later(wait, self._close_if_idle)
+            return
+        client, self._client = self._client, None
+        task = asyncio.get_running_loop().create_task(_close_quietly(client))
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
+
+    async def _deadline(self, work: Callable[[], Awaitable[T]]) -> T:
         try:
             async with asyncio.timeout(self._settings.timeout):
                 return await work()
@@ -585,16 +627,7 @@ class RedfishDriver:
     def _tls(self) -> ssl.SSLContext | bool:
         if self._verify is False:
             return False
-        context = ssl.create_default_context()
-        if isinstance(self._verify, str):
-            try:
-                context.load_verify_locations(cafile=self._verify)
-            except (OSError, ssl.SSLError) as error:
-                raise BmcError(
-                    f"cannot load the BMC CA bundle {self._verify}:"
-                    f" {getattr(error, 'strerror', None) or error}"
-                ) from None
-        return context
+        return tls_context(self._verify if isinstance(self._verify, str) else None)
 
     async def _send(self, method: str, path: str, payload: Any = None) -> Answer:
         """One request; the answer read as a stream, at most ``max_response_bytes``."""
@@ -739,6 +772,9 @@ class RedfishDriver:
 
     async def _drop(self) -> None:
         """Close the connection and forget the system; never raises."""
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         client, self._client = self._client, None
         self._system_path = None
         self._reset_action = None
@@ -749,6 +785,38 @@ class RedfishDriver:
         _CLOSING.add(task)
         task.add_done_callback(_CLOSING.discard)
         await asyncio.shield(task)
+
+
+def tls_context(ca_bundle: str | None) -> ssl.SSLContext:
+    """The certificate check of every driver trusting ``ca_bundle`` (and the system's CAs):
+    one context, shared. Each context loads the system's CA store, which costs milliseconds
+    of CPU and about a MiB of memory: one per driver was most of the controller's start-up
+    CPU and its memory at a thousand hosts (benchmarks/scale.py). The bundle's identity on
+    disk is part of the key, so a bundle replaced or rewritten (rotated) is loaded again by
+    the next driver made; drivers already connected keep the context they have."""
+    stamp: tuple[int, int, int] | None = None
+    if ca_bundle is not None:
+        try:
+            found = os.stat(ca_bundle)
+        except OSError as error:
+            raise BmcError(f"cannot load the BMC CA bundle {ca_bundle}: {error.strerror}") from None
+        stamp = (found.st_ino, found.st_mtime_ns, found.st_size)
+    return _shared_context(ca_bundle, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_context(ca_bundle: str | None, stamp: tuple[int, int, int] | None) -> ssl.SSLContext:
+    """(``stamp`` only keys the cache.) A failure is raised, not cached."""
+    context = ssl.create_default_context()
+    if ca_bundle is not None:
+        try:
+            context.load_verify_locations(cafile=ca_bundle)
+        except (OSError, ssl.SSLError) as error:
+            raise BmcError(
+                f"cannot load the BMC CA bundle {ca_bundle}:"
+                f" {getattr(error, 'strerror', None) or error}"
+            ) from None
+    return context
 
 
 def redfish_message(answer: Answer) -> str:

@@ -263,17 +263,20 @@ class HealthCheckController:
         return interlock.hold_message(object_key(host), claim, stale)
 
     def overlapping(self, check: Any, machines: list[Any]) -> list[str]:
+        key, namespace = object_key(check), check.metadata.namespace
+        candidates = [
+            other
+            for other in self.checks.store.values()
+            if object_key(other) != key and other.metadata.namespace == namespace
+        ]
+        if not candidates:  # the usual case: no set of this check's Machines to build
+            return []
         mine = {object_key(m) for m in machines}
-        others = []
-        for other in self.checks.store.values():
-            if (
-                object_key(other) == object_key(check)
-                or other.metadata.namespace != check.metadata.namespace
-            ):
-                continue
-            if mine & {object_key(m) for m in self.selected(other)}:
-                others.append(other.metadata.name)
-        return sorted(others)
+        return sorted(
+            other.metadata.name
+            for other in candidates
+            if mine & {object_key(m) for m in self.selected(other)}
+        )
 
     # ---- cached reads of the template and its remediation objects ---------------------------
 
@@ -333,7 +336,11 @@ class HealthCheckController:
                 return DONE  # as Cluster API; its unpausing wakes the check
         view = self.observe(check, template, existing, cluster)
         decision = policy.decide(view, self.clock.now(), self.policy_settings)
-        machines = {object_key(m): m for m in self.machines.store.values()}
+        # Built only when there is something to do: an evaluation that changes nothing
+        # (most of them) costs no walk over every Machine of the cache.
+        machines = (
+            {object_key(m): m for m in self.machines.store.values()} if decision.actions else {}
+        )
         for action in decision.actions:
             check = await self.act(check, action, machines) or check
         return Result.at(decision.requeue_at) if decision.requeue_at else DONE
@@ -514,6 +521,30 @@ def teardown_claim_changed(old: Any | None, new: Any | None) -> bool:
     return claims[0] != claims[1]
 
 
+def node_health_changed(old: Any | None, new: Any | None) -> bool:
+    """A Node event that can change a verdict: the Node came or went (or was replaced:
+    another uid), started deleting, or a condition's status or start changed. Not a
+    heartbeat: a kubelet (or kwok) rewrites every condition's lastHeartbeatTime every few
+    minutes per Node, and each woke every check of the Node's Machines for a full
+    evaluation of all their Machines; at 5,000 Nodes that was several evaluations of
+    5,000 Machines a second, at rest (benchmarks/scale.py)."""
+    if old is None or new is None:
+        return True
+    return node_health(old) != node_health(new)
+
+
+def node_health(node: Any) -> tuple[Any, ...]:
+    """What a check reads of a Node (``target_of``, ``teardown_hold``): its identity,
+    whether it is deleting, and per condition its status and since when (the transition
+    time, else the heartbeat: ``target_of`` falls back to it the same way)."""
+    meta = node.metadata
+    conditions = (node.status.conditions if node.status else None) or []
+    since = frozenset(
+        (c.type, c.status, c.lastTransitionTime or c.lastHeartbeatTime) for c in conditions
+    )
+    return meta.uid, meta.name, meta.deletionTimestamp is not None, since
+
+
 def setup(manager: Manager, settings: Settings) -> None:
     controller = HealthCheckController(manager, settings)
     checks = controller.checks
@@ -537,7 +568,7 @@ def setup(manager: Manager, settings: Settings) -> None:
     runner = manager.add(Controller("machine-health-check", controller.reconcile, workers=2))
     runner.watch(checks)
     runner.watch(controller.machines, for_namespace)
-    runner.watch(controller.nodes, for_node)
+    runner.watch(controller.nodes, for_node, predicate=node_health_changed)
     runner.watch(controller.remediations, for_namespace)
     runner.watch(controller.templates, for_namespace)
     runner.watch(controller.hosts, for_namespace, predicate=teardown_claim_changed)

@@ -111,6 +111,7 @@ class HostPowerController:
         self._schedules: dict[str, policy.Schedule] = {}  # failing hosts, by key
         self._sent: dict[str, policy.LastCommand] = {}  # the power command this process sent
         self._reported: set[tuple[str, ...]] = set()  # ReportOnce topics already told
+        self.runner: Controller | None = None  # set by setup: its queue knows background keys
 
     def reset_backoff(self, key: str) -> None:
         """Forget ``key``'s retry schedule: its next reconcile tries the BMC at once.
@@ -165,13 +166,19 @@ class HostPowerController:
             return Result.at(schedule.next_attempt, OUTCOME_BACKOFF)
         try:
             target = self._target(host)
-            power = await self.bmcs.power_state(target)
+            power = await self.bmcs.power_state(target, background=self._background(key))
         except Busy as busy:
-            return self._busy(key, busy, now)
+            # Nothing read, nothing done: a poll stays a background poll (kube.controller)
+            return dataclasses.replace(self._busy(key, busy, now), same_priority=True)
         except BmcError as error:
             return await self._failed(key, host, error, now)
         view = self.observe(key, host, power)
         return Attempt(key, host, target, now), policy.decide(view, now, self.settings)
+
+    def _background(self, key: str) -> bool:
+        """Whether this reconcile is a routine poll (the work queue handed the key out in
+        the background): its BMC read then leaves a slot to reconciles of changes."""
+        return self.runner is not None and self.runner.queue.handed_out_in_background(key)
 
     def observe(self, key: str, host: Any, power: PowerState) -> policy.Host:
         spec = host.get("spec") or {}
@@ -185,6 +192,7 @@ class HostPowerController:
             power=power,
             status=status,
             command_confirmed=status.last_command == self._sent.get(key),
+            poll_phase=policy.poll_phase(key),
         )
 
     async def act(self, attempt: Attempt, action: policy.Action) -> None:
@@ -389,6 +397,7 @@ def setup(manager: Manager, settings: Settings) -> None:
     # the pool answers Busy and the key is requeued).
     workers = controller.bmcs.settings.max_in_flight + 4
     runner = manager.add(Controller("host-power", controller.reconcile, workers=workers))
+    controller.runner = runner
     metrics.from_cache("host-power", lambda: controller.cache_samples())
     manager.on_stop(controller.bmcs.close)
     runner.watch(controller.hosts, predicate=host_power_relevant)

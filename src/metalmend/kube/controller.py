@@ -51,6 +51,10 @@ from metalmend.log import fields
 log = logging.getLogger(__name__)
 
 _TERMINAL_REMEMBERED = 4096  # keys whose TerminalError was logged (a deleted key's stays)
+BACKGROUND_AFTER = 5.0
+"""A reconcile's requeue at least this many seconds ahead is queued in the background
+(``WorkQueue``): host-power's idle poll (20 s), a health check's next expiry. Sooner ones
+(a power change landing: 0.1-1 s; a busy BMC: 0.1 s) go with the changes."""
 
 
 @dataclass(frozen=True)
@@ -59,10 +63,15 @@ class Result:
 
     requeue_at: dt.datetime | None = None
     outcome: str | None = None  # for /metrics; None: "success"
+    # The attempt did nothing (a busy BMC): the key keeps the priority it was handed out
+    # with, however soon ``requeue_at`` is, so a background poll stays in the background.
+    same_priority: bool = False
 
     @classmethod
-    def at(cls, deadline: dt.datetime | None, outcome: str | None = None) -> Result:
-        return cls(requeue_at=deadline, outcome=outcome)
+    def at(
+        cls, deadline: dt.datetime | None, outcome: str | None = None, same_priority: bool = False
+    ) -> Result:
+        return cls(requeue_at=deadline, outcome=outcome, same_priority=same_priority)
 
 
 DONE = Result()
@@ -191,7 +200,12 @@ class Controller:
             self._terminal.pop(key, None)
             if result.requeue_at is not None:
                 delay = (result.requeue_at - self.clock.now()).total_seconds()
-                self.queue.add_after(key, delay)
+                # A schedule this far ahead is a poll or a resync; sooner, it follows work
+                # in progress (a power change landing, a busy BMC): see WorkQueue.
+                background = delay >= BACKGROUND_AFTER or (
+                    result.same_priority and self.queue.handed_out_in_background(key)
+                )
+                self.queue.add_after(key, delay, background=background)
         finally:
             metrics.RECONCILE_SECONDS.labels(self.name).observe(time.perf_counter() - started)
             metrics.RECONCILE_TOTAL.labels(self.name, outcome).inc()

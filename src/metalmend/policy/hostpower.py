@@ -28,6 +28,7 @@ Two things the design leaves open, decided here:
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -265,6 +266,9 @@ class Host:
     # This controller process sent status.last_command itself. False after a restart or
     # failover, or when the send never happened (the BMC was busy): see send_recorded_now.
     command_confirmed: bool = True
+    # The host's own place in the poll interval, in [0, 1) (``poll_phase`` of its key);
+    # None: idle polls are not spread (every host polls poll_interval after its reconcile).
+    poll_phase: float | None = None
 
 
 # ---- actions, executed in order by controllers.hostpower ----------------------------------
@@ -332,10 +336,10 @@ def decide(host: Host, now: dt.datetime, settings: PowerSettings = PowerSettings
     """The host's power status, annotation removals and power command, in that order,
     then Events; ``requeue_at`` the next poll. Called after a successful BMC read: the
     status written is recovered from any earlier error."""
-    return _actions(host, _draft(host, now, settings), now)
+    return _actions(host, _draft(host, now, settings), now, settings)
 
 
-def _actions(host: Host, draft: _Draft, now: dt.datetime) -> Decision:
+def _actions(host: Host, draft: _Draft, now: dt.datetime, settings: PowerSettings) -> Decision:
     status = replace(host.status, **draft.status)
     decision = Decision()
     recovered = status.recovered()
@@ -361,7 +365,42 @@ def _actions(host: Host, draft: _Draft, now: dt.datetime) -> Decision:
     if draft.ignored:
         event = Event(EventType.NORMAL, names.REASON_REBOOT_IGNORED, draft.ignored)
         decision.do(ReportOnce(event, ("ignored", draft.ignored)))
-    return decision.at(now + dt.timedelta(seconds=draft.requeue_after))
+    return decision.at(_next_poll(host, draft.requeue_after, now, settings))
+
+
+def _next_poll(host: Host, after: float, now: dt.datetime, settings: PowerSettings) -> dt.datetime:
+    """``after`` seconds from now, except the idle poll of a host with a phase: that one
+    at the host's own slot (``spread_poll``)."""
+    if host.poll_phase is None or after < settings.poll_interval:
+        return now + dt.timedelta(seconds=after)
+    return spread_poll(now, settings.poll_interval, host.poll_phase)
+
+
+POLL_SPREAD_MIN = 0.25
+"""An idle poll comes at least this fraction of the interval after the last read (and so
+at most 1 + this fraction after it): the slot of a host read just before it is skipped."""
+
+
+def poll_phase(key: str) -> float:
+    """A host's place in the poll interval, in [0, 1): a hash of its ``namespace/name``,
+    the same in every process and after every restart."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def spread_poll(now: dt.datetime, interval: float, phase: float) -> dt.datetime:
+    """The next idle poll of a host: the next moment (wall clock) whose offset in the
+    interval is the host's ``phase``, at least POLL_SPREAD_MIN intervals from now.
+
+    Without it every host polls ``interval`` after its last reconcile, so hosts created
+    together, or all reconciled at once after a restart, read their BMCs in step forever:
+    5,000 reads in the same second, then nothing. With it their reads spread evenly over
+    the interval whatever happened before, and each host still reads its BMC exactly once
+    per interval once it is on its slot (at most 1 + POLL_SPREAD_MIN intervals apart)."""
+    wait = (phase * interval - now.timestamp()) % interval
+    if wait < POLL_SPREAD_MIN * interval:
+        wait += interval
+    return now + dt.timedelta(seconds=wait)
 
 
 def _draft(host: Host, now: dt.datetime, settings: PowerSettings) -> _Draft:

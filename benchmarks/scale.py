@@ -1,0 +1,600 @@
+"""metalmend at scale: N BareMetalHosts, Machines and Nodes in one lab, every controller of
+`metalmend run` on, against 1 host of the same lab shape, side by side in one run.
+
+The lab for it (not ``lab up``, whose per-host kubelet simulators and BMC processes stop at
+tens of hosts):
+
+- the upstream control plane (lab.controlplane), with an audit log of metalmend's requests
+  alone (user ``metalmend``, system:masters; Metadata level, as benchmarks/at_rest.py);
+- Nodes kept Ready by kwok (tools/kwok/build.sh, pinned, cached): each Node is created with
+  annotation ``kwok.x-k8s.io/node: fake`` and the host's providerID; kwok renews its Lease
+  (``--node-lease-duration-seconds`` LEASE) and answers for it as a kubelet would;
+- BMCs: lab.scalebmc, one process serving every host's ComputerSystem over real Redfish
+  (TLS from the lab CA, basic auth with each host's own Secret), one 127.0.0.1 port per
+  host as a site has one BMC per server; metalmend's Redfish driver drives it unchanged;
+- per host, as ``lab up`` registers them (lab.hosts.register_host): a labelled, bound BMC
+  Secret, a BareMetalHost (online, provisioned) and its Machine; one MachineHealthCheck
+  over every Machine with the lab's remediation template.
+
+`metalmend run` runs every controller the lab runs, as the lab runs it
+(lab.controller_argv), except the power poll: the production default (POLL s) instead of
+the lab's 5 s. Printed, per lab size:
+
+- start to every host reconciled: from `metalmend run` started until every host has
+  ``lastPoweredOn`` (host-power read its BMC and wrote it) and every Machine its
+  ``nodeRef`` (node-link);
+- steady state, a WINDOW s window once metalmend has not written for QUIET s: metalmend's
+  API requests and writes per second (audit log; target 0 writes), every identity's
+  requests per second (``apiserver_request_total``: kwok's Leases are most of them), BMC
+  calls per second (the server's counters), the controller's CPU (utime+stime from /proc)
+  and RSS (VmRSS at the end of the window, VmHWM the peak since start);
+- reboot latency: REBOOTS hard reboots of one host in turn (benchmarks.shared.one_reboot:
+  annotation written -> lastPoweredOn newer seen by a watcher), p50/p99;
+- health-check verdict latency: VERDICTS Nodes given a KernelDeadlock=True condition at
+  staggered moments; from the condition's timeout expiring to the Metal3Remediation
+  created, seen by a watcher (as benchmarks/detection_latency.py), p50/p99.
+
+metalmend's Kubernetes client (lightkube) has no client-side rate limiter: no QPS, no burst
+(client-go's defaults would be 5 QPS, burst 10). Its requests are bounded by the
+controllers' workers (host-power: bmc.max_in_flight + 4 = 20) and the API server's own
+flow control; the start-up QPS printed is what that gives.
+
+Run: ``python -m benchmarks.scale [--hosts N]`` (default HOSTS, or
+``METALMEND_BENCH_SCALE_HOSTS``; `make bench` runs the default). Needs kwok
+(``make kwok``). Prints numbers; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from lightkube import AsyncClient, Client, KubeConfig
+from lightkube.models.core_v1 import NodeSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Node
+from lightkube.types import PatchType
+
+from benchmarks.at_rest import AUDIT_POLICY, AUDIT_WRITES, USER, audit_events, last_write
+from benchmarks.shared import WRITES, apiserver_requests, one_reboot
+from metalmend.api.resources import (
+    BareMetalHost,
+    Machine,
+    MachineHealthCheck,
+    Metal3Remediation,
+    Metal3RemediationTemplate,
+)
+from metalmend.kube.crds import install_crds
+from metalmend.lab import lab
+from metalmend.lab.assets import REPO_ROOT
+from metalmend.lab.controlplane import (
+    LOOPBACK,
+    Component,
+    ControlPlane,
+    ControlPlaneConfig,
+    free_port,
+    start_component,
+)
+from metalmend.lab.hosts import NAMESPACE, register_host
+from metalmend.lab.inventory import HostSpec
+
+HOSTS = int(os.environ.get("METALMEND_BENCH_SCALE_HOSTS", "1000"))
+POLL = 20.0  # host-power's poll interval: the production default (PowerSettings)
+WINDOW = 60.0
+QUIET = 10.0
+SETTLE_WITHIN = 90.0
+REBOOTS = int(os.environ.get("METALMEND_BENCH_SCALE_REBOOTS", "50"))
+VERDICTS = 20
+VERDICT_TIMEOUT = 5  # seconds of KernelDeadlock=True before a Machine is unhealthy
+LEASE = 600  # kwok's Node Lease duration (s): renewed every quarter of it
+GRACE = 1800.0  # the node lifecycle controller's grace: longer than a renewal
+REGISTER_THREADS = 16
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+CLIENT_LIMITS = (
+    "lightkube AsyncClient: no client-side QPS or burst limit (client-go default: QPS 5,"
+    " burst 10); concurrency bounded by workers (host-power 20)"
+)
+
+
+@dataclass
+class Measurement:
+    hosts: int
+    reconciled_after: float
+    startup: Counter[tuple[str, str]]  # metalmend's requests until reconciled (audit)
+    settled_after: float | None
+    seconds: float = 0.0
+    ours: Counter[tuple[str, str]] = field(default_factory=Counter)  # audit, in the window
+    every: Counter[tuple[str, str]] = field(default_factory=Counter)  # apiserver_request_total
+    bmc_calls: int = 0
+    cpu_seconds: float = 0.0
+    rss_mib: float = 0.0
+    peak_rss_mib: float = 0.0
+    reboots: list[float] = field(default_factory=list)  # request -> status seen, ms
+    reboots_off: list[float] = field(default_factory=list)  # request -> off at the BMC, ms
+    verdicts: list[float] = field(default_factory=list)  # ms
+
+    def per_second(self, count: float) -> float:
+        return count / self.seconds if self.seconds else 0.0
+
+
+# ---- the controller process, from /proc ------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (fields 14 and 15 of /proc/PID/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def memory_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of ``pid`` in MiB."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            values[name] = int(rest.split()[0]) / 1024
+    return values["VmRSS"], values["VmHWM"]
+
+
+# ---- the lab: BMCs, hosts, Nodes, kwok -------------------------------------------------------
+
+
+def system_id(name: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{name}.metalmend.scale"))
+
+
+def start_bmcs(
+    plane: ControlPlane, workdir: Path, names: list[str]
+) -> tuple[Component, dict[str, Any], list[HostSpec]]:
+    """lab.scalebmc for ``names``; the host specs name each host's own port."""
+    serving = plane.ca.issue("scale-bmc", "scale-bmc", ip_addresses=(LOOPBACK,), server=True)
+    credentials = {name: (f"admin-{name}", uuid.uuid4().hex[:16]) for name in names}
+    ports_file = workdir / "bmc-ports.json"
+    config = {
+        "cert": str(serving.cert), "key": str(serving.key), "ports_file": str(ports_file),
+        "journal_dir": str(workdir), "journal": names[:1],
+        "systems": [{"id": system_id(n), "host": n, "username": credentials[n][0],
+                     "password": credentials[n][1]} for n in names],
+    }  # fmt: skip
+    (workdir / "bmc.json").write_text(json.dumps(config))
+    argv = [sys.executable, "-m", "metalmend.lab.scalebmc", str(workdir / "bmc.json")]
+    component = start_component("scale-bmc", argv, workdir, ports_file.exists, timeout=300)
+    ports = json.loads(ports_file.read_text())
+    specs = [
+        HostSpec(
+            name=n,
+            namespace=NAMESPACE,
+            bmc="redfish",
+            bmc_port=ports["systems"][system_id(n)],
+            internal_port=0,
+            username=credentials[n][0],
+            password=credentials[n][1],
+            provider_id=f"metal3://{NAMESPACE}/{n}",
+            kubeconfig="",
+            system_id=system_id(n),
+        )
+        for n in names
+    ]
+    return component, ports, specs
+
+
+def register(kubeconfig: Path, specs: list[HostSpec]) -> None:
+    """Per host, as ``lab up`` registers it (Secret, Machine, BareMetalHost), and its Node
+    for kwok; on REGISTER_THREADS threads (one lightkube client each)."""
+    local = threading.local()
+
+    def client() -> Client:
+        if not hasattr(local, "client"):
+            local.client = Client(KubeConfig.from_file(kubeconfig))
+        found: Client = local.client
+        return found
+
+    def one(spec: HostSpec) -> None:
+        register_host(client(), spec)
+        client().create(
+            Node(
+                metadata=ObjectMeta(
+                    name=spec.name,
+                    labels={"kubernetes.io/hostname": spec.name, "type": "kwok"},
+                    annotations={KWOK_ANNOTATION: "fake"},
+                ),
+                spec=NodeSpec(providerID=spec.provider_id),
+            )
+        )
+
+    Client(KubeConfig.from_file(kubeconfig)).create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
+    with ThreadPoolExecutor(REGISTER_THREADS) as pool:
+        list(pool.map(one, specs))
+
+
+def health_check(client: Client) -> None:
+    """The lab's remediation template, and one check over every Machine: Ready=Unknown for
+    5 minutes (never, with kwok) or KernelDeadlock=True for VERDICT_TIMEOUT s."""
+    template = {"strategy": "reboot", "powerOffTimeoutSeconds": 60, "powerOnTimeoutSeconds": 120}
+    client.create(
+        Metal3RemediationTemplate(
+            metadata=ObjectMeta(name="fence"), spec={"template": {"spec": template}}
+        ),
+        namespace=NAMESPACE,
+    )
+    spec = {
+        "clusterName": "lab", "selector": {"matchLabels": {"role": "worker"}},
+        "unhealthyConditions": [
+            {"type": "Ready", "status": "Unknown", "timeout": "300s"},
+            {"type": "KernelDeadlock", "status": "True", "timeout": f"{VERDICT_TIMEOUT}s"},
+        ],
+        "remediationTemplate": {"apiVersion": "remediation.metal3.io/v1alpha1",
+                                "kind": "Metal3RemediationTemplate", "name": "fence"},
+    }  # fmt: skip
+    client.create(
+        MachineHealthCheck(metadata=ObjectMeta(name="workers"), spec=spec), namespace=NAMESPACE
+    )
+
+
+def kwok_binary() -> tuple[Path, list[Path]]:
+    """kwok, and the Node stages tools/kwok/build.sh put next to it."""
+    out = subprocess.run(
+        ["bash", str(REPO_ROOT / "tools" / "kwok" / "build.sh")],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    binary = Path(out.stdout.strip().splitlines()[-1])
+    return binary, sorted((binary.parent / "stages").glob("*.yaml"))
+
+
+def start_kwok(plane: ControlPlane, workdir: Path) -> Component:
+    """kwok, managing only the Nodes annotated for it, as its own identity (in
+    system:masters: the Node authorizer lets one identity write one Node only)."""
+    kubeconfig = plane.user_kubeconfig("kwok", ("system:masters",))
+    config = workdir / "kwok.yaml"
+    # kwok's own defaults, written out: this kwok does not default them from a file
+    options = {"nodeLeaseDurationSeconds": LEASE, "nodeLeaseParallelism": 4,
+               "nodePlayStageParallelism": 4, "podPlayStageParallelism": 4,
+               "podsOnNodeSyncParallelism": 1}  # fmt: skip
+    kind = {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration"}
+    config.write_text(yaml.safe_dump({**kind, "options": options}))
+    binary, stages = kwok_binary()
+    argv = [
+        str(binary), f"--kubeconfig={kubeconfig}",
+        *(f"--config={path}" for path in (config, *stages)),
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+        f"--node-lease-duration-seconds={LEASE}", f"--server-address={LOOPBACK}:{free_port()}",
+        f"--node-ip={LOOPBACK}",
+    ]  # fmt: skip
+    return start_component("kwok", argv, workdir, lambda: True)
+
+
+def listing(plane: ControlPlane, path: str) -> list[dict[str, Any]]:
+    """A list from the API server's watch cache (resourceVersion=0): cheap to repeat."""
+    with plane.admin_http(timeout=60.0) as http:
+        items: list[dict[str, Any]] = http.get(path, params={"resourceVersion": "0"}).json()[
+            "items"
+        ]
+        return items
+
+
+def nodes_ready(plane: ControlPlane) -> int:
+    return sum(
+        any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in n.get("status", {}).get("conditions") or []
+        )
+        for n in listing(plane, "/api/v1/nodes")
+    )
+
+
+class Progress:
+    """When each host was first seen reconciled, from two watches started before
+    `metalmend run` (a list of every host every few seconds cost the API server more than
+    metalmend did at 5,000 hosts): its BareMetalHost has ``lastPoweredOn``, its Machine a
+    ``nodeRef``. Daemon threads: they end with the benchmark."""
+
+    def __init__(self, kubeconfig: Path, hosts: int) -> None:
+        self.hosts = hosts
+        self.powered: dict[str, float] = {}
+        self.linked: dict[str, float] = {}
+        for resource, seen, done in (
+            (BareMetalHost, self.powered, has_powered_on),
+            (Machine, self.linked, has_node_ref),
+        ):
+            args = (kubeconfig, resource, seen, done)
+            threading.Thread(target=self._watch, args=args, daemon=True).start()
+
+    @staticmethod
+    def _watch(
+        kubeconfig: Path, resource: Any, seen: dict[str, float], done: Callable[[Any], bool]
+    ) -> None:
+        with contextlib.suppress(Exception):  # the lab stopped
+            for _, obj in Client(KubeConfig.from_file(kubeconfig)).watch(
+                resource, namespace=NAMESPACE
+            ):
+                if done(obj):
+                    seen.setdefault(obj.metadata.name, time.time())
+
+    def finished_at(self) -> float | None:
+        """When the last host was reconciled; None while some are not."""
+        if len(self.powered) < self.hosts or len(self.linked) < self.hosts:
+            return None
+        return max(max(self.powered.values()), max(self.linked.values()))
+
+
+def has_powered_on(host: Any) -> bool:
+    return bool(((host.get("status") or {}).get("provisioning") or {}).get("lastPoweredOn"))
+
+
+def has_node_ref(machine: Any) -> bool:
+    return bool((machine.get("status") or {}).get("nodeRef"))
+
+
+def wait_for(
+    check: Callable[[], bool], within: float, every: float, what: str, alive: Callable[[], bool]
+) -> None:
+    """Wait for ``check``; fail at once when ``alive`` says a process it needs has died."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if not alive():
+            raise RuntimeError(f"{what}: a process it needs has exited (see its log)")
+        time.sleep(every)
+    raise TimeoutError(f"{what}: not within {within:.0f}s")
+
+
+def bmc_calls(ports: dict[str, Any]) -> int:
+    counters = httpx.get(f"http://{LOOPBACK}:{ports['control']}/counters", timeout=10).json()
+    total: int = counters["requests"]
+    return total
+
+
+# ---- the measured phases ---------------------------------------------------------------------
+
+
+def settle(audit: Path, since: float) -> float | None:
+    """Seconds after ``since`` until metalmend has not written for QUIET s; None when it
+    still writes SETTLE_WITHIN s later."""
+    while (now := time.time()) - since < SETTLE_WITHIN:
+        if now - max(last_write(audit) or since, since) >= QUIET:
+            return now - since
+        time.sleep(1.0)
+    return None
+
+
+def steady_window(
+    m: Measurement, plane: ControlPlane, audit: Path, pid: int, ports: dict[str, Any]
+) -> None:
+    every_before, calls_before, cpu_before = (
+        apiserver_requests(plane),
+        bmc_calls(ports),
+        cpu_seconds(pid),
+    )
+    since = time.time()
+    time.sleep(WINDOW)
+    until = time.time()
+    m.every = apiserver_requests(plane) - every_before
+    m.bmc_calls = bmc_calls(ports) - calls_before
+    m.cpu_seconds = cpu_seconds(pid) - cpu_before
+    m.rss_mib, m.peak_rss_mib = memory_mib(pid)
+    m.seconds = until - since
+    time.sleep(1.0)  # the audit log has the window's last requests
+    m.ours = by_verb_and_resource(audit_events(audit, since, until))
+
+
+def by_verb_and_resource(events: Iterator[dict[str, Any]]) -> Counter[tuple[str, str]]:
+    found: Counter[tuple[str, str]] = Counter()
+    for event in events:
+        ref = event.get("objectRef") or {}
+        resource = (ref.get("resource") or "?") + (
+            f"/{ref['subresource']}" if ref.get("subresource") else ""
+        )
+        found[event["verb"], resource] += 1
+    return found
+
+
+async def reboots(kubeconfig: Path, name: str, commands: Path) -> tuple[list[float], list[float]]:
+    client = AsyncClient(KubeConfig.from_file(kubeconfig))
+    to_status, to_off = [], []
+    try:
+        for _ in range(REBOOTS):
+            off_ms, _, total_ms = await one_reboot(client, name, commands)
+            to_status.append(total_ms)
+            to_off.append(off_ms)
+    finally:
+        await client.close()
+    return to_status, to_off
+
+
+async def verdicts(kubeconfig: Path, names: list[str]) -> list[float]:
+    """KernelDeadlock=True on each Node in turn (a strategic merge: kwok's conditions
+    stay); expiry -> Metal3Remediation created, ms."""
+    client = AsyncClient(KubeConfig.from_file(kubeconfig))
+    created: dict[str, float] = {}
+
+    async def watch() -> None:
+        async for kind, obj in client.watch(Metal3Remediation, namespace=NAMESPACE):
+            if kind == "ADDED":
+                created.setdefault(obj.metadata.name, time.time())
+            if set(names) <= set(created):
+                return
+
+    watcher = asyncio.create_task(watch())
+    expiries: dict[str, float] = {}
+    try:
+        for name in names:
+            now = dt.datetime.now(dt.UTC).isoformat()
+            condition = {"type": "KernelDeadlock", "status": "True", "reason": "Bench",
+                         "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
+            node: Any = await client.patch(
+                Node.Status, name, {"status": {"conditions": [condition]}},
+                patch_type=PatchType.STRATEGIC,
+            )  # fmt: skip
+            since = next(
+                c.lastTransitionTime for c in node.status.conditions if c.type == "KernelDeadlock"
+            )
+            expiries[name] = since.timestamp() + VERDICT_TIMEOUT  # as stored: whole seconds
+            await asyncio.sleep(0.5)
+        await asyncio.wait_for(watcher, 120)
+    finally:
+        watcher.cancel()
+        await client.close()
+    return [(created[n] - expiries[n]) * 1000 for n in names]
+
+
+def measure(hosts: int, workdir: Path) -> Measurement:
+    """One lab of ``hosts`` hosts, from nothing to every phase measured."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    policy, audit = workdir / "audit-policy.yaml", workdir / "audit.log"
+    policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+    config = ControlPlaneConfig(
+        workdir=workdir / "controlplane", node_monitor_grace_period=GRACE,
+        apiserver_args=(f"--audit-policy-file={policy}", f"--audit-log-path={audit}"),
+    )  # fmt: skip
+    names = [f"worker-{i}" for i in range(hosts)]
+    with contextlib.ExitStack() as stack:
+        plane = ControlPlane(config)
+        plane.start()
+        stack.callback(plane.stop)
+        admin = Client(KubeConfig.from_file(plane.kubeconfig))
+        install_crds(admin)
+        bmcs, ports, specs = start_bmcs(plane, workdir, names)
+        stack.callback(bmcs.stop)
+        began = time.monotonic()
+        register(plane.kubeconfig, specs)
+        health_check(admin)
+        print(f"  {hosts} hosts registered in {time.monotonic() - began:.0f}s", flush=True)
+        kwok = start_kwok(plane, workdir)
+        stack.callback(kwok.stop)
+        wait_for(lambda: nodes_ready(plane) >= hosts, 600, 3.0, "Nodes Ready (kwok)", kwok.running)
+        kubeconfig = plane.user_kubeconfig(USER, ("system:masters",))
+        argv = lab.controller_argv(
+            kubeconfig, plane.ca.pair.cert, lab.DEFAULT_CONTROLLERS, free_port(), 30.0
+        )
+        argv += ["--power-poll-interval", f"{POLL:g}"]  # the last flag wins
+        progress = Progress(plane.kubeconfig, hosts)
+        time.sleep(2.0)  # the watches are open
+        started = time.time()
+        process = stack.enter_context(running(argv, workdir / "metalmend.log"))
+        alive = lambda: process.poll() is None and bmcs.running()  # noqa: E731
+        finished = progress.finished_at
+        wait_for(lambda: finished() is not None, 1800, 1.0, "every host reconciled", alive)
+        m = Measurement(hosts, (finished() or 0.0) - started, Counter(), None)
+        until = started + m.reconciled_after
+        m.startup = by_verb_and_resource(audit_events(audit, started, until))
+        print(f"  {hosts} hosts reconciled {m.reconciled_after:.0f}s after start", flush=True)
+        m.settled_after = settle(audit, time.time())
+        steady_window(m, plane, audit, process.pid, ports)
+        for row, value in list(rows(m).items())[:10]:  # kept even if a later phase fails
+            print(f"  {row:50} {value:>22}", flush=True)
+        m.reboots, m.reboots_off = asyncio.run(
+            reboots(plane.kubeconfig, names[0], workdir / f"{names[0]}.commands")
+        )
+        sick = names[1 : 1 + VERDICTS] if hosts > 1 else names[:1]
+        m.verdicts = asyncio.run(verdicts(plane.kubeconfig, sick))
+        return m
+
+
+@contextlib.contextmanager
+def running(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("ab") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+# ---- the report ------------------------------------------------------------------------------
+
+
+def quantiles(values: list[float]) -> str:
+    if len(values) < 2:  # the 1-host lab has one Node to make unhealthy
+        return f"{values[0]:.1f} (1 sample)" if values else "-"
+    q = statistics.quantiles(values, n=100)
+    return f"p50 {q[49]:7.1f}  p99 {q[98]:7.1f}"
+
+
+def rows(m: Measurement) -> dict[str, str]:
+    ours_total = sum(m.ours.values())
+    ours_writes = sum(n for (v, _), n in m.ours.items() if v in AUDIT_WRITES)
+    every_total = sum(m.every.values())
+    every_writes = sum(n for (v, _), n in m.every.items() if v in WRITES)
+    startup = sum(m.startup.values())
+    return {
+        "start -> every host reconciled (s)": f"{m.reconciled_after:.1f}",
+        "  metalmend API requests/s meanwhile": f"{startup / m.reconciled_after:.1f}",
+        "settled (no metalmend write for 10 s) after (s)": (
+            "never" if m.settled_after is None else f"{m.settled_after:.0f}"
+        ),
+        "steady: metalmend API requests/s": f"{m.per_second(ours_total):.2f}",
+        "steady: metalmend API writes/s": f"{m.per_second(ours_writes):.2f}",
+        "steady: all identities' requests/s": f"{m.per_second(every_total):.1f}",
+        "steady: all identities' writes/s": f"{m.per_second(every_writes):.1f}",
+        "steady: BMC calls/s": f"{m.per_second(m.bmc_calls):.2f}",
+        "steady: controller CPU (% of one core)": f"{100 * m.per_second(m.cpu_seconds):.1f}",
+        "controller RSS at rest / peak (MiB)": f"{m.rss_mib:.0f} / {m.peak_rss_mib:.0f}",
+        f"reboot, request -> status seen, {REBOOTS}x (ms)": quantiles(m.reboots),
+        "reboot, request -> off at the BMC (ms)": quantiles(m.reboots_off),
+        "health-check verdict, expiry -> remediation (ms)": quantiles(m.verdicts),
+    }
+
+
+def report(small: Measurement, large: Measurement) -> None:
+    print(f"metalmend at scale: {small.hosts} vs {large.hosts} hosts (Machines, kwok Nodes,"
+          f" Redfish BMCs), every lab controller, poll {POLL:g}s, {WINDOW:g}s steady window")  # fmt: skip
+    print(f"  client: {CLIENT_LIMITS}")
+    a, b = rows(small), rows(large)
+    print(f"  {'':50} {str(small.hosts) + ' host(s)':>22} {str(large.hosts) + ' hosts':>22}")
+    for row in a:
+        print(f"  {row:50} {a[row]:>22} {b[row]:>22}")
+    for label, values in (("1", small.reboots), (str(large.hosts), large.reboots)):
+        if len(values) >= 2:
+            print(
+                f"  reboot p99 at {label} host(s): {statistics.quantiles(values, n=100)[98]:.1f} ms"
+            )
+    if len(small.reboots) >= 2 and len(large.reboots) >= 2:
+        ratio = (
+            statistics.quantiles(large.reboots, n=100)[98]
+            / statistics.quantiles(small.reboots, n=100)[98]
+        )
+        print(f"  reboot p99, {large.hosts} hosts / 1 host: {ratio:.2f}x (target <= 2x)")
+    print(f"  metalmend's steady-state requests at {large.hosts} hosts, verb x resource (per s):")
+    for (verb, resource), n in sorted(large.ours.items()):
+        print(f"    {verb:>7} {resource:40} {large.per_second(n):8.2f}")
+    print(f"  every identity's steady-state requests at {large.hosts} hosts, top 8 (per s):")
+    for (verb, resource), n in large.every.most_common(8):
+        print(f"    {verb:>7} {resource:40} {large.per_second(n):8.2f}")
+
+
+def main(hosts: int = HOSTS) -> None:
+    with tempfile.TemporaryDirectory(prefix="metalmend-bench-scale-") as tmp:
+        print(f"scale benchmark: 1 host, then {hosts} hosts", flush=True)
+        small = measure(1, Path(tmp) / "one")
+        large = measure(hosts, Path(tmp) / "many")
+    report(small, large)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=HOSTS)
+    args = parser.parse_args()
+    main(args.hosts)

@@ -1,0 +1,119 @@
+"""The scale benchmark's BMC server (lab.scalebmc) as a process: real Redfish over TLS with
+basic auth, one port per system, driven by metalmend's own BMC pool and Redfish driver
+unchanged; resets journalled as the lab's BMCs journal them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from metalmend.bmc import BmcPool, BmcTarget, Credentials, PowerState, parse, redfish
+from metalmend.bmc.driver import PowerAction
+from metalmend.bmc.errors import AuthenticationFailed
+from metalmend.bmc.settings import BmcSettings
+from metalmend.lab.controlplane import LOOPBACK
+from metalmend.lab.pki import CertificateAuthority
+
+SYSTEMS = 3
+Server = tuple[dict[str, Any], Path, Path]  # (ports file, CA, journal directory)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("scalebmc")
+    ca = CertificateAuthority(tmp / "pki")
+    serving = ca.issue("bmc", "scale-bmc", ip_addresses=(LOOPBACK,), server=True)
+    config = {
+        "cert": str(serving.cert), "key": str(serving.key), "ports_file": str(tmp / "ports.json"),
+        "journal_dir": str(tmp), "journal": ["host-1"],
+        "systems": [{"id": f"sys-{i}", "host": f"host-{i}", "username": f"u{i}",
+                     "password": f"p{i}"} for i in range(SYSTEMS)],
+    }  # fmt: skip
+    (tmp / "config.json").write_text(json.dumps(config))
+    argv = [sys.executable, "-m", "metalmend.lab.scalebmc", str(tmp / "config.json")]
+    process = subprocess.Popen(argv)
+    try:
+        deadline = time.monotonic() + 20
+        while not (tmp / "ports.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield json.loads((tmp / "ports.json").read_text()), ca.pair.cert, tmp
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def target(ports: dict[str, Any], index: int, password: str | None = None) -> BmcTarget:
+    port = ports["systems"][f"sys-{index}"]
+    address = parse(f"redfish://{LOOPBACK}:{port}/redfish/v1/Systems/sys-{index}")
+    return BmcTarget(address, Credentials(f"u{index}", password or f"p{index}"))
+
+
+async def test_the_pool_drives_each_system_on_its_own_port(server: Server) -> None:
+    ports, ca, journal = server
+    assert len(set(ports["systems"].values())) == SYSTEMS
+    pool = BmcPool(BmcSettings(timeout=10.0, ca_bundle=str(ca)))
+    try:
+        assert await pool.power_state(target(ports, 1)) == PowerState.ON
+        await pool.act(target(ports, 1), PowerAction.HARD_OFF)
+        assert await pool.power_state(target(ports, 1)) == PowerState.OFF
+        assert await pool.power_state(target(ports, 2)) == PowerState.ON  # its own system
+        await pool.act(target(ports, 1), PowerAction.ON)
+        assert await pool.power_state(target(ports, 1)) == PowerState.ON
+    finally:
+        await pool.close()
+    words = [
+        line.split(" ", 1)[1] for line in (journal / "host-1.commands").read_text().splitlines()
+    ]
+    assert words == ["hard off", "on"]
+    async with httpx.AsyncClient() as http:
+        counters = (await http.get(f"http://{LOOPBACK}:{ports['control']}/counters")).json()
+    assert counters["resets"] == 2
+    assert counters["by_method"]["POST"] == 2
+
+
+async def test_a_wrong_password_is_refused(server: Server) -> None:
+    ports, ca, _ = server
+    pool = BmcPool(BmcSettings(timeout=10.0, ca_bundle=str(ca)))
+    try:
+        with pytest.raises(AuthenticationFailed):
+            await pool.power_state(target(ports, 0, password="p1"))  # another system's
+    finally:
+        await pool.close()
+
+
+async def test_an_idle_connection_is_closed_and_the_system_is_not_looked_up_again(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bmc.redfish.IDLE_CONNECTION: httpx keeps an expired connection until its client is
+    used again; between two power polls every driver held one (benchmarks/scale.py)."""
+    monkeypatch.setattr(redfish, "IDLE_CONNECTION", 0.2)
+    ports, ca, _ = server
+    address = target(ports, 2).address
+    driver = redfish.RedfishDriver(address, "u2", "p2", str(ca), BmcSettings(timeout=10.0))
+    try:
+        assert await driver.power_state() == PowerState.ON
+        assert driver._client is not None
+        await asyncio.sleep(0.5)
+        assert driver._client is None, "closed once idle"
+        before = await requests(ports)
+        assert await driver.power_state() == PowerState.ON  # connects again: one GET
+        assert await requests(ports) - before == 1
+        assert driver._client is not None
+    finally:
+        await driver.close()
+
+
+async def requests(ports: dict[str, Any]) -> int:
+    async with httpx.AsyncClient() as http:
+        answer = await http.get(f"http://{LOOPBACK}:{ports['control']}/counters")
+    total: int = answer.json()["requests"]
+    return total

@@ -1,0 +1,107 @@
+"""Idle power polls spread over the interval (policy.hostpower.spread_poll): hosts created
+or reconciled together must not read their BMCs in step (benchmarks/scale.py), and each
+host still reads its BMC once per interval."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import itertools
+from collections import Counter
+
+import pytest
+
+from metalmend.api.power import PowerAction, PowerState
+from metalmend.policy.hostpower import (
+    POLL_SPREAD_MIN,
+    Host,
+    LastCommand,
+    PowerSettings,
+    PowerStatus,
+    decide,
+    poll_phase,
+    spread_poll,
+)
+
+INTERVAL = 20.0
+# A whole number of intervals since the epoch: offsets in the interval read plainly.
+EPOCH_SLOT = dt.datetime.fromtimestamp(1_800_000_000, dt.UTC)
+SETTINGS = PowerSettings(poll_interval=INTERVAL, transition_poll=1.0)
+IDLE = Host(
+    online=True, provisioning_state="provisioned", externally_provisioned=False,
+    annotations={}, power=PowerState.ON,
+    status=PowerStatus(powered_on=True, last_powered_on=EPOCH_SLOT),
+)  # fmt: skip
+
+
+def at(seconds: float) -> dt.datetime:
+    return EPOCH_SLOT + dt.timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize(
+    ("now", "phase", "wait"),
+    [
+        pytest.param(0.0, 0.5, 10.0, id="the host's slot this interval, far enough ahead"),
+        pytest.param(0.0, 0.0, 20.0, id="on its slot now: the same slot one interval on"),
+        pytest.param(8.0, 0.5, 22.0, id="its slot 2 s away is too soon: the next one"),
+        pytest.param(5.0, 0.5, 5.0, id="exactly a quarter interval ahead is kept"),
+        pytest.param(19.9, 0.0, 20.1, id="just before its slot: skipped, the one after"),
+        pytest.param(10.05, 0.5, 19.95, id="read a little late: back on its slot"),
+    ],
+)
+def test_next_idle_poll_is_the_hosts_own_slot(now: float, phase: float, wait: float) -> None:
+    got = (spread_poll(at(now), INTERVAL, phase) - at(now)).total_seconds()
+    assert got == pytest.approx(wait)
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.13, 0.5, 0.99])
+def test_once_on_its_slot_a_host_polls_exactly_once_per_interval(phase: float) -> None:
+    polls = [spread_poll(at(3.7), INTERVAL, phase)]
+    for _ in range(5):
+        polls.append(spread_poll(polls[-1], INTERVAL, phase))
+    gaps = {round((b - a).total_seconds(), 6) for a, b in itertools.pairwise(polls[1:])}
+    assert gaps == {INTERVAL}
+
+
+def test_the_wait_stays_within_a_quarter_and_one_and_a_quarter_intervals() -> None:
+    for step in range(400):
+        now = at(step * 0.37)
+        for phase in (0.0, 0.21, 0.5, 0.77, 0.999):
+            wait = (spread_poll(now, INTERVAL, phase) - now).total_seconds()
+            assert POLL_SPREAD_MIN * INTERVAL <= wait < (1 + POLL_SPREAD_MIN) * INTERVAL + 1e-6
+
+
+def test_five_thousand_hosts_reconciled_at_once_poll_evenly() -> None:
+    """All reconciled in the same instant: their next polls fill every second of the
+    interval about equally (without the spread: all 5,000 in one second)."""
+    keys = [f"metalmend-lab/worker-{i}" for i in range(5000)]
+    seconds = Counter(
+        int((spread_poll(at(0.5), INTERVAL, poll_phase(k)) - at(0.5)).total_seconds()) % 20
+        for k in keys
+    )
+    assert len(seconds) == 20
+    assert max(seconds.values()) < 1.3 * 5000 / 20
+    assert min(seconds.values()) > 0.7 * 5000 / 20
+
+
+def test_a_hosts_phase_is_stable_and_in_range() -> None:
+    assert poll_phase("ns/a") == poll_phase("ns/a")
+    assert poll_phase("ns/a") != poll_phase("ns/b")
+    assert all(0.0 <= poll_phase(f"ns/h{i}") < 1.0 for i in range(1000))
+
+
+def test_decide_spreads_the_idle_poll_only() -> None:
+    now = at(0.0)
+    spread = decide(dataclasses.replace(IDLE, poll_phase=0.5), now, SETTINGS)
+    assert spread.requeue_at == at(10.0)
+    plain = decide(IDLE, now, SETTINGS)  # no phase: as before
+    assert plain.requeue_at == at(INTERVAL)
+    # A power-on sent and not yet seen: the transition poll, not the host's slot.
+    landing = dataclasses.replace(
+        IDLE, power=PowerState.OFF, poll_phase=0.5,
+        status=PowerStatus(powered_on=False, last_powered_on=at(-100),
+                           last_command=LastCommand(PowerAction.ON, at(-0.5))),
+    )  # fmt: skip
+    decision = decide(landing, now, SETTINGS)
+    assert decision.requeue_at is not None
+    assert (decision.requeue_at - now).total_seconds() <= SETTINGS.transition_poll
