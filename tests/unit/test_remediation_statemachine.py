@@ -317,10 +317,10 @@ class CheckedPool(BmcPool):
         super().__init__(**kw)
         self.world = world
 
-    async def power_state(self, target: BmcTarget) -> PowerState:
+    async def power_state(self, target: BmcTarget, *, background: bool = False) -> PowerState:
         self.world.reached.clear()
         try:
-            return await super().power_state(target)
+            return await super().power_state(target, background=background)
         finally:
             self.check(target)
 
