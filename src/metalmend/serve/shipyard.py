@@ -12,10 +12,12 @@ so RBAC ``resourceNames`` can let an operator redeploy servers without deploying
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,6 +25,7 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
+from metalmend.db import Database
 from metalmend.design import documents
 from metalmend.design.documents import Document, DocumentsRejected
 from metalmend.design.store import Conflict, DesignStore, StoreError
@@ -146,7 +149,31 @@ def _buffer_changes(store: DesignStore, history: siteactions.History) -> dict[st
 # ---- configdocs -----------------------------------------------------------------------------
 
 
+_SQLITE_BUFFER = threading.Lock()
+
+
+@contextlib.contextmanager
+def buffer_writer(db: Database) -> Iterator[None]:
+    """Serialize the buffer's writers: a put looks at the buffer, then (replace) rolls it
+    back and puts; two operators putting at once must not both find it empty. On
+    PostgreSQL (replicas) a transaction-level advisory lock, held on a connection of its
+    own while the store's own transactions run; on SQLite (one replica) a lock in the
+    process, since a second write transaction would wait for the first."""
+    if db.dialect == "postgresql":
+        with db.begin() as conn:
+            db.lock(conn, "shipyard-configdocs-buffer")
+            yield
+    else:
+        with _SQLITE_BUFFER:
+            yield
+
+
 def _put_in_buffer(store: DesignStore, name: str, docs: Sequence[Document], mode: str) -> int:
+    with buffer_writer(store.database):
+        return _put_unlocked(store, name, docs, mode)
+
+
+def _put_unlocked(store: DesignStore, name: str, docs: Sequence[Document], mode: str) -> int:
     history = _history(store)
     changes = _buffer_changes(store, history)
     if changes and mode == "rejectoncontents":
