@@ -14,8 +14,7 @@ import os
 import signal
 import ssl
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -25,6 +24,7 @@ from lightkube.resources.core_v1 import Event, Node
 from metalmend.etcd.client import EtcdClient
 from metalmend.lab import drives, lab, siteetcd
 from metalmend.lab.hosts import NAMESPACE
+from tests.e2e.test_lab_provision import hardware, lab_dir, wait_for
 
 SHIPYARD = "/shipyard/api/v1.0"
 TARGET = "worker-1"
@@ -45,21 +45,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.RunningLab]:
     with lab.started(options) as running:
         wait_for(lambda: ready(running) == 3, "the three lab Nodes Ready", running=running)
         yield running
-
-
-def wait_for(
-    check: Callable[[], object], what: str, within: float = 120.0, running: Any = None
-) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        if running is not None:
-            running.check()  # the lab supervisor's loop: restarts what died
-        time.sleep(0.2)
-
-
-def lab_dir(running: lab.RunningLab) -> Path:
-    return running.plane.workdir.parent
 
 
 def ready(running: lab.RunningLab, name: str | None = None) -> int:
@@ -158,13 +143,6 @@ async def member_list(running: lab.RunningLab) -> list[Any]:
     assert plan is not None
     async with EtcdClient() as client:
         return await client.member_list(plan.members[0].client_url)
-
-
-def hardware(running: lab.RunningLab, name: str) -> dict[str, Any]:
-    report: dict[str, dict[str, Any]] = json.loads(
-        (lab_dir(running) / "hardware" / "status.json").read_text()
-    )
-    return report[name]
 
 
 def test_deploy_the_design_then_redeploy_a_member_with_serve_killed_in_every_step(

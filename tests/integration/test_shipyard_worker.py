@@ -101,6 +101,16 @@ def worker(store: ActionStore, plan: tuple[Planned, ...], owner: str) -> ActionW
     return ActionWorker(store, None, LEASE, steps=plans, owner=owner, retry_seconds=0.05)
 
 
+async def run_alone(store: ActionStore, plan: tuple[Planned, ...], action_id: str) -> model.Action:
+    """The action run to its end by one worker, stopped afterwards."""
+    running = worker(store, plan, "one")
+    running.start()
+    try:
+        return await finished(store, action_id)
+    finally:
+        await running.stop()
+
+
 def test_the_migration_creates_the_tables_the_store_uses(database: Database) -> None:
     found: Inspector = inspect(database.engine)
     assert {"shipyard_actions", "shipyard_action_steps"} <= set(found.get_table_names())
@@ -110,12 +120,7 @@ async def test_steps_run_in_order_and_the_action_completes(database: Database) -
     store, steps = ActionStore(database), Steps()
     plan = (steps.ok("a"), steps.ok("b"), steps.final("tag"))
     action_id = new_action(store, ("a", "b", "tag"))
-    running = worker(store, plan, "one")
-    running.start()
-    try:
-        done = await finished(store, action_id)
-    finally:
-        await running.stop()
+    done = await run_alone(store, plan, action_id)
     assert done.lifecycle is ActionLifecycle.COMPLETE
     assert [(s.name, s.state, s.try_number) for s in done.steps] == [
         ("a", model.StepState.SUCCESS, 1), ("b", model.StepState.SUCCESS, 1),
@@ -135,12 +140,7 @@ async def test_a_failed_step_skips_the_rest_but_the_final_one(database: Database
         steps.ok("a"), steps.failing("b", StepFailed("no host")), steps.ok("c"), steps.final("tag"),
     )  # fmt: skip
     action_id = new_action(store, ("a", "b", "c", "tag"))
-    running = worker(store, plan, "one")
-    running.start()
-    try:
-        done = await finished(store, action_id)
-    finally:
-        await running.stop()
+    done = await run_alone(store, plan, action_id)
     assert done.lifecycle is ActionLifecycle.FAILED
     states = {s.name: s.state for s in done.steps}
     assert states == {
@@ -155,12 +155,7 @@ async def test_a_missing_precondition_says_so(database: Database) -> None:
     store, steps = ActionStore(database), Steps()
     plan = (steps.failing("lookup", MissingPrecondition("no revision is tagged x")),)
     action_id = new_action(store, ("lookup",))
-    running = worker(store, plan, "one")
-    running.start()
-    try:
-        done = await finished(store, action_id)
-    finally:
-        await running.stop()
+    done = await run_alone(store, plan, action_id)
     assert done.steps[0].notes[-1].text == "missing precondition: no revision is tagged x"
 
 
@@ -168,12 +163,7 @@ async def test_an_unexpected_error_is_tried_again_then_fails_the_step(database: 
     store, steps = ActionStore(database), Steps()
     plan = (steps.failing("a", RuntimeError("bug")),)
     action_id = new_action(store, ("a",))
-    running = worker(store, plan, "one")
-    running.start()
-    try:
-        done = await finished(store, action_id)
-    finally:
-        await running.stop()
+    done = await run_alone(store, plan, action_id)
     assert steps.runs["a"] == 10
     assert done.steps[0].notes[-1].text == "metalmend serve failed: RuntimeError (10 times)"
 

@@ -19,13 +19,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Column, ColumnElement, Connection, Table, and_, or_, select, update
+from sqlalchemy import (
+    Column,
+    ColumnElement,
+    Connection,
+    DateTime,
+    String,
+    Table,
+    and_,
+    or_,
+    select,
+    update,
+)
 
 from metalmend.db.database import Database
 
 
 class LeaseLost(Exception):
     """Another replica runs the job now: this one stops, changing nothing more."""
+
+
+def lease_columns() -> tuple[Column[Any], Column[Any]]:
+    """A job table's lease: the replica running it and until when (free when expired)."""
+    return (
+        Column("lease_owner", String(128), nullable=True),
+        Column("lease_expires", DateTime, nullable=True),
+    )
 
 
 def naive(moment: dt.datetime) -> dt.datetime:

@@ -22,6 +22,7 @@ from sqlalchemy import (
 )
 
 from metalmend.db import metadata
+from metalmend.db.lease import lease_columns
 
 tasks = Table(
     "drydock_tasks",
@@ -36,9 +37,7 @@ tasks = Table(
     Column("created_by", String(512), nullable=False),
     Column("updated", DateTime, nullable=False),
     Column("context_marker", String(36), nullable=True),
-    # The replica running the task and until when; a lease not renewed by then is free.
-    Column("lease_owner", String(128), nullable=True),
-    Column("lease_expires", DateTime, nullable=True),
+    *lease_columns(),  # the replica running it and until when (metalmend.db.lease)
 )
 Index("ix_drydock_tasks_status", tasks.c.status)
 

@@ -221,9 +221,7 @@ class EtcdClient:
     async def member_add(self, endpoint: str, peer_urls: tuple[str, ...]) -> Member:
         """Add a voting member with ``peer_urls`` (etcd MemberAdd); the member added, not
         started yet (no name). etcd refuses peer URLs another member already has."""
-        answer = await self._call(
-            endpoint, "/v3/cluster/member/add", {"peerURLs": list(peer_urls)}
-        )
+        answer = await self._call(endpoint, "/v3/cluster/member/add", {"peerURLs": list(peer_urls)})
         try:
             return _member(answer.get("member"))
         except ValueError as error:

@@ -264,9 +264,7 @@ def progress(hosts: Iterable[HostSeen], nodes: Mapping[str, bool | None]) -> Pro
     failed: list[str] = []
     for host in hosts:
         if host.provisioning in FAILED_STATES:
-            failed.append(
-                f"{host.key}: {host.provisioning}: {host.error}".rstrip(": ")
-            )
+            failed.append(f"{host.key}: {host.provisioning}: {host.error}".rstrip(": "))
         elif host.wants_image and host.provisioning != "provisioned":
             waiting.append(f"{host.key} {host.provisioning or 'not registered'}")
         elif host.wants_on and host.powered_on is not True:

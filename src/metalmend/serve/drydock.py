@@ -16,7 +16,6 @@ Then the task is stored: nothing is changed in the cluster before the answer.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from metalmend.policy import interlock as claims
 from metalmend.policy.destroy import DestroySettings, NodeState, TaskStatus
 from metalmend.serve import auth, context
 from metalmend.serve.interlock import Interlock, caller_of
-from metalmend.serve.status import Message, StatusError, documented
+from metalmend.serve.status import Message, StatusError, documented, read_json
 from metalmend.serve.status import errors as error_lines
 from metalmend.serve.tasks import TaskWorker
 
@@ -118,18 +117,6 @@ def _drydock(request: Request) -> Drydock:
     return served
 
 
-async def _read_json(request: Request) -> Any:
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > MAX_BODY:
-            raise StatusError(400, "BadRequest", f"the body is larger than {MAX_BODY} bytes")
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise StatusError(400, "BadRequest", "the body is not a JSON object") from None
-
-
 def _bad(problem: str) -> StatusError:
     return StatusError(400, "BadRequest", problem, error_lines(problem))
 
@@ -147,7 +134,7 @@ async def create_task(request: Request, credentials: auth.Credentials) -> JSONRe
     await auth.admit(request, credentials, CREATE_TASKS, "")
     served = _drydock(request)
     try:
-        wanted = model.read_request(await _read_json(request))
+        wanted = model.read_request(await read_json(request, MAX_BODY))
     except model.RequestProblem as problem:
         raise _bad(str(problem)) from None
     gate: auth.Gate = request.app.state.services.gate

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -34,7 +33,7 @@ from metalmend.policy import deploysite, siteactions
 from metalmend.policy.siteactions import ActionLifecycle, ActionName, Version
 from metalmend.serve import auth, context
 from metalmend.serve.deckhand import checked_name, documents_answer, read_text, run
-from metalmend.serve.status import Message, StatusError, body, documented, errors, notes
+from metalmend.serve.status import Message, StatusError, body, documented, errors, notes, read_json
 from metalmend.shipyard import model
 from metalmend.shipyard.store import ActionStore
 from metalmend.shipyard.worker import ActionWorker
@@ -361,15 +360,7 @@ async def rendered_configdocs(request: Request, credentials: auth.Credentials) -
 
 
 async def _action_body(request: Request) -> tuple[ActionName, dict[str, Any]]:
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > MAX_ACTION_BODY:
-            raise StatusError(400, "BadRequest", f"the body is larger than {MAX_ACTION_BODY} bytes")
-    try:
-        raw = json.loads(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise StatusError(400, "BadRequest", "the body is not a JSON object") from None
+    raw = await read_json(request, MAX_ACTION_BODY)
     if not isinstance(raw, dict):
         raise StatusError(400, "BadRequest", "the body is not a JSON object")
     try:

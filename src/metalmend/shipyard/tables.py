@@ -22,6 +22,7 @@ from sqlalchemy import (
 )
 
 from metalmend.db import metadata
+from metalmend.db.lease import lease_columns
 
 actions = Table(
     "shipyard_actions",
@@ -40,8 +41,7 @@ actions = Table(
     Column("notes", JSON, nullable=False),  # the action's own notes
     Column("command_audit", JSON, nullable=False),  # invoke, stop: who and when
     Column("stop_requested", Text, nullable=True),  # who asked to stop it, or NULL
-    Column("lease_owner", String(128), nullable=True),
-    Column("lease_expires", DateTime, nullable=True),
+    *lease_columns(),  # the replica running it and until when (metalmend.db.lease)
 )
 Index("ix_shipyard_actions_lifecycle", actions.c.lifecycle)
 
