@@ -198,7 +198,8 @@ async def test_a_destroyed_etcd_host_is_provisioned_boots_and_rejoins_etcd(
     wait_for(lambda: bmh(site, "worker-0").status.get("poweredOn") is True, "worker-0 on")
     wait_for(lambda: node_ready(site, "worker-0"), "worker-0's Node Ready again")
     ready = time.monotonic() - started
-    assert hardware(site, "worker-0")["kubelet"] == "running"  # no longer disabled
+    # no longer disabled; the hardware report is written every 0.2 s, so wait for it
+    wait_for(lambda: hardware(site, "worker-0")["kubelet"] == "running", "worker-0 running", 30)
 
     # Back, but not in the cluster: its member waits for a MemberAdd, never founding a
     # cluster of its own from its empty data directory.
