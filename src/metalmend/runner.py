@@ -17,6 +17,7 @@ import httpx2
 from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
+from metalmend import heap
 from metalmend.api.names import REBOOT_PREFIX
 from metalmend.api.resources import BareMetalHost
 from metalmend.controllers.registry import CONTROLLERS
@@ -77,6 +78,7 @@ async def run(config: RunConfig) -> None:
         problem = await check_reboot_annotation_writes(client, runtime.namespace)
         if problem:
             log.warning("start-up check failed: %s", problem)
+    heap.tune(asyncio.get_running_loop())
     # A signal sets an Event; only the manager's task is cancelled, never this one, so
     # that shutting down (health server, client) runs as ordinary code.
     stop = asyncio.Event()
@@ -93,7 +95,9 @@ async def run(config: RunConfig) -> None:
         )
         running = asyncio.create_task(manager.run(), name="manager")
         stopping = asyncio.create_task(stop.wait(), name="signals")
+        freezing = asyncio.create_task(freeze_when_synced(manager), name="heap")
         done, _ = await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        freezing.cancel()
         if running in done:
             stopping.cancel()
             running.result()  # LeadershipLost, or a bug, ends the process
@@ -102,6 +106,13 @@ async def run(config: RunConfig) -> None:
             running.cancel()
             await asyncio.gather(running, return_exceptions=True)
     await client.close()
+
+
+async def freeze_when_synced(manager: Manager) -> None:
+    """Once every cache is filled, its objects are long-lived: out of the garbage
+    collector's sight (metalmend.heap)."""
+    await manager.wait_synced()
+    heap.freeze_long_lived()
 
 
 CHECK_ANNOTATION = f"{REBOOT_PREFIX}metalmend-start-up-check"

@@ -17,6 +17,23 @@ from metalmend.lab.controlplane import free_port
 from metalmend.lab.inventory import HostSpec
 
 LAB_GRACE = 6.0  # node-monitor grace period of the e2e lab
+LOG_LINES_ON_FAILURE = 80
+
+_started: list[Metalmend] = []  # started during the test being run
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    """A failed test that ran `metalmend run` reports the end of its log: the lab (and the
+    log with it) is gone by the time anyone reads the failure."""
+    report = yield
+    if call.when == "call":
+        if getattr(report, "failed", False):
+            for process in _started:
+                tail = process.log_tail(LOG_LINES_ON_FAILURE)
+                report.sections.append((f"metalmend run {process.controllers} (log end)", tail))
+        _started.clear()
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +78,8 @@ class Metalmend:
         )  # fmt: skip
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        if self not in _started:
+            _started.append(self)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -69,6 +88,12 @@ class Metalmend:
             except httpx.HTTPError:
                 time.sleep(0.1)
         raise AssertionError(f"metalmend ({self.controllers}) did not become ready")
+
+    def log_tail(self, lines: int) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as error:
+            return f"(no log: {error.strerror})"
 
     def kill(self) -> None:
         if self.process is not None:

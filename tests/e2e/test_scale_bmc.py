@@ -112,6 +112,28 @@ async def test_an_idle_connection_is_closed_and_the_system_is_not_looked_up_agai
         await driver.close()
 
 
+async def test_hang_up_closes_the_connection_at_once_and_keeps_the_system(
+    server: Server,
+) -> None:
+    """After a routine poll the pool hangs up (bmc.pool.HANG_UP): the next call connects
+    again but does not look the system up again."""
+    ports, ca, _ = server
+    address = target(ports, 2).address
+    driver = redfish.RedfishDriver(address, "u2", "p2", str(ca), BmcSettings(timeout=10.0))
+    try:
+        assert await driver.power_state() == PowerState.ON
+        driver.hang_up()
+        assert driver._client is None, "closed at once"
+        await asyncio.sleep(0)  # the closing task runs
+        before = await requests(ports)
+        assert await driver.power_state() == PowerState.ON
+        assert await requests(ports) - before == 1
+        driver.hang_up()
+        driver.hang_up()  # twice: nothing left to close, no error
+    finally:
+        await driver.close()
+
+
 async def requests(ports: dict[str, Any]) -> int:
     async with httpx.AsyncClient() as http:
         answer = await http.get(f"http://{LOOPBACK}:{ports['control']}/counters")

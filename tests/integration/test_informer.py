@@ -16,7 +16,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import Subject
 from lightkube.resources.core_v1 import ConfigMap, PodTemplate
 
-from metalmend.kube.informer import Informer
+from metalmend.kube.informer import Informer, without_managed_fields
 from metalmend.kube.workqueue import Backoff
 from metalmend.lab.controlplane import ControlPlane
 from metalmend.lab.proxies import TcpProxy
@@ -181,3 +181,29 @@ async def test_label_selector_limits_what_the_store_holds(
     )
     await until(lambda: len(informer.store) == 0)  # leaving the selection is a deletion
     assert informer.store.get(f"{namespace}/out") is None
+
+
+async def test_cached_objects_carry_no_managed_fields(
+    aclient: AsyncClient, namespace: str, running: Callable[[Informer], Informer]
+) -> None:
+    """informer.without_managed_fields: the API server keeps them; the cache does not,
+    listed or watched, typed (a ConfigMap) or generic (a dict)."""
+    await aclient.create(ConfigMap(metadata=ObjectMeta(name="listed"), data={"a": "1"}),
+                         namespace=namespace)  # fmt: skip
+    informer = running(Informer(aclient, ConfigMap, namespace=namespace))
+    await asyncio.wait_for(informer.synced.wait(), 10)
+    await aclient.create(ConfigMap(metadata=ObjectMeta(name="watched"), data={"a": "1"}),
+                         namespace=namespace)  # fmt: skip
+    await until(lambda: informer.store.get(f"{namespace}/watched") is not None, 10)
+    stored = await aclient.get(ConfigMap, "watched", namespace=namespace)
+    assert stored.metadata.managedFields, "the API server has them"
+    for name in ("listed", "watched"):
+        cached = informer.store.get(f"{namespace}/{name}")
+        assert cached is not None
+        assert cached.metadata.managedFields is None
+        assert cached.metadata.name == name
+        assert cached.data == {"a": "1"}
+    generic = without_managed_fields(
+        {"metadata": {"name": "g", "managedFields": [{"manager": "x"}]}, "spec": {}}
+    )
+    assert generic == {"metadata": {"name": "g"}, "spec": {}}

@@ -25,6 +25,7 @@ class FakeDriver:
         self.reads = 0
         self.cancelled = 0
         self.closed = False
+        self.hung_up = 0
         self.fail_with: BmcError | None = None
 
     async def _enter(self) -> None:
@@ -48,6 +49,9 @@ class FakeDriver:
 
     async def close(self) -> None:
         self.closed = True
+
+    def hang_up(self) -> None:
+        self.hung_up += 1
 
 
 class Drivers:
@@ -323,4 +327,22 @@ async def test_background_polls_leave_a_slot_to_calls_for_changes() -> None:
         driver.gate.set()
     await asyncio.gather(*held)
     assert await pool.power_state(ipmi(3), background=True) == PowerState.ON
+    await pool.close()
+
+
+async def test_a_background_poll_hangs_up_and_a_call_for_a_change_keeps_the_line() -> None:
+    """pool.HANG_UP: a routine poll's connection is closed at once (its objects die young);
+    the calls of a change keep it for the calls that follow."""
+    drivers = Drivers()
+    pool = pool_with(drivers)
+    await pool.power_state(ipmi(1), background=True)
+    [driver] = drivers.of(ipmi(1))
+    assert driver.hung_up == 1
+    await pool.power_state(ipmi(1))
+    await pool.act(ipmi(1), PowerAction.HARD_OFF)
+    assert driver.hung_up == 1, "a change keeps its connection"
+    driver.fail_with = BmcError("no answer")
+    with pytest.raises(BmcError):
+        await pool.power_state(ipmi(1), background=True)
+    assert driver.hung_up == 1, "a failed poll drops the driver instead"
     await pool.close()

@@ -305,6 +305,9 @@ class WorldDriver:
     async def close(self) -> None:
         pass
 
+    def hang_up(self) -> None:
+        pass
+
 
 T = TypeVar("T")
 

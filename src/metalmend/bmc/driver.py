@@ -30,3 +30,9 @@ class PowerDriver(Protocol):
     async def close(self) -> None:
         """Drop sessions and connections; never raises."""
         ...
+
+    def hang_up(self) -> None:
+        """Nothing more is expected of this BMC soon (a routine poll was answered): close
+        the connection now rather than keep it idle; what was found about the system is
+        kept. Never raises; the closing, if any, runs on its own."""
+        ...

@@ -202,6 +202,9 @@ class IpmiDriver:
         # this (BMC, user); a broken one is dropped there on its first failure.
         self._route = None
 
+    def hang_up(self) -> None:
+        """Nothing to close: IPMI runs over UDP, and the session is the worker's."""
+
     async def _call(self, operation: str) -> dict[str, Any]:
         if self._route is None:
             self._route = await self._preflight()

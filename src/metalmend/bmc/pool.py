@@ -54,6 +54,17 @@ BACKGROUND_RESERVE = 1
 of all: at 5,000 hosts in one namespace the polls alone filled every slot, and a reboot's
 call was turned away as busy again and again, for seconds (benchmarks/scale.py)."""
 
+HANG_UP = True
+"""After a background call (a routine poll) the driver closes its connection at once
+(``PowerDriver.hang_up``), instead of keeping it idle until the next call. The next poll
+is an interval away, far longer than any BMC keeps an idle connection, so it connects
+again either way; closed at once, the connection's objects die young, where the garbage
+collector's cheap young collections reclaim them. Kept idle for seconds, the connections
+of 250 polls a second outlived the young collections and piled up as reference cycles in
+the oldest generation, whose collection walks the whole heap: a 0.5 s pause every few
+seconds at 5,000 hosts (benchmarks/scale.py, docs/scale.md). Calls that carry out or
+watch a change keep the connection for the calls that follow."""
+
 MIN_RETRY_AFTER = 0.1
 DRIVER_IDLE = 600.0
 """A driver unused this long is closed: hosts come and go, and their connections must not
@@ -201,7 +212,7 @@ class BmcPool:
             raise
         failure: BaseException | None = None
         try:
-            return await self._call(target, call, work)
+            return await self._call(target, call, work, background)
         except BaseException as error:
             failure = error
             raise
@@ -211,7 +222,11 @@ class BmcPool:
             metrics.observe(protocol, operation, seconds, failure)
 
     async def _call(
-        self, target: BmcTarget, call: _Call, work: Callable[[PowerDriver], Awaitable[T]]
+        self,
+        target: BmcTarget,
+        call: _Call,
+        work: Callable[[PowerDriver], Awaitable[T]],
+        background: bool = False,
     ) -> T:
         timeout = self.settings.timeout
         key = call.driver_key
@@ -224,7 +239,10 @@ class BmcPool:
                 if driver is None:
                     driver = await self._new_driver(target)
                     self._drivers[key] = driver
-                return await work(driver)
+                answer = await work(driver)
+            if background and HANG_UP:
+                driver.hang_up()  # see HANG_UP
+            return answer
         except TimeoutError:
             await self._forget(key)
             raise TimedOut(

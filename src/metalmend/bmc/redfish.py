@@ -96,10 +96,11 @@ MAX_COLLECTION_PAGES = 16
 IDLE_CONNECTION = 5.0
 """Seconds a BMC connection stays open after a call: httpx's own keep-alive expiry, long
 enough for the calls of one reconcile and for a power change being watched land (polls
-0.1-1 s apart), shorter than the idle power poll (20 s), which connects again. httpx only
-drops an expired connection when its client is used next, so without closing it here
-every driver kept a dead TLS connection (about 35 KiB) from one poll to the next: 170 MiB
-at 5,000 hosts (benchmarks/scale.py)."""
+0.1-1 s apart), shorter than the idle power poll (20 s), which connects again (after a
+routine poll the pool hangs up at once: bmc.pool.HANG_UP). httpx only drops an expired
+connection when its client is used next, so without closing it here every driver kept a
+dead TLS connection (about 35 KiB) from one poll to the next: 170 MiB at 5,000 hosts
+(benchmarks/scale.py)."""
 
 SYSTEMS_SHOWN = 5
 """Systems named in an error message; more are counted."""
@@ -171,6 +172,11 @@ class RedfishDriver:
 
     async def close(self) -> None:
         await self._drop()
+
+    def hang_up(self) -> None:
+        """Close the connection at once, not after IDLE_CONNECTION: see HANG_UP."""
+        if self._calls == 0:
+            self._close_connection()
 
     # ---- drives (the StorageDriver interface of bmc/storage.py) ---------------------
 
@@ -559,7 +565,16 @@ class RedfishDriver:
             wait = max(IDLE_CONNECTION - idle, 0.0) if not self._calls else IDLE_CONNECTION
             self._idle_timer = asyncio.get_running_loop().call_later(wait, self._close_if_idle)
             return
+        self._close_connection()
+
+    def _close_connection(self) -> None:
+        """Close the connection on its own task; the system found stays known."""
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         client, self._client = self._client, None
+        if client is None:
+            return
         task = asyncio.get_running_loop().create_task(_close_quietly(client))
         _CLOSING.add(task)
         task.add_done_callback(_CLOSING.discard)

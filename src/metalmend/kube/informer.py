@@ -142,7 +142,7 @@ class Informer:
             fields=self.fields,
             chunk_size=LIST_CHUNK,
         )
-        objects = [obj async for obj in listing]
+        objects = [without_managed_fields(obj) async for obj in listing]
         previous = {object_key(o): o for o in self.store.values()}
         self.store.replace(objects)
         self.resource_version = str(listing.resourceVersion)
@@ -212,6 +212,7 @@ class Informer:
         self._contact()
         if event == "BOOKMARK" or obj is None:
             return
+        without_managed_fields(obj)
         if event == "DELETED":
             old = self.store.delete(object_key(obj))
             self._notify(old if old is not None else obj, None)
@@ -224,6 +225,20 @@ class Informer:
                 handler(old, new)
             except Exception:
                 log.exception("event handler failed", extra=fields(resource=self.name))
+
+
+def without_managed_fields(obj: Any) -> Any:
+    """``obj`` without ``metadata.managedFields`` (changed in place): which manager set
+    which field, kept by the API server for server-side apply. metalmend never reads them
+    (its writes carry their own intent), yet they were the larger part of a cached Node
+    and thousands of objects for the garbage collector to walk (docs/scale.md). A
+    generic resource (a dict) keeps its metadata as a dict; a typed one as ObjectMeta."""
+    metadata = obj.get("metadata") if isinstance(obj, dict) else getattr(obj, "metadata", None)
+    if isinstance(metadata, dict):
+        metadata.pop("managedFields", None)
+    elif metadata is not None:
+        metadata.managedFields = None
+    return obj
 
 
 def bookmark_version(line: str) -> str | None:
