@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import subprocess
 import sys
@@ -101,6 +102,21 @@ def lease_holder(kube: Client, namespace: str, within: float = 10) -> str | None
     return None
 
 
+def metrics_text(port: int) -> str:
+    return httpx.get(f"http://127.0.0.1:{port}/metrics").text
+
+
+def frozen_once_synced(port: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        text = metrics_text(port)
+        found = re.search(r"^metalmend_gc_freezes_total (\S+)$", text, re.MULTILINE)
+        if found and float(found.group(1)) >= 1:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_run_with_the_shipped_rbac_serves_health_leads_and_stops_on_sigterm(
     control_plane: ControlPlane, kube: Client
 ) -> None:
@@ -126,7 +142,11 @@ def test_run_with_the_shipped_rbac_serves_health_leads_and_stops_on_sigterm(
         assert ready is not None
         assert ready.text == "ok"
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").text == "ok"
-        assert "metalmend_leader" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert "metalmend_leader" in metrics
+        assert frozen_once_synced(port), "the caches are frozen once synced (metalmend.heap)"
+        # ... after a full collection, timed like every other
+        assert 'metalmend_gc_pause_seconds_count{generation="2"}' in metrics_text(port)
         assert lease_holder(kube, "metalmend-system")
     finally:
         process.send_signal(signal.SIGTERM)
