@@ -61,6 +61,7 @@ def version() -> None:
 # The lab's own default (lab.lab.DEFAULT_CONTROLLERS), written here too so that --help
 # does not load the lab; tests/unit/test_import_contract.py checks that they agree.
 LAB_CONTROLLERS = "node-link,host-power,machine-health-check,metal3-remediation,machine-remediation"
+LAB_PROVISION_DELAY = 2.0  # lab.provisioner.DEFAULT_DELAY, likewise
 
 
 @lab_app.command("up")
@@ -76,6 +77,10 @@ def lab_up(
     erase_seconds: Annotated[
         float, typer.Option(help="Seconds a drive's secure erase takes (Redfish hosts).", min=0)
     ] = 5.0,
+    provision_delay: Annotated[
+        float,
+        typer.Option(help="Seconds the lab's provisioner takes to write an image.", min=0),
+    ] = LAB_PROVISION_DELAY,
     controllers: Annotated[
         str, typer.Option(help="Controllers 'metalmend run' runs against the lab ('' for none).")
     ] = LAB_CONTROLLERS,
@@ -92,6 +97,7 @@ def lab_up(
         bmc=bmc,
         boot_delay=boot_delay,
         erase_seconds=erase_seconds,
+        provision_delay=provision_delay,
         controllers=controllers,
     )
     if detach:

@@ -203,6 +203,13 @@ def test_lab_up_offers_the_labs_own_default_controllers() -> None:
     assert cli.LAB_CONTROLLERS == lab.DEFAULT_CONTROLLERS
 
 
+def test_lab_up_offers_the_provisioners_own_default_delay() -> None:
+    from metalmend import cli
+    from metalmend.lab import provisioner
+
+    assert cli.LAB_PROVISION_DELAY == provisioner.DEFAULT_DELAY
+
+
 def _distribution(requirement: str) -> str:
     """The normalized distribution name of a requirement ("PyYAML>=6" -> "pyyaml")."""
     name = re.split(r"[\s<>=!~;\[(]", requirement.strip(), maxsplit=1)[0]

@@ -401,6 +401,7 @@ def up_detached(options: LabOptions, timeout: float = 600.0) -> LabState:
     argv += ["--hosts", str(options.hosts), "--bmc", options.bmc]
     argv += ["--boot-delay", f"{options.boot_delay:g}", "--controllers", options.controllers]
     argv += ["--erase-seconds", f"{options.erase_seconds:g}"]
+    argv += ["--provision-delay", f"{options.provision_delay:g}"]
     with log_path.open("wb") as log:
         child = subprocess.Popen(
             argv,
