@@ -148,11 +148,12 @@ async def test_ipmitool_reads_and_changes_the_power_of_a_lab_bmc(
 
 
 def alive(pid: int) -> bool:
-    """Running (a zombie waiting to be reaped counts as ended)."""
+    """Running (a zombie waiting to be reaped counts as ended). Reaped between the open and
+    the read, /proc answers the read with ESRCH (ProcessLookupError): ended too."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return False
 
 
