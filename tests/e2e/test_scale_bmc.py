@@ -115,7 +115,7 @@ async def test_an_idle_connection_is_closed_and_the_system_is_not_looked_up_agai
 async def test_hang_up_closes_the_connection_at_once_and_keeps_the_system(
     server: Server,
 ) -> None:
-    """After a routine poll the pool hangs up (bmc.pool.HANG_UP): the next call connects
+    """After a routine poll the pool hangs up (BmcPool._call): the next call connects
     again but does not look the system up again."""
     ports, ca, _ = server
     address = target(ports, 2).address

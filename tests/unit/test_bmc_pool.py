@@ -331,7 +331,7 @@ async def test_background_polls_leave_a_slot_to_calls_for_changes() -> None:
 
 
 async def test_a_background_poll_hangs_up_and_a_call_for_a_change_keeps_the_line() -> None:
-    """pool.HANG_UP: a routine poll's connection is closed at once (its objects die young);
+    """BmcPool._call: a routine poll's connection is closed at once (its objects die young);
     the calls of a change keep it for the calls that follow."""
     drivers = Drivers()
     pool = pool_with(drivers)

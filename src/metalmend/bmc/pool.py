@@ -54,17 +54,6 @@ BACKGROUND_RESERVE = 1
 of all: at 5,000 hosts in one namespace the polls alone filled every slot, and a reboot's
 call was turned away as busy again and again, for seconds (benchmarks/scale.py)."""
 
-HANG_UP = True
-"""After a background call (a routine poll) the driver closes its connection at once
-(``PowerDriver.hang_up``), instead of keeping it idle until the next call. The next poll
-is an interval away, far longer than any BMC keeps an idle connection, so it connects
-again either way; closed at once, the connection's objects die young, where the garbage
-collector's cheap young collections reclaim them. Kept idle for seconds, the connections
-of 250 polls a second outlived the young collections and piled up as reference cycles in
-the oldest generation, whose collection walks the whole heap: a 0.5 s pause every few
-seconds at 5,000 hosts (benchmarks/scale.py, docs/scale.md). Calls that carry out or
-watch a change keep the connection for the calls that follow."""
-
 MIN_RETRY_AFTER = 0.1
 DRIVER_IDLE = 600.0
 """A driver unused this long is closed: hosts come and go, and their connections must not
@@ -240,8 +229,15 @@ class BmcPool:
                     driver = await self._new_driver(target)
                     self._drivers[key] = driver
                 answer = await work(driver)
-            if background and HANG_UP:
-                driver.hang_up()  # see HANG_UP
+            if background:
+                # A routine poll: the next one is an interval away, longer than any BMC
+                # keeps an idle connection, so it connects again either way. Closed now,
+                # the connection's objects die young, where the garbage collector's cheap
+                # young collections reclaim them; kept idle for seconds, those of 250
+                # polls a second piled up as reference cycles in the oldest generation,
+                # whose collection walks the whole heap (docs/scale.md, fix 9). The calls
+                # of a change keep the connection for the calls that follow.
+                driver.hang_up()
             return answer
         except TimeoutError:
             await self._forget(key)

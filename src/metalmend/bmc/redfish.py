@@ -97,7 +97,7 @@ IDLE_CONNECTION = 5.0
 """Seconds a BMC connection stays open after a call: httpx's own keep-alive expiry, long
 enough for the calls of one reconcile and for a power change being watched land (polls
 0.1-1 s apart), shorter than the idle power poll (20 s), which connects again (after a
-routine poll the pool hangs up at once: bmc.pool.HANG_UP). httpx only drops an expired
+routine poll the pool hangs up at once: BmcPool._call). httpx only drops an expired
 connection when its client is used next, so without closing it here every driver kept a
 dead TLS connection (about 35 KiB) from one poll to the next: 170 MiB at 5,000 hosts
 (benchmarks/scale.py)."""
@@ -174,7 +174,7 @@ class RedfishDriver:
         await self._drop()
 
     def hang_up(self) -> None:
-        """Close the connection at once, not after IDLE_CONNECTION: see HANG_UP."""
+        """Close the connection at once, not after IDLE_CONNECTION (BmcPool._call says why)."""
         if self._calls == 0:
             self._close_connection()
 
