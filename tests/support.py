@@ -12,6 +12,20 @@ from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 
 
+def reconciles(controller: str) -> float:
+    """``controller``'s reconciles so far in this process, every outcome (its /metrics)."""
+    from prometheus_client import REGISTRY
+
+    return sum(
+        sample.value
+        for metric in REGISTRY.collect()
+        if metric.name == "metalmend_reconcile"
+        for sample in metric.samples
+        if sample.name == "metalmend_reconcile_total"
+        and sample.labels.get("controller") == controller
+    )
+
+
 async def until(check: Callable[[], bool | Awaitable[bool]], within: float = 30.0) -> None:
     """Wait until ``check()`` is true (it may be async); fail after ``within`` seconds."""
 

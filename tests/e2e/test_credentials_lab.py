@@ -13,7 +13,6 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Secret
 from lightkube.types import PatchType
-from prometheus_client import REGISTRY
 
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL
@@ -23,7 +22,7 @@ from metalmend.lab import lab
 from metalmend.lab.hosts import NAMESPACE
 from metalmend.settings import BmcSettings, PowerSettings, RuntimeSettings, Settings
 from tests.e2e.conftest import host
-from tests.support import until
+from tests.support import reconciles, until
 
 
 def secret_requests(running: lab.RunningLab) -> dict[str, float]:
@@ -37,17 +36,6 @@ def secret_requests(running: lab.RunningLab) -> dict[str, float]:
             verb = labels.split('verb="', 1)[1].split('"', 1)[0]
             counts[verb] = counts.get(verb, 0.0) + float(value)
     return counts
-
-
-def host_power_reconciles() -> float:
-    return sum(
-        sample.value
-        for metric in REGISTRY.collect()
-        if metric.name == "metalmend_reconcile"
-        for sample in metric.samples
-        if sample.name == "metalmend_reconcile_total"
-        and sample.labels.get("controller") == "host-power"
-    )
 
 
 @pytest.fixture
@@ -84,9 +72,9 @@ async def test_settled_hosts_cost_no_secret_reads(
         return True
 
     await until(settled, within=60)
-    before, reconciles = secret_requests(hosts_lab), host_power_reconciles()
+    before, counted = secret_requests(hosts_lab), reconciles("host-power")
     # Each host reads its BMC again every second: wait for five such rounds per host.
-    await until(lambda: host_power_reconciles() >= reconciles + 5 * len(names), within=60)
+    await until(lambda: reconciles("host-power") >= counted + 5 * len(names), within=60)
     after = secret_requests(hosts_lab)
     assert before.get("LIST", 0.0) > 0, "the cache's own list is counted: the count works"
     # Before the cache: one GET per reconcile (at least ten here).

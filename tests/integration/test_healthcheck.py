@@ -31,7 +31,7 @@ from metalmend.controllers.healthcheck import setup
 from metalmend.kube.crds import FIELD_MANAGER, install_crds, wait_established
 from metalmend.kube.manager import Manager
 from metalmend.settings import RuntimeSettings, Settings
-from tests.support import until
+from tests.support import reconciles, until
 
 TIMEOUT = 2  # seconds a KernelDeadlock=True must last
 
@@ -574,20 +574,6 @@ async def test_a_template_of_another_provider_is_watched_once_named(
     await until(lambda: _gone(remediation), within=10)
 
 
-def reconciles() -> float:
-    """machine-health-check's reconciles so far, every outcome (this process's /metrics)."""
-    from prometheus_client import REGISTRY
-
-    return sum(
-        sample.value
-        for metric in REGISTRY.collect()
-        if metric.name == "metalmend_reconcile"
-        for sample in metric.samples
-        if sample.name == "metalmend_reconcile_total"
-        and sample.labels.get("controller") == "machine-health-check"
-    )
-
-
 async def test_node_heartbeats_do_not_wake_the_check_but_a_condition_does(
     aclient: AsyncClient, namespace: str, pool: Pool, running: Manager
 ) -> None:
@@ -598,7 +584,7 @@ async def test_node_heartbeats_do_not_wake_the_check_but_a_condition_does(
     await asyncio.sleep(1)
     node: Any = await aclient.get(Node, f"{namespace}-m1")
     since = next(c.lastTransitionTime for c in node.status.conditions if c.type == "KernelDeadlock")
-    before = reconciles()
+    before = reconciles("machine-health-check")
     for _ in range(5):  # what a kubelet's heartbeat changes: lastHeartbeatTime only
         beat = {"type": "KernelDeadlock", "status": "False", "reason": "KernelHasNoDeadlock",
                 "lastHeartbeatTime": dt.datetime.now(dt.UTC).isoformat(),
@@ -606,6 +592,6 @@ async def test_node_heartbeats_do_not_wake_the_check_but_a_condition_does(
         await aclient.patch(Node.Status, f"{namespace}-m1", {"status": {"conditions": [beat]}})
         await asyncio.sleep(0.1)
     await asyncio.sleep(1)
-    assert reconciles() == before
+    assert reconciles("machine-health-check") == before
     await pool.health("m1", healthy=False)  # a condition that changed: evaluated, in time
     await until(lambda: _status_is(aclient, namespace, currentHealthy=0), 15)
