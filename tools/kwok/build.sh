@@ -17,11 +17,9 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
 
-if [ -n "${METALMEND_KWOK:-}" ]; then
-  [ -x "$METALMEND_KWOK" ] || { echo "metalmend: METALMEND_KWOK=$METALMEND_KWOK is not an executable" >&2; exit 1; }
-  echo "$METALMEND_KWOK"
-  exit 0
-fi
+# shellcheck source=../lib/gotool.sh
+source "$here/../lib/gotool.sh"
+gotool_override kwok "${METALMEND_KWOK:-}"
 
 cache="${METALMEND_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/metalmend}/kwok"
 dir="$cache/$KWOK_VERSION"
@@ -37,28 +35,9 @@ if complete; then
   exit 0
 fi
 
-grep -q "sigs.k8s.io/kwok $KWOK_VERSION\b" "$here/go.mod" || {
-  echo "metalmend: tools/kwok/go.mod does not pin sigs.k8s.io/kwok $KWOK_VERSION (versions.env)" >&2
-  exit 1
-}
-command -v go >/dev/null 2>&1 || {
-  echo "metalmend: cannot build kwok: 'go' is not on PATH (install Go >= 1.26, or set METALMEND_KWOK)" >&2
-  exit 1
-}
-
-# Into a temporary directory, then renamed into place: an interrupted build never leaves a
-# half-written binary that a later run would trust.
-mkdir -p "$cache"
-tmp="$(mktemp -d "$cache/.build.XXXXXX")"
-trap 'rm -rf "$tmp"' EXIT
-echo "metalmend: building kwok $KWOK_VERSION (first use only; takes a few minutes)" >&2
-ldflags="-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
-if ! (cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=mod nice -n 10 go build -trimpath \
-      -ldflags "$ldflags" -o "$tmp/kwok" sigs.k8s.io/kwok/cmd/kwok) >"$tmp/build.log" 2>&1; then
-  tail -n 20 "$tmp/build.log" >&2
-  echo "metalmend: 'go build' of kwok failed (log above)" >&2
-  exit 1
-fi
+gotool_build kwok "$here" sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok \
+  "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
+tmp="$gotool_tmp"
 module_dir="$(cd "$here" && GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
 mkdir -p "$tmp/stages"
 for stage in "${STAGES[@]}"; do cp "$module_dir/$stage" "$tmp/stages/"; done
