@@ -96,6 +96,7 @@ class Database:
         self._where = where
         self._outage: str | None = None  # why the database is unavailable, logged once
         self._outage_lock = threading.Lock()
+        self._outage_of_writes = False  # seen by a write: only a write ends it
         self._expected: str | None = None  # the store served (``expect``)
         self._replaced: str | None = None  # why it is not the one served any more
         self._next_check = 0.0
@@ -135,14 +136,14 @@ class Database:
     def begin(self) -> Iterator[Connection]:
         """A write transaction: committed when the block ends, rolled back if it raises.
         DatabaseUnavailable when the database cannot serve (``faults``)."""
-        with self._guarded(), self.engine.begin() as conn:
+        with self._guarded(writing=True), self.engine.begin() as conn:
             self._check_store(conn)
             yield conn
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
         """A read transaction (on SQLite: deferred, so it never waits for a writer)."""
-        with self._guarded(), self.engine.connect() as conn:
+        with self._guarded(writing=False), self.engine.connect() as conn:
             conn.execution_options(**{_READ_ONLY: True})
             with conn.begin():
                 self._check_store(conn)
@@ -182,22 +183,27 @@ class Database:
         raise StoreReplaced(self._replaced)
 
     @contextmanager
-    def _guarded(self) -> Iterator[None]:
+    def _guarded(self, writing: bool) -> Iterator[None]:
         try:
             yield
         except SQLAlchemyError as error:
             why = faults.fault_of(error)
             if why is None:
                 raise
-            self._down(why)
+            self._down(why, writing)
             raise DatabaseUnavailable() from None
         else:
-            self._up()
+            # A read that worked does not end an outage seen by a write (a read-only file
+            # is still read): only a write does.
+            if writing or not self._outage_of_writes:
+                self._up()
 
-    def _down(self, why: str) -> None:
+    def _down(self, why: str, writing: bool) -> None:
         with self._outage_lock:
             first = self._outage is None
             self._outage = why
+            if first:
+                self._outage_of_writes = writing
         if first:
             log.warning("the service's database is unavailable: %s", why)
         else:
