@@ -25,7 +25,7 @@ import pytest
 from lightkube import AsyncClient, Client, KubeConfig
 from sqlalchemy.engine import make_url
 
-from metalmend.db import Database
+from metalmend.db import Database, DatabaseUnavailable
 from metalmend.db.database import UNAVAILABLE
 from metalmend.lab.controlplane import ControlPlane
 from metalmend.policy.destroy import DestroySettings
@@ -254,3 +254,36 @@ async def test_every_route_answers_a_database_fault_with_one_clean_503_and_the_l
         assert not [line for line in loud if secret in line], secret
     back = said(caplog, "the service's database is available again")
     assert len(back) == (1 if fault.mends else 0)
+
+
+def test_the_sqlite_file_and_its_wal_files_are_readable_by_their_owner_only(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "serve.sqlite"
+    path.write_bytes(b"")
+    path.chmod(0o644)  # an older serve's file: made private when opened
+    database = Database.open(f"sqlite:///{path}")
+    try:
+        database.upgrade()
+        with database.read() as conn:  # a reader open: the WAL files exist
+            conn.exec_driver_sql("SELECT 1")
+            files = [path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))]
+            modes = {f.name: oct(f.stat().st_mode & 0o777) for f in files if f.exists()}
+    finally:
+        database.dispose()
+    assert set(modes) >= {"serve.sqlite", "serve.sqlite-wal", "serve.sqlite-shm"}, modes
+    assert set(modes.values()) == {"0o600"}, modes
+
+
+def test_a_sqlite_file_removed_under_serve_is_not_created_again_empty(tmp_path: Path) -> None:
+    path = tmp_path / "serve.sqlite"
+    database = Database.open(f"sqlite:///{path}")
+    try:
+        database.upgrade()
+        for suffix in ("", "-wal", "-shm"):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
+        with pytest.raises(DatabaseUnavailable), database.read() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    finally:
+        database.dispose()
+    assert not path.exists()

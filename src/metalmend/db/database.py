@@ -170,16 +170,20 @@ class Database:
         found = read_identity(conn)
         self._next_check = time.monotonic() + IDENTITY_CHECK_SECONDS
         if found is not None and found.id == self._expected:
+            if self._replaced is not None:
+                log.warning("the service's database holds store %s again", self._expected)
             self._replaced = None
             return
         held = f"store {found.id}" if found is not None else "no metalmend store"
+        first = self._replaced is None
         self._replaced = (
             f"the service's database now holds {held}, not store {self._expected} it"
             " served: it was replaced while metalmend serve ran; nothing is read or written"
             " until an operator restarts metalmend serve and confirms which store it serves"
             ' (docs/design-store.md, "When the store is replaced")'
         )
-        log.error("%s", self._replaced)
+        if first:
+            log.error("%s", self._replaced)
         raise StoreReplaced(self._replaced)
 
     @contextmanager
