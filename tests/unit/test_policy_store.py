@@ -15,22 +15,27 @@ WHERE = "ConfigMap metalmend-system/metalmend-serve-store"
 
 
 @pytest.mark.parametrize(
-    ("recorded", "current", "accepted", "verdict"),
+    ("recorded", "current", "accepted", "verdict", "loss_accepted"),
     [
-        (None, A, "", Verdict.RECORD),  # first start, or the record deleted by an operator
-        (None, B, A.id, Verdict.RECORD),
-        (A, A, "", Verdict.SERVE),  # restarted on the same store
-        (A, A, B.id, Verdict.SERVE),  # an acceptance left set accepts nothing else
-        (A, B, B.id, Verdict.RECORD),  # the operator confirmed this store
-        (A, B, "", Verdict.REFUSE),  # replaced: the records of A are not there
-        (A, B, A.id, Verdict.REFUSE),
-        (A, B, "b", Verdict.REFUSE),  # a prefix is not the store
+        (None, A, "", Verdict.RECORD, False),  # first start, or the record deleted
+        (None, B, A.id, Verdict.RECORD, False),
+        (A, A, "", Verdict.SERVE, False),  # restarted on the same store
+        (A, A, B.id, Verdict.SERVE, False),  # an acceptance left set accepts nothing else
+        (A, B, B.id, Verdict.RECORD, False),  # the operator confirmed this store
+        (A, B, "", Verdict.REFUSE, False),  # replaced: the records of A are not there
+        (A, B, A.id, Verdict.REFUSE, False),
+        (A, B, "b", Verdict.REFUSE, False),  # a prefix is not the store
+        (A, B, "", Verdict.RECORD, True),  # an emptyDir, its loss accepted: warned
+        (A, A, "", Verdict.SERVE, True),
     ],
 )
 def test_a_store_is_served_only_when_recorded_or_accepted_by_its_id(
-    recorded: StoreId | None, current: StoreId, accepted: str, verdict: Verdict
-) -> None:
-    assert decide_store(recorded, current, accepted, WHERE).verdict is verdict
+    recorded: StoreId | None, current: StoreId, accepted: str, verdict: Verdict,
+    loss_accepted: bool,
+) -> None:  # fmt: skip
+    decision = decide_store(recorded, current, accepted, WHERE, loss_accepted)
+    assert decision.verdict is verdict
+    assert decision.warn is (loss_accepted and recorded is not None and recorded != current)
 
 
 def test_a_refusal_names_both_stores_where_the_record_is_and_how_to_confirm() -> None:

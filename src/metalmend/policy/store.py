@@ -10,6 +10,7 @@ serve's namespace, ``metalmend.serve.storeguard``), which outlives the database.
 | nothing (first start, or the record deleted by an operator) | any store | records it, serves |
 | store A | store A (restarted, another replica, a backup of A restored) | serves |
 | store A | store B, and ``serve.accept_store`` is B | records B, serves |
+| store A | store B, and ``serve.store_loss_accepted`` (an emptyDir) | records B, serves, warns |
 | store A | store B otherwise | refuses to start, saying both and how to confirm |
 
 Store B behind serve's URL means the records of A (design revisions and their
@@ -48,13 +49,19 @@ class Verdict(StrEnum):
 class StoreDecision:
     verdict: Verdict
     message: str  # what the log (serve, record) or the refusal says
+    warn: bool = False  # records were lost: said at warning level
 
 
 def decide_store(
-    recorded: StoreId | None, current: StoreId, accepted: str, where: str
+    recorded: StoreId | None,
+    current: StoreId,
+    accepted: str,
+    where: str,
+    loss_accepted: bool = False,
 ) -> StoreDecision:
     """``recorded``: what the cluster remembers (``where`` names it); ``current``: what
-    the database holds; ``accepted``: ``serve.accept_store`` ("" unset)."""
+    the database holds; ``accepted``: ``serve.accept_store`` ("" unset);
+    ``loss_accepted``: ``serve.store_loss_accepted``."""
     if recorded is None:
         return StoreDecision(
             Verdict.RECORD, f"serving {current.describe()}; recorded in {where} (none was)"
@@ -66,6 +73,13 @@ def decide_store(
             Verdict.RECORD,
             f"serving {current.describe()} in place of {recorded.describe()}, as"
             f" serve.accept_store says; recorded in {where}",
+        )
+    if loss_accepted:
+        return StoreDecision(
+            Verdict.RECORD,
+            f"serving {current.describe()} in place of {recorded.describe()}: the records of"
+            f" the latter are lost (serve.store_loss_accepted); recorded in {where}",
+            warn=True,
         )
     return StoreDecision(
         Verdict.REFUSE,

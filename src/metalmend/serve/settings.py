@@ -60,6 +60,12 @@ class ServeSettings:
     refusal to start). Empty by default: a replaced store is never served silently. It
     names one store, so left set it accepts no later replacement."""
 
+    store_loss_accepted: bool = False
+    """The store is known to be lost at every restart (SQLite on an emptyDir: the chart's
+    ``serve.database.acceptDataLoss``, a test install): each new store is recorded without
+    asking, with a warning. Off by default: losing the records of destroys and site
+    actions is never silent."""
+
 
 class ServeSettingsError(ValueError):
     """Settings ``metalmend serve`` cannot start with; the message says which and why."""

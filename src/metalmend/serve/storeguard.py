@@ -88,7 +88,10 @@ async def guard(
     current = await asyncio.to_thread(_current, database)
     for _ in range(ATTEMPTS):
         found = await _read(client, namespace, where)
-        decision = decide_store(_recorded(found, where), current, settings.accept_store, where)
+        decision = decide_store(
+            _recorded(found, where), current, settings.accept_store, where,
+            settings.store_loss_accepted,
+        )  # fmt: skip
         if decision.verdict is Verdict.REFUSE:
             raise StoreRefused(decision.message)
         if decision.verdict is Verdict.RECORD and not await _write(
@@ -96,7 +99,7 @@ async def guard(
         ):
             continue  # another replica wrote it meanwhile: decide again
         database.expect(current.id)
-        log.info("%s", decision.message)
+        log.log(logging.WARNING if decision.warn else logging.INFO, "%s", decision.message)
         return current
     raise StoreRefused(f"{where} keeps changing under metalmend serve: try again")
 
