@@ -110,9 +110,9 @@ def test_serve_without_persistent_storage_is_refused_unless_the_loss_is_accepted
     (data,) = [v for v in pod["volumes"] if v["name"] == "data"]
     assert data == {"name": "data", "emptyDir": {}}
     # each restart's empty store recorded without asking: told to serve, not hidden
-    assert {"name": "METALMEND_SERVE_STORE_LOSS_ACCEPTED", "value": "true"} in pod[
-        "containers"
-    ][0]["env"]
+    assert {"name": "METALMEND_SERVE_STORE_LOSS_ACCEPTED", "value": "true"} in pod["containers"][0][
+        "env"
+    ]
 
 
 @pytest.mark.parametrize(
