@@ -131,14 +131,22 @@ class ThrowawayPostgres:
             "--locale=C", "--no-sync",
         ])  # fmt: skip
         secret.unlink()
+        self.resume()
+
+    def resume(self) -> None:
+        """Start the server (again, after ``pause``), on the same port and data."""
         options = [
             "-c listen_addresses=127.0.0.1", f"-p {self.port}", "-c unix_socket_directories=''",
             "-c max_connections=200", *(() if self.durable else FAST),
         ]  # fmt: skip
         self._run([
-            str(bin_dir / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "server.log"),
+            str(binaries() / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "server.log"),
             "-o", " ".join(options), "-w", "-t", "60", "start",
         ])  # fmt: skip
+
+    def pause(self) -> None:
+        """Stop the server, keeping its data (a database outage; ``resume`` ends it)."""
+        self._run([str(binaries() / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"])
 
     def stop(self) -> None:
         with contextlib.suppress(PostgresUnavailable, FileNotFoundError):

@@ -389,6 +389,7 @@ SERVE_FLAGS: dict[str, tuple[str, str]] = {
     "tls_key": ("serve", "tls_key"),
     "database_url": ("serve", "database_url"),
     "site_namespaces": ("serve", "site_namespaces"),
+    "accept_store": ("serve", "accept_store"),
     "log_level": ("runtime", "log_level"),
 }
 
@@ -423,6 +424,13 @@ def serve_command(
             " may write (docs/site-actions.md); empty: none."
         ),
     ] = ",".join(DEFAULTS.serve.site_namespaces),
+    accept_store: Annotated[
+        str,
+        typer.Option(
+            help="Serve the database's store although another one was recorded: its id,"
+            " as the refusal to start prints it (docs/design-store.md)."
+        ),
+    ] = DEFAULTS.serve.accept_store,
     log_level: Annotated[
         settings_.LogLevel, typer.Option(case_sensitive=False, help="How much to log.")
     ] = DEFAULTS.runtime.log_level,

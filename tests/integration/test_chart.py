@@ -27,7 +27,9 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "chart"
 NAMESPACE = "metalmend-system"
 HOST_NAMESPACES = ("metal3", "edge")
-VALUES = ["--set", f"run.secretNamespaces={{{','.join(HOST_NAMESPACES)}}}"]
+HOSTS = ["--set", f"run.secretNamespaces={{{','.join(HOST_NAMESPACES)}}}"]
+# serve's SQLite on a claim the chart creates (an emptyDir is refused: below)
+VALUES = [*HOSTS, "--set", "serve.database.persistentVolumeClaim.create=true"]
 KUBE_VERSION = "1.36.3"
 
 
@@ -81,7 +83,7 @@ def test_chart_lints_strictly(helm: Path) -> None:
 
 
 def test_chart_without_host_namespaces_says_what_to_set(helm: Path) -> None:
-    result = render(helm)
+    result = render(helm, "--set", "serve.database.acceptDataLoss=true")
     assert result.returncode == 1
     assert "run.secretNamespaces: name the namespaces holding BareMetalHosts" in result.stderr
 
@@ -90,6 +92,51 @@ def test_more_serve_replicas_without_postgresql_are_refused(helm: Path) -> None:
     result = render(helm, *VALUES, "--set", "serve.replicas=2")
     assert result.returncode == 1
     assert "serve.replicas > 1 needs serve.database.urlSecret" in result.stderr
+
+
+def test_serve_without_persistent_storage_is_refused_unless_the_loss_is_accepted(
+    helm: Path,
+) -> None:
+    refused = render(helm, *HOSTS)
+    assert refused.returncode == 1
+    assert "serve.database: SQLite on an emptyDir loses every design revision" in refused.stderr
+    assert "serve.database.acceptDataLoss=true" in refused.stderr
+
+    accepted = render(helm, *HOSTS, "--set", "serve.database.acceptDataLoss=true")
+    assert accepted.returncode == 0, accepted.stderr
+    docs = by_kind_and_name(objects(accepted.stdout))
+    assert ("PersistentVolumeClaim", "metalmend-serve-data") not in docs
+    pod = docs[("Deployment", "metalmend-serve")]["spec"]["template"]["spec"]
+    (data,) = [v for v in pod["volumes"] if v["name"] == "data"]
+    assert data == {"name": "data", "emptyDir": {}}
+    # each restart's empty store recorded without asking: told to serve, not hidden
+    assert {"name": "METALMEND_SERVE_STORE_LOSS_ACCEPTED", "value": "true"} in pod["containers"][0][
+        "env"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("values", "claim"),
+    [
+        (["--set", "serve.database.persistentVolumeClaim.create=true"], "metalmend-serve-data"),
+        (["--set", "serve.database.sqliteClaim=site-serve"], "site-serve"),
+    ],
+)
+def test_serve_keeps_its_sqlite_file_on_a_persistent_volume_claim(
+    helm: Path, values: list[str], claim: str
+) -> None:
+    result = render(helm, *HOSTS, *values)
+    assert result.returncode == 0, result.stderr
+    docs = by_kind_and_name(objects(result.stdout))
+    pod = docs[("Deployment", "metalmend-serve")]["spec"]["template"]["spec"]
+    (data,) = [v for v in pod["volumes"] if v["name"] == "data"]
+    assert data == {"name": "data", "persistentVolumeClaim": {"claimName": claim}}
+    assert "env" not in pod["containers"][0]
+    created = docs.get(("PersistentVolumeClaim", "metalmend-serve-data"))
+    assert (created is not None) == (claim == "metalmend-serve-data")
+    if created is not None:
+        assert created["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert created["spec"]["resources"]["requests"]["storage"] == "1Gi"
 
 
 def test_chart_grants_what_deploy_rbac_grants_and_nothing_more(

@@ -418,6 +418,41 @@ async def test_a_node_already_being_destroyed_is_refused_a_second_task(
     assert document["message"] == f"Node {node} is being destroyed by task {first['task_id']}"
 
 
+async def test_concurrent_requests_to_destroy_one_node_through_two_replicas_store_one_task(
+    serve_kubeconfig: Path, database_url: str, aclient: AsyncClient, kube: Client,
+    namespace: str, admin: str,
+) -> None:  # fmt: skip
+    """Six POSTs for one node sent together, through two replicas with their own
+    connections to one database: one 201, five 409 naming its task (the check and the
+    claim are one transaction: TaskStore.create), and one task stored."""
+    bmc = Bmc(polls=1000)  # its erases never finish in this test
+    host_power = asyncio.create_task(play_host_power(aclient, namespace))
+    node = add_host(kube, namespace, "h9", bmc)
+    one_db, two_db = Database.open(database_url), Database.open(database_url)
+    one_db.upgrade()
+    try:
+        async with (
+            service(serve_kubeconfig, one_db, bmc) as one,
+            service(serve_kubeconfig, two_db, bmc) as two,
+        ):
+            answers = await asyncio.gather(*(
+                replica.http.post(TASKS, json=destroy([node]), headers=bearer(admin))
+                for replica in (one, two, one, two, one, two)
+            ))  # fmt: skip
+            listed = (await one.http.get(TASKS, headers=bearer(admin))).json()
+    finally:
+        host_power.cancel()
+        one_db.dispose()
+        two_db.dispose()
+    codes = sorted(a.status_code for a in answers)
+    assert codes == [201, 409, 409, 409, 409, 409], [a.text for a in answers]
+    task_id = next(a.json()["task_id"] for a in answers if a.status_code == 201)
+    for refused in (a for a in answers if a.status_code == 409):
+        document = status_of(refused, 409, "Conflict")
+        assert document["message"] == f"Node {node} is being destroyed by task {task_id}"
+    assert [t["task_id"] for t in listed] == [task_id]
+
+
 async def test_two_replicas_on_one_database_run_a_task_once(
     serve_kubeconfig: Path, database: Database, aclient: AsyncClient, kube: Client,
     namespace: str, admin: str,

@@ -28,6 +28,7 @@ from metalmend.clock import SYSTEM_CLOCK
 from metalmend.db import Database
 from metalmend.design.documents import parse
 from metalmend.design.store import DesignStore
+from metalmend.drydock.model import Task
 from metalmend.drydock.store import TaskStore
 from metalmend.kube.events import EventRecorder
 from metalmend.policy.destroy import NodeState, Outcome, Step, TaskStatus
@@ -356,3 +357,33 @@ async def test_decommission_and_remove_from_cluster_killed_at_their_saves_finish
 
     ctx = StepContext(action, "remove_from_cluster", {}, ignore, ignore, services)
     assert "removed" in await redeploy.STEPS["remove_from_cluster"](ctx)
+
+
+async def test_destroy_fails_naming_the_drydock_task_that_took_a_target_node_since_preflight(
+    site: Site,
+) -> None:
+    # A Drydock task for the node stored between preflight and this step: the claim in
+    # the task store lets one destroy of the node run, never two.
+    now = dt.datetime.now(dt.UTC)
+    other = Task(
+        task_id="5c0f0000-0000-4000-8000-0000000000aa", action="destroy_nodes",
+        design_ref="deckhand+https://deckhand/api/v1.0/revisions/1/rendered-documents",
+        node_filter=None, preserve_local_storage=False, status=TaskStatus.REQUESTED,
+        created=now, created_by="alice", updated=now, context_marker=None,
+        nodes={site.name: NodeState()},
+    )  # fmt: skip
+    site.tasks.create(other)
+    action = Action("01JREDEPLOYRACE000000000", {"target_nodes": [site.name]}, site.revision)
+    saved: list[Mapping[str, Any]] = []
+
+    async def save(new: Mapping[str, Any]) -> None:
+        saved.append(new)
+
+    async def note(text: str) -> None:
+        del text
+
+    ctx = StepContext(action, "destroy", {}, save, note, site.services)
+    expected = f"Node {site.name} is being destroyed by Drydock task {other.task_id}"
+    with pytest.raises(StepFailed, match=expected):
+        await redeploy.STEPS["destroy"](ctx)
+    assert [t.task_id for t in site.tasks.newest()] == [other.task_id]

@@ -93,7 +93,11 @@ def test_serve_refuses_settings_that_would_expose_tokens_or_cannot_work(
     assert len(stderr.strip().splitlines()) == 1, stderr
 
 
-def test_serve_on_a_port_already_taken_says_so_in_one_line(control_plane: ControlPlane) -> None:
+def test_serve_on_a_port_already_taken_says_so_in_one_line(
+    control_plane: ControlPlane, kube: Client
+) -> None:
+    for obj in codecs.load_all_yaml(SERVE_RBAC.read_text()):  # its namespace: the store's record
+        kube.apply(obj, force=True)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -9,6 +9,21 @@ who run more than one replica (docs/design-store.md). Code uses SQLAlchemy Core 
 
 from __future__ import annotations
 
-from metalmend.db.database import Database, DatabaseError, metadata
+from metalmend.db.database import (
+    Database,
+    DatabaseError,
+    DatabaseUnavailable,
+    StoreReplaced,
+    metadata,
+)
+from metalmend.db.identity import Identity, read_identity
 
-__all__ = ["Database", "DatabaseError", "metadata"]
+__all__ = [
+    "Database",
+    "DatabaseError",
+    "DatabaseUnavailable",
+    "Identity",
+    "StoreReplaced",
+    "metadata",
+    "read_identity",
+]

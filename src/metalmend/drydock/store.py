@@ -6,6 +6,12 @@ Shipyard's actions): a replica that died stops renewing it and another takes the
 over, continuing from the nodes' stored records. Every write of a node's record is
 conditional on still holding the lease.
 
+One task per node at a time: ``create`` claims each node (a row of ``node_claims``, keyed
+by the node) in the transaction that stores the task, and refuses with ``NodesBusy``,
+storing nothing, when another task holds one. The claim goes when the node's record is
+finished (``save_node``) or its task complete; a task whose replica died keeps its claims
+while another replica takes it over (its lease), as it must: it is still destroying them.
+
 Synchronous (SQLAlchemy Core); async code calls it through ``asyncio.to_thread``.
 """
 
@@ -15,17 +21,34 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, select, update
+from sqlalchemy import Connection, and_, delete, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 
 from metalmend.db import Database
 from metalmend.db.lease import Leases
 from metalmend.db.lease import aware as _aware
 from metalmend.db.lease import naive as _naive
 from metalmend.drydock.model import Task
-from metalmend.drydock.tables import task_nodes, tasks
+from metalmend.drydock.tables import node_claims, task_nodes, tasks
 from metalmend.policy.destroy import NodeState, TaskStatus
 
 LIST_LIMIT = 1000  # GET /tasks: the newest this many
+
+
+class NodesBusy(Exception):
+    """Nodes another task is destroying: node -> that task. Nothing was stored."""
+
+    def __init__(self, busy: Mapping[str, str]) -> None:
+        self.busy = dict(sorted(busy.items()))
+        super().__init__(self.message)
+
+    @property
+    def lines(self) -> list[str]:
+        return [f"Node {n} is being destroyed by task {t}" for n, t in self.busy.items()]
+
+    @property
+    def message(self) -> str:
+        return "; ".join(self.lines)
 
 
 class TaskStore:
@@ -33,6 +56,8 @@ class TaskStore:
         self.db = db
 
     def create(self, task: Task) -> None:
+        """Store the task and claim its nodes, in one transaction; NodesBusy (nothing
+        stored) when another task holds one of them."""
         with self.db.begin() as conn:
             conn.execute(
                 tasks.insert().values(
@@ -58,6 +83,27 @@ class TaskStore:
                         updated=_naive(task.created),
                     )
                 )
+            self._claim(conn, task.task_id, list(task.nodes))
+
+    def _claim(self, conn: Connection, task_id: str, nodes: Sequence[str]) -> None:
+        """Each node's claim row, or none: a node held by another task is not inserted (ON
+        CONFLICT DO NOTHING: on PostgreSQL a concurrent claim of the node waits for the
+        other transaction and then finds its row; SQLite's writers are serialized), and
+        NodesBusy rolls the whole transaction back."""
+        dialect = postgresql if self.db.dialect == "postgresql" else sqlite
+        taken: list[str] = []
+        for node in nodes:
+            insert = dialect.insert(node_claims).values(node=node, task_id=task_id)
+            claimed = insert.on_conflict_do_nothing().returning(node_claims.c.node)
+            if conn.execute(claimed).first() is None:
+                taken.append(node)
+        if taken:
+            query = select(node_claims.c.node, node_claims.c.task_id).where(
+                node_claims.c.node.in_(taken)
+            )
+            holders = {str(n): str(t) for n, t in conn.execute(query)}
+            # a holder that let go meanwhile: still refused, this once (ask again)
+            raise NodesBusy({n: holders.get(n, "(another, just finished)") for n in taken})
 
     def get(self, task_id: str) -> Task | None:
         with self.db.read() as conn:
@@ -74,11 +120,10 @@ class TaskStore:
         return [_task(r, nodes.get(str(r["task_id"]), {})) for r in rows]
 
     def busy(self, nodes: Sequence[str]) -> dict[str, str]:
-        """Of ``nodes``, those a task not complete is destroying: node -> its task."""
-        query = (
-            select(task_nodes.c.node, tasks.c.task_id)
-            .join(tasks, tasks.c.task_id == task_nodes.c.task_id)
-            .where(and_(tasks.c.status != str(TaskStatus.COMPLETE), task_nodes.c.node.in_(nodes)))
+        """Of ``nodes``, those a task is destroying (claimed): node -> its task. A look
+        before the other checks of a request; ``create`` decides, race-free."""
+        query = select(node_claims.c.node, node_claims.c.task_id).where(
+            node_claims.c.node.in_(nodes)
         )
         with self.db.read() as conn:
             return {str(node): str(task_id) for node, task_id in conn.execute(query)}
@@ -104,9 +149,14 @@ class TaskStore:
 
     def set_status(self, task_id: str, owner: str, status: TaskStatus, now: dt.datetime) -> bool:
         values: dict[str, Any] = {"status": str(status), "updated": _naive(now)}
-        if status is TaskStatus.COMPLETE:
-            values |= {"lease_owner": None, "lease_expires": None}
-        return self.leases.update(self.leases.held(task_id, owner), values)
+        if status is not TaskStatus.COMPLETE:
+            return self.leases.update(self.leases.held(task_id, owner), values)
+        values |= {"lease_owner": None, "lease_expires": None}
+        with self.db.begin() as conn:
+            if not self.leases.update_in(conn, self.leases.held(task_id, owner), values):
+                return False
+            conn.execute(delete(node_claims).where(node_claims.c.task_id == task_id))
+            return True
 
     def save_node(
         self, task_id: str, owner: str, node: str, state: NodeState, now: dt.datetime
@@ -121,6 +171,12 @@ class TaskStore:
                 .where(and_(task_nodes.c.task_id == task_id, task_nodes.c.node == node))
                 .values(state=state.to_wire(), updated=_naive(now))
             )
+            if state.finished:  # destroyed or failed: another task may take the node now
+                conn.execute(
+                    delete(node_claims).where(
+                        and_(node_claims.c.node == node, node_claims.c.task_id == task_id)
+                    )
+                )
             return True
 
 

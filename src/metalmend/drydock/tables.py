@@ -1,9 +1,12 @@
 """The task store's tables (declared on ``metalmend.db.metadata``; migration ``0002_tasks``).
 
-One row per task, one per (task, node). A node's progress is its ``NodeState`` as JSON
-(``policy.destroy`` owns that format); the task row carries the lease that makes one
-replica, and only one, run it (``store.TaskStore``). Times are stored as naive UTC
-(SQLite keeps no time zone), and compared in SQL only with each other.
+One row per task, one per (task, node), one per node being destroyed (``node_claims``,
+migration ``0004_records``: its primary key is the node, so the database itself refuses a
+second task of a node, whatever the number of requests or replicas racing). A node's
+progress is its ``NodeState`` as JSON (``policy.destroy`` owns that format); the task row
+carries the lease that makes one replica, and only one, run it (``store.TaskStore``).
+Times are stored as naive UTC (SQLite keeps no time zone), and compared in SQL only with
+each other.
 """
 
 from __future__ import annotations
@@ -55,3 +58,18 @@ task_nodes = Table(
     Column("state", JSON, nullable=False),
     Column("updated", DateTime, nullable=False),
 )
+
+# A node is being destroyed from the moment a task naming it is stored (in the same
+# transaction) until that node's record is finished, or its task complete.
+node_claims = Table(
+    "drydock_node_claims",
+    metadata,
+    Column("node", String(253), primary_key=True),
+    Column(
+        "task_id",
+        String(36),
+        ForeignKey("drydock_tasks.task_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+)
+Index("ix_drydock_node_claims_task_id", node_claims.c.task_id)

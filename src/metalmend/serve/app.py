@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 
 from metalmend import __version__
 from metalmend.clock import SYSTEM_CLOCK
-from metalmend.db import Database
+from metalmend.db import Database, DatabaseUnavailable
 from metalmend.design.store import DesignStore
 from metalmend.drydock.destroy import DrivePool
 from metalmend.kube import errors
@@ -135,6 +135,13 @@ def create_app(
         else:
             text = str(error.detail)
         return response(error.status_code, reason_for(error.status_code), text, [])
+
+    @app.exception_handler(DatabaseUnavailable)
+    async def database_unavailable(request: Request, error: DatabaseUnavailable) -> JSONResponse:
+        # Every route's: one line for the caller, without the database's host, name, user
+        # or path; the cause is logged once per outage by metalmend.db, not per request.
+        text = error.message
+        return response(503, "ServiceUnavailable", text, [Message(text, True)])
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:

@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request, Response
-from sqlalchemy.exc import InterfaceError, OperationalError
 
 from metalmend.db import Database
 from metalmend.design import documents, rules
@@ -59,7 +58,8 @@ def database_of(request: Request) -> Database:
 
 
 async def run(request: Request, call: Callable[[DesignStore], T]) -> T:
-    """``call`` on the store in a worker thread; its refusals as Status bodies."""
+    """``call`` on the store in a worker thread; its refusals as Status bodies (the
+    database unavailable: the application's one handler, a 503)."""
     database = database_of(request)
     try:
         return await asyncio.to_thread(call, DesignStore(database))
@@ -67,12 +67,6 @@ async def run(request: Request, call: Callable[[DesignStore], T]) -> T:
         raise StatusError(
             error.code, error.reason, error.message, errors(*error.problems)
         ) from None
-    except (OperationalError, InterfaceError) as error:
-        # Down, unreachable, or locked past the busy timeout: worth retrying, so 503.
-        cause = str(getattr(error, "orig", error)).strip().splitlines()
-        log.warning("database unavailable: %s: %s", database.where, cause[0] if cause else "")
-        text = f"the database ({database.where}) is unavailable; try again"
-        raise StatusError(503, "ServiceUnavailable", text, errors(text)) from None
 
 
 def rejected(error: DocumentsRejected, what: str) -> StatusError:

@@ -10,7 +10,9 @@ Checks, in order: the token (401); the permission to create tasks (403); the req
 (400: a field, the node filter); the permission to destroy each node (403, naming it);
 no other task is destroying a node (409); each Node exists (404); no remediation holds a
 node's host (409, as every teardown step: docs/teardown.md, "Teardown and remediation").
-Then the task is stored: nothing is changed in the cluster before the answer.
+Then the task is stored, claiming its nodes in the same transaction (``TaskStore.create``:
+of requests racing for one node, the database lets one through, the others get the 409):
+nothing is changed in the cluster before the answer.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from metalmend.db import Database
 from metalmend.drydock import model
 from metalmend.drydock.destroy import DestroyNode, DrivePool
 from metalmend.drydock.model import Task
-from metalmend.drydock.store import TaskStore
+from metalmend.drydock.store import NodesBusy, TaskStore
 from metalmend.kube.events import EventRecorder
 from metalmend.log import fields
 from metalmend.policy import interlock as claims
@@ -143,8 +145,7 @@ async def create_task(request: Request, credentials: auth.Credentials) -> JSONRe
     by = caller_of(request)
     busy = await asyncio.to_thread(served.store.busy, wanted.nodes)
     if busy:  # one destroy per node at a time: two would race on its host
-        lines = [f"Node {n} is being destroyed by task {t}" for n, t in sorted(busy.items())]
-        raise StatusError(409, "Conflict", "; ".join(lines), error_lines(*lines))
+        raise _conflict(NodesBusy(busy))
     await _refuse_held(served, wanted.nodes, by)
     now = served.clock.now()
     task = Task(
@@ -153,7 +154,10 @@ async def create_task(request: Request, credentials: auth.Credentials) -> JSONRe
         status=TaskStatus.REQUESTED, created=now, created_by=by, updated=now,
         context_marker=context.of(request.scope), nodes={n: NodeState() for n in wanted.nodes},
     )  # fmt: skip
-    await asyncio.to_thread(served.store.create, task)
+    try:
+        await asyncio.to_thread(served.store.create, task)
+    except NodesBusy as raced:  # claimed by a request that raced this one
+        raise _conflict(raced) from None
     served.worker.wake()
     log.info(
         "drydock: task created",
@@ -162,6 +166,10 @@ async def create_task(request: Request, credentials: auth.Credentials) -> JSONRe
     )  # fmt: skip
     location = f"{PREFIX}/tasks/{task.task_id}"
     return JSONResponse(task.to_wire(), status_code=201, headers={"Location": location})
+
+
+def _conflict(busy: NodesBusy) -> StatusError:
+    return StatusError(409, "Conflict", busy.message, error_lines(*busy.lines))
 
 
 async def _refuse_held(served: Drydock, nodes: tuple[str, ...], by: str) -> None:

@@ -9,6 +9,11 @@ lease too); a replica killed mid-job leaves its lease to expire, and the next on
 (itself, restarted, or another) takes the job and continues from what the job stored.
 What a job does is the caller's ``run(job_id)``; it raises ``LeaseLost`` when a
 conditional write finds the lease gone.
+
+The database unavailable (``DatabaseUnavailable``: said once per outage by
+``metalmend.db``, never a traceback here): the scan backs off (doubling up to
+``MAX_BACKOFF_SECONDS``), a job that could not write stops quietly and is taken again, by
+its own lease, once the database answers.
 """
 
 from __future__ import annotations
@@ -23,12 +28,15 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
+from metalmend.db import DatabaseUnavailable
 from metalmend.db.lease import LeaseLost, Leases
 from metalmend.log import fields
 
 log = logging.getLogger(__name__)
 
 __all__ = ["LeaseLost", "LeasedWorker", "replica_name"]
+
+MAX_BACKOFF_SECONDS = 30.0  # the longest wait between looks while the database is away
 
 
 def replica_name() -> str:
@@ -78,13 +86,17 @@ class LeasedWorker:
         self._loop = None
 
     async def _scan_forever(self) -> None:
+        wait = self.scan_seconds
         while True:
             try:
                 await self.scan()
-            except Exception:  # the database away for a moment: look again later
+                wait = self.scan_seconds
+            except DatabaseUnavailable:  # said once by metalmend.db: look again later
+                wait = min(wait * 2, max(MAX_BACKOFF_SECONDS, self.scan_seconds))
+            except Exception:
                 log.exception("%s: cannot look for work", self.kind)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.scan_seconds):
+                async with asyncio.timeout(wait):
                     await self._wake.wait()
             self._wake.clear()
 
@@ -104,6 +116,8 @@ class LeasedWorker:
             await self.run(job)
         except (LeaseLost, asyncio.CancelledError):
             log.info(f"{self.kind}: left to another replica", extra=fields(job=job))
+        except DatabaseUnavailable:
+            log.debug(f"{self.kind}: paused until the database answers", extra=fields(job=job))
         except Exception:
             log.exception("%s: %s stopped; its lease expires and it is taken again", self.kind, job)
         finally:
@@ -116,7 +130,9 @@ class LeasedWorker:
             until = self.clock.now() + dt.timedelta(seconds=self.lease_seconds)
             try:
                 held = await asyncio.to_thread(self.leases.renew, job, self.owner, until)
-            except Exception:  # the database away: keep going until the lease runs out
+            except DatabaseUnavailable:  # said once: keep going until the lease runs out
+                continue
+            except Exception:
                 log.exception("%s: cannot renew the lease of %s", self.kind, job)
                 continue
             if not held and run is not None:

@@ -13,6 +13,7 @@ from metalmend.db import Database
 from metalmend.kube.client import async_client, load_config, whoami
 from metalmend.serve.app import create_app
 from metalmend.serve.settings import check
+from metalmend.serve.storeguard import guard
 from metalmend.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -20,7 +21,8 @@ log = logging.getLogger(__name__)
 
 async def serve(settings: Settings) -> None:
     """Serve until interrupted. Raises ServeSettingsError, ClusterUnavailable, OSError
-    (the port is taken), DatabaseError before serving anything."""
+    (the port is taken), DatabaseError (StoreRefused: the database holds another store
+    than the one recorded in the cluster) before serving anything."""
     check(settings.serve)
     database = await asyncio.to_thread(open_database, settings.serve.database_url)
     config = load_config(settings.runtime.kubeconfig)
@@ -32,6 +34,7 @@ async def serve(settings: Settings) -> None:
         current = config.get()
         identity = await whoami(client, current.cluster.server if current else "?")
         log.info("serving as %s", identity.username)
+        await guard(client, database, options, identity.username)  # the store it served
         server = uvicorn.Server(
             uvicorn.Config(
                 create_app(

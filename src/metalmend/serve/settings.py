@@ -46,6 +46,26 @@ class ServeSettings:
     write (docs/site-actions.md). Empty by default: a site action applies no namespaced
     object until the operator names them (comma-separated in the environment)."""
 
+    # ---- the store's identity (docs/design-store.md, "When the store is replaced") ----
+
+    store_namespace: str = ""
+    """The namespace of the ConfigMap ``metalmend-serve-store``, where serve records which
+    store (design revisions, tasks, actions) it serves, so that a database replaced under
+    it (a SQLite file lost with its volume) is noticed at the next start. Empty: the
+    namespace of serve's own ServiceAccount (the chart's release namespace), else
+    ``metalmend-system``; deploy/rbac/serve.yaml grants that ConfigMap there."""
+
+    accept_store: str = ""
+    """The id of a store serve may serve in place of the one it recorded (printed by the
+    refusal to start). Empty by default: a replaced store is never served silently. It
+    names one store, so left set it accepts no later replacement."""
+
+    store_loss_accepted: bool = False
+    """The store is known to be lost at every restart (SQLite on an emptyDir: the chart's
+    ``serve.database.acceptDataLoss``, a test install): each new store is recorded without
+    asking, with a warning. Off by default: losing the records of destroys and site
+    actions is never silent."""
+
 
 class ServeSettingsError(ValueError):
     """Settings ``metalmend serve`` cannot start with; the message says which and why."""

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
+from metalmend.db import DatabaseUnavailable
 from metalmend.db.lease import LeaseLost
 from metalmend.drydock.destroy import DestroyNode
 from metalmend.drydock.model import Task
@@ -89,6 +90,8 @@ class TaskWorker:
                     group.create_task(self._node(task, node, state))
         except* LeaseLost:
             raise LeaseLost(task.task_id) from None
+        except* DatabaseUnavailable:  # said once by metalmend.db; taken again once back
+            raise DatabaseUnavailable() from None
 
     async def _status(self, task_id: str, status: TaskStatus) -> None:
         now = self.clock.now()
@@ -98,7 +101,9 @@ class TaskWorker:
     async def _node(self, task: Task, node: str, state: NodeState) -> None:
         """Destroy one node to its end. An unexpected failure (the API server away, a bug)
         is tried again from the stored record; after many in a row the node fails,
-        saying so, rather than keep the task open for ever."""
+        saying so, rather than keep the task open for ever. The database away stops the
+        task (every node of it: nothing can be recorded); its worker takes it again, from
+        the records, once the database answers."""
 
         async def save(new: NodeState) -> bool:
             now = self.clock.now()
@@ -111,7 +116,7 @@ class TaskWorker:
             runner = self.runner(task, node, state, save)
             try:
                 state = await runner.run()
-            except (LeaseLost, asyncio.CancelledError):
+            except (LeaseLost, asyncio.CancelledError, DatabaseUnavailable):
                 raise
             except Exception as error:
                 failures += 1

@@ -30,6 +30,7 @@ from lightkube.resources.core_v1 import Node
 
 from metalmend.api.resources import BareMetalHost, Machine
 from metalmend.drydock.model import DESTROY_NODES, Task
+from metalmend.drydock.store import NodesBusy
 from metalmend.etcd import design as designs
 from metalmend.etcd import members
 from metalmend.kube import errors, writes
@@ -326,7 +327,10 @@ async def _create_task(
         created=now, created_by=_by(ctx), updated=now, context_marker=ctx.action.context_marker,
         nodes={n: NodeState() for n in names},
     )  # fmt: skip
-    await asyncio.to_thread(ctx.services.task_store.create, task)
+    try:
+        await asyncio.to_thread(ctx.services.task_store.create, task)
+    except NodesBusy as busy:  # a Drydock task took a node since preflight
+        raise StepFailed(busy.message.replace("by task", "by Drydock task")) from None
     worker = getattr(ctx.services, "task_worker", None)
     if worker is not None:
         worker.wake()

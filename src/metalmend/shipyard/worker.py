@@ -13,7 +13,9 @@ are best left to finish what they started).
 
 An unexpected failure (the API server away, a bug) runs the step again from its stored
 record, ``RETRY_SECONDS`` later; after ``FAILURES_BEFORE_GIVING_UP`` in a row the step
-fails, saying so, rather than keep the action open for ever.
+fails, saying so, rather than keep the action open for ever. The database away is not a
+failure of the step: the action stops quietly (``metalmend.db`` says it once) and is taken
+again, from its stored steps, once the database answers.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
+from metalmend.db import DatabaseUnavailable
 from metalmend.db.lease import LeaseLost
 from metalmend.log import fields
 from metalmend.policy.siteactions import SITE_ACTIONS, ActionLifecycle, ActionName
@@ -171,7 +174,7 @@ class ActionWorker:
             )
             try:
                 closing = await planned.run(ctx)
-            except (LeaseLost, asyncio.CancelledError):
+            except (LeaseLost, asyncio.CancelledError, DatabaseUnavailable):
                 raise
             except MissingPrecondition as error:
                 return await self._finish(action, planned.name, f"missing precondition: {error}")

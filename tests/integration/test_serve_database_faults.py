@@ -1,0 +1,289 @@
+"""The service's database failing under a running ``metalmend serve`` (docs/design-store.md,
+"When the database fails"): its SQLite file removed, made read-only, its PostgreSQL server
+stopped. Every route of Deckhand, Drydock and Shipyard answers one 503 Status, the same
+line, without the database's host, name, user or path; the workers keep looking, quietly;
+the log says it once (at warning level without those details), never with a traceback,
+and once more when the database is back.
+
+Real parts: the API server (callers are ServiceAccount tokens bound to the narrowest
+ClusterRole of deploy/rbac/serve.yaml that reaches each route), a SQLite file, a
+PostgreSQL server of its own (tests/postgres.py) stopped under the service."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from lightkube import AsyncClient, Client, KubeConfig
+from sqlalchemy.engine import make_url
+
+from metalmend.db import Database, DatabaseUnavailable
+from metalmend.db.database import UNAVAILABLE
+from metalmend.lab.controlplane import ControlPlane
+from metalmend.policy.destroy import DestroySettings
+from metalmend.serve.app import create_app
+from tests.integration.test_drydock_destroy import Bmc, add_host, destroy
+from tests.integration.test_serve_promenade import bearer, serve_kubeconfig, status_of, token
+from tests.postgres import PostgresUnavailable, ThrowawayPostgres
+from tests.support import until
+
+__all__ = ["serve_kubeconfig"]
+
+ACTION = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+TASK = "5c0f0000-0000-4000-8000-000000000000"
+YAML = {"Content-Type": "application/x-yaml"}
+DOCUMENT = "---\nschema: a/B/v1\nmetadata: {schema: metadata/Document/v1, name: x}\ndata: {}\n"
+
+# (method, path, narrowest ClusterRole reaching it, body): every API's reads and writes.
+READS = [
+    ("GET", "/deckhand/api/v1.0/revisions", "metalmend-deckhand-viewer", None),
+    ("GET", "/deckhand/api/v1.0/revisions/1/documents", "metalmend-deckhand-viewer", None),
+    ("GET", "/drydock/api/v1.0/tasks", "metalmend-drydock-viewer", None),
+    ("GET", f"/drydock/api/v1.0/tasks/{TASK}", "metalmend-drydock-viewer", None),
+    ("GET", "/shipyard/api/v1.0/actions", "metalmend-shipyard-viewer", None),
+    ("GET", f"/shipyard/api/v1.0/actions/{ACTION}", "metalmend-shipyard-viewer", None),
+    ("GET", "/shipyard/api/v1.0/configdocs", "metalmend-shipyard-viewer", None),
+]
+
+
+def writes(node: str) -> list[tuple[str, str, str, Any]]:
+    """Writes, each passing every check before the database's (the Node and its host
+    exist: a destroy is refused 404 before it is stored otherwise)."""
+    return [
+        ("PUT", "/deckhand/api/v1.0/buckets/site/documents", "metalmend-deckhand-editor",
+         DOCUMENT),
+        ("POST", "/drydock/api/v1.0/tasks", "metalmend-drydock-admin", destroy([node])),
+        ("POST", "/shipyard/api/v1.0/configdocs/site", "metalmend-shipyard-admin", DOCUMENT),
+    ]  # fmt: skip
+
+
+class Fault:
+    """A database and a way to break it (and mend it, where that is possible)."""
+
+    url: str
+    secrets: tuple[str, ...]  # what no answer and no warning may hold
+    reads_fail = True
+    mends = True
+
+    def __enter__(self) -> Fault:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def breaks(self) -> None:
+        raise NotImplementedError
+
+    def mend(self) -> None:
+        raise NotImplementedError
+
+
+class SqliteRemoved(Fault):
+    mends = False  # a new file would be another store (test_serve_store_guard.py)
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / "serve.sqlite"
+        self.url = f"sqlite:///{self.path}"
+        self.secrets = (str(self.path), "serve.sqlite")
+
+    def breaks(self) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            self.path.with_name(self.path.name + suffix).unlink(missing_ok=True)
+
+
+class SqliteReadOnly(Fault):
+    reads_fail = False  # a read-only file is still read
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / "serve.sqlite"
+        self.url = f"sqlite:///{self.path}"
+        self.secrets = (str(self.path), "serve.sqlite")
+
+    def _immutable(self, on: bool) -> None:
+        # As root (the test machine's user) file modes do not stop writes: the immutable
+        # attribute does, for root too.
+        flag = "+i" if on else "-i"
+        done = subprocess.run(["chattr", flag, str(self.path)], capture_output=True, check=False)
+        if done.returncode != 0:
+            pytest.skip(f"cannot make a file read-only here: {done.stderr.decode().strip()}")
+
+    def breaks(self) -> None:
+        self._immutable(True)
+
+    def mend(self) -> None:
+        self._immutable(False)
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(["chattr", "-i", str(self.path)], capture_output=True, check=False)
+
+
+class PostgresStopped(Fault):
+    def __init__(self) -> None:
+        try:
+            self.server = ThrowawayPostgres()
+            self.server.start()
+        except (PostgresUnavailable, OSError) as error:
+            pytest.skip(f"PostgreSQL unavailable: {error}")
+        # A user and a database of their own names: the answers must not hold them (the
+        # cluster's superuser is called "metalmend", which every answer names).
+        password = secrets.token_urlsafe(12)
+        admin = self.server.url().replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f"CREATE ROLE records_owner LOGIN PASSWORD '{password}'")
+            conn.execute("CREATE DATABASE records_db OWNER records_owner")
+        self.url = (
+            make_url(self.server.url("records_db"))
+            .set(username="records_owner", password=password)
+            .render_as_string(hide_password=False)
+        )
+        parsed = make_url(self.url)
+        self.secrets = (
+            str(parsed.host), str(parsed.port), str(parsed.database), str(parsed.username),
+            str(parsed.password),
+        )  # fmt: skip
+
+    def breaks(self) -> None:
+        self.server.pause()
+
+    def mend(self) -> None:
+        self.server.resume()
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+
+
+@pytest.fixture(params=["sqlite-removed", "sqlite-read-only", "postgresql-stopped"])
+def fault(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fault]:
+    made: Fault
+    if request.param == "sqlite-removed":
+        made = SqliteRemoved(tmp_path)
+    elif request.param == "sqlite-read-only":
+        made = SqliteReadOnly(tmp_path)
+    else:
+        made = PostgresStopped()
+    with made:
+        yield made
+
+
+@contextlib.asynccontextmanager
+async def serving(kubeconfig: Path, url: str) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
+    """The service with its workers (its lifespan), on the database at ``url``."""
+    client = AsyncClient(KubeConfig.from_file(kubeconfig))
+    database = Database.open(url)
+    database.upgrade()
+    app = create_app(
+        client, database=database, drives=object(),  # type: ignore[arg-type]
+        destroy=DestroySettings(lease_seconds=1.5),
+    )  # fmt: skip
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://serve", timeout=60) as http,
+        ):
+            yield http, app
+    finally:
+        await client.close()
+        database.dispose()
+
+
+async def call(http: httpx.AsyncClient, route: tuple[str, str, str, Any], who: str) -> Any:
+    method, path, _, body = route
+    if isinstance(body, dict):
+        return await http.request(method, path, json=body, headers=bearer(who))
+    return await http.request(method, path, content=body, headers={**bearer(who), **YAML})
+
+
+def tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.exc_info]
+
+
+def said(caplog: pytest.LogCaptureFixture, start: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage().startswith(start)]
+
+
+async def test_every_route_answers_a_database_fault_with_one_clean_503_and_the_log_says_it_once(
+    fault: Fault, serve_kubeconfig: Path, control_plane: ControlPlane, kube: Client,
+    namespace: str, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    caplog.set_level(logging.DEBUG, logger="metalmend")
+    WRITES = writes(add_host(kube, namespace, "h1", Bmc()))
+    roles = {route[2] for route in READS + WRITES}
+    tokens = {role: token(control_plane, kube, namespace, role[10:], role) for role in roles}
+    async with serving(serve_kubeconfig, fault.url) as (http, app):
+        for route in READS:  # the database answers: so does every route
+            answer = await call(http, route, tokens[route[2]])
+            assert answer.status_code in (200, 404), (route, answer.text)
+        fault.breaks()
+        failing = (READS if fault.reads_fail else []) + WRITES
+        for route in failing:
+            answer = await call(http, route, tokens[route[2]])
+            document = status_of(answer, 503, "ServiceUnavailable")
+            assert document["message"] == UNAVAILABLE, (route, document)
+            for secret in fault.secrets:
+                assert secret not in answer.text, (route, secret)
+        # The workers look again and again (woken here), quietly: the database's own
+        # log says "still unavailable" at debug level each time.
+        workers = (app.state.drydock.worker, app.state.shipyard.worker)
+
+        async def looked_again() -> bool:
+            for worker in workers:
+                worker.wake()
+            return len(said(caplog, "the service's database is still unavailable")) >= 12
+
+        if fault.reads_fail:
+            await until(looked_again, 60)
+        if fault.mends:
+            fault.mend()
+            for route in [*READS, WRITES[0]]:
+                answer = await call(http, route, tokens[route[2]])
+                assert answer.status_code in (200, 404), (route, answer.text)
+    assert tracebacks(caplog) == []
+    down = said(caplog, "the service's database is unavailable")
+    assert len(down) == 1, [r.getMessage() for r in down]
+    loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    for secret in fault.secrets:
+        assert not [line for line in loud if secret in line], secret
+    back = said(caplog, "the service's database is available again")
+    assert len(back) == (1 if fault.mends else 0)
+
+
+def test_the_sqlite_file_and_its_wal_files_are_readable_by_their_owner_only(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "serve.sqlite"
+    path.write_bytes(b"")
+    path.chmod(0o644)  # an older serve's file: made private when opened
+    database = Database.open(f"sqlite:///{path}")
+    try:
+        database.upgrade()
+        with database.read() as conn:  # a reader open: the WAL files exist
+            conn.exec_driver_sql("SELECT 1")
+            files = [path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))]
+            modes = {f.name: oct(f.stat().st_mode & 0o777) for f in files if f.exists()}
+    finally:
+        database.dispose()
+    assert set(modes) >= {"serve.sqlite", "serve.sqlite-wal", "serve.sqlite-shm"}, modes
+    assert set(modes.values()) == {"0o600"}, modes
+
+
+def test_a_sqlite_file_removed_under_serve_is_not_created_again_empty(tmp_path: Path) -> None:
+    path = tmp_path / "serve.sqlite"
+    database = Database.open(f"sqlite:///{path}")
+    try:
+        database.upgrade()
+        for suffix in ("", "-wal", "-shm"):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
+        with pytest.raises(DatabaseUnavailable), database.read() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    finally:
+        database.dispose()
+    assert not path.exists()
