@@ -55,7 +55,7 @@ def service(control_plane: ControlPlane, kube: Client) -> Iterator[Service]:
         ssl.create_default_context(cafile=str(control_plane.ca.pair.cert)),
         process,
     )
-    wait_serving(f"{running.base}/openapi.json", running.trust, process)
+    wait_serving(f"{running.base}/healthz", running.trust, process)
     yield running
     if process.poll() is None:
         running.stop()

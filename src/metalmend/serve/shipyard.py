@@ -401,8 +401,7 @@ def _url(action_id: str) -> str:
 )
 async def create_action(request: Request, credentials: auth.Credentials) -> JSONResponse:
     gate: auth.Gate = request.app.state.services.gate
-    header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
-    caller = await gate.caller(header)
+    caller = await auth.authenticate(request, credentials)
     name, parameters = await _action_body(request)
     await gate.authorize(caller, CREATE_ACTION, str(name))
     served = _shipyard(request)
