@@ -43,7 +43,7 @@ def wait_serving(url: str, verify: ssl.SSLContext, process: subprocess.Popen[str
 
 
 def test_serve_speaks_https_with_the_given_certificate_and_answers_status_bodies(
-    control_plane: ControlPlane, kube: Client, namespace: str
+    control_plane: ControlPlane, kube: Client, namespace: str, tmp_path: Path
 ) -> None:
     for obj in codecs.load_all_yaml(SERVE_RBAC.read_text()):
         kube.apply(obj, force=True)
@@ -53,7 +53,8 @@ def test_serve_speaks_https_with_the_given_certificate_and_answers_status_bodies
     )
     port = free_port()
     process = metalmend("serve", "--kubeconfig", str(account), "--port", str(port),
-                        "--tls-cert", str(serving.cert), "--tls-key", str(serving.key))  # fmt: skip
+                        "--tls-cert", str(serving.cert), "--tls-key", str(serving.key),
+                        "--database-url", f"sqlite:///{tmp_path / 'serve.sqlite'}")  # fmt: skip
     trust = ssl.create_default_context(cafile=str(control_plane.ca.pair.cert))
     base = f"https://127.0.0.1:{port}"
     try:
@@ -223,3 +224,40 @@ def test_a_revoked_token_stops_working_once_its_review_expires(
     while status(good) != 401 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert status(good) == 401, "the revoked token is still served after 30 s"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--bind-address", "0.0.0.0"],
+            "is not a loopback address: give serve.tls_cert and serve.tls_key",
+        ),
+        (["--tls-cert", "/nonexistent.crt"], "serve.tls_cert and serve.tls_key go together"),
+        (["--port", "70000"], "serve.port must be at most 65535, not 70000"),
+    ],
+)
+def test_serve_refuses_settings_that_would_expose_tokens_or_cannot_work(
+    control_plane: ControlPlane, args: list[str], message: str
+) -> None:
+    process = metalmend("serve", "--kubeconfig", str(control_plane.kubeconfig), *args)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert message in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_serve_on_a_port_already_taken_says_so_in_one_line(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = metalmend(
+            "serve", "--kubeconfig", str(control_plane.kubeconfig), "--port", str(port),
+            "--database-url", f"sqlite:///{tmp_path / 'serve.sqlite'}",
+        )  # fmt: skip
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert f"metalmend: cannot listen on 127.0.0.1:{port}" in stderr

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Callable
 
 import uvicorn
 
@@ -38,12 +37,15 @@ TLS12_CIPHERS = ":".join(
 )
 
 
-def tls_context(config: uvicorn.Config, default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-    """uvicorn's context (the certificate, the key), TLS 1.2 at the least, our suites."""
-    context = default()
-    context.minimum_version = TLS_MINIMUM
-    context.set_ciphers(TLS12_CIPHERS)
-    return context
+def harden(config: uvicorn.Config) -> uvicorn.Config:
+    """``config`` loaded, its TLS context (uvicorn's: the certificate, the key) set to TLS
+    1.2 at the least and our suites; done here rather than through uvicorn's options, whose
+    defaults and names have changed between its releases."""
+    config.load()
+    if config.ssl is not None:
+        config.ssl.minimum_version = TLS_MINIMUM
+        config.ssl.set_ciphers(TLS12_CIPHERS)
+    return config
 
 
 async def serve(settings: Settings) -> None:
@@ -60,34 +62,32 @@ async def serve(settings: Settings) -> None:
         current = config.get()
         identity = await whoami(client, current.cluster.server if current else "?")
         log.info("serving as %s", identity.username)
-        server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(
-                    client,
-                    settings.teardown,
-                    database=database,
-                    drives=pool,
-                    destroy=settings.destroy,
-                    redeploy=settings.redeploy,
-                    site_namespaces=options.site_namespaces,
-                    limits=auth.Limits(
-                        token_cache_seconds=options.token_cache_seconds,
-                        token_cache_size=options.token_cache_size,
-                        auth_failures_burst=options.auth_failures_burst,
-                        auth_failure_interval=options.auth_failure_interval,
-                    ),
-                ),
-                host=options.bind_address,
-                port=options.port,
-                ssl_certfile=str(options.tls_cert) if options.tls_cert else None,
-                ssl_keyfile=str(options.tls_key) if options.tls_key else None,
-                ssl_ciphers=TLS12_CIPHERS,
-                ssl_context_factory=tls_context if options.tls_cert else None,
-                log_config=None,  # ours (metalmend.log), not uvicorn's
-                access_log=True,
-                lifespan="on",  # starts and stops the task worker (serve/tasks.py)
-            )
+        app = create_app(
+            client,
+            settings.teardown,
+            database=database,
+            drives=pool,
+            destroy=settings.destroy,
+            redeploy=settings.redeploy,
+            site_namespaces=options.site_namespaces,
+            limits=auth.Limits(
+                token_cache_seconds=options.token_cache_seconds,
+                token_cache_size=options.token_cache_size,
+                auth_failures_burst=options.auth_failures_burst,
+                auth_failure_interval=options.auth_failure_interval,
+            ),
         )
+        listening = uvicorn.Config(
+            app,
+            host=options.bind_address,
+            port=options.port,
+            ssl_certfile=str(options.tls_cert) if options.tls_cert else None,
+            ssl_keyfile=str(options.tls_key) if options.tls_key else None,
+            log_config=None,  # ours (metalmend.log), not uvicorn's
+            access_log=True,
+            lifespan="on",  # starts and stops the task worker (serve/tasks.py)
+        )
+        server = uvicorn.Server(harden(listening))
         where = f"{options.bind_address}:{options.port}"
         try:
             await server.serve()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
@@ -190,7 +190,7 @@ class ActionWorker:
             )
             return False
 
-    def _pause(self, action_id: str) -> Any:
+    def _pause(self, action_id: str) -> Callable[[float], Awaitable[None]]:
         """``StepContext.pause`` for the steps of ``action_id``."""
         stop = self._stops.setdefault(action_id, asyncio.Event())
 
