@@ -354,7 +354,7 @@ def stop_action(
     url: Url = None, ca: Ca = None, token: Token = None, kubeconfig: Kubeconfig = None,
     lab_dir: LabDir = Path(".lab"),
 ) -> None:  # fmt: skip
-    """Stop an action: its running step ends, no further step starts."""
+    """Stop an action: its running step ends at its next wait, no further step starts."""
     target = Target(url, ca, token, kubeconfig, lab_dir)
 
     def command() -> None:

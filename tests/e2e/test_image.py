@@ -245,7 +245,7 @@ def test_image_serves_the_teardown_api_over_tls(
     )  # fmt: skip
     try:
         ca = ssl.create_default_context(cafile=str(hosts_lab.plane.ca.pair.cert))
-        wait_for(f"https://127.0.0.1:{port}/openapi.json", container, verify=ca)
+        wait_for(f"https://127.0.0.1:{port}/healthz", container, verify=ca)
         unauthenticated = httpx.post(
             f"https://127.0.0.1:{port}/promenade/api/v1.0/nodes/nowhere/drain", verify=ca
         )

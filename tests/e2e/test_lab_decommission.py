@@ -104,7 +104,7 @@ def kill_and_wait_for_restart(running: lab.RunningLab) -> None:
         running.check()  # what the lab supervisor's loop does
         try:
             return httpx.get(
-                data["url"] + "/openapi.json",
+                data["url"] + "/healthz",
                 verify=ssl.create_default_context(cafile=data["ca"]),
                 timeout=2,
             ).is_success

@@ -88,7 +88,12 @@ def test_endpoints_json_says_exactly_where_and_how_to_call_the_service(
     assert Path(data["ca"]).read_text().startswith("-----BEGIN CERTIFICATE-----")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600  # it holds a token
     # The certificate is the lab CA's, for 127.0.0.1: verification needs nothing else.
-    answer = httpx.get(data["url"] + "/openapi.json", verify=trusting(data), timeout=10)
+    answer = httpx.get(
+        data["url"] + "/openapi.json",
+        headers={"Authorization": f"Bearer {data['token']}"},
+        verify=trusting(data),
+        timeout=10,
+    )
     assert f"{PROMENADE}/nodes/{{node_id}}/drain" in answer.json()["paths"]
 
 

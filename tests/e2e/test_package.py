@@ -155,7 +155,7 @@ def test_installed_serve_answers(
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
-        while not ready(f"http://127.0.0.1:{port}/openapi.json"):
+        while not ready(f"http://127.0.0.1:{port}/healthz"):
             assert process.poll() is None, process.communicate()[1]
             assert time.monotonic() < deadline, "the installed metalmend serve never answered"
             time.sleep(0.2)

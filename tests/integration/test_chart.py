@@ -211,6 +211,10 @@ def test_serve_takes_tls_from_a_secret_or_cert_manager(helm: Path) -> None:
     assert env["valueFrom"]["secretKeyRef"] == {"name": "metalmend-db", "key": "url"}
     tls = next(v for v in serve["volumes"] if v["name"] == "tls")
     assert tls["secret"]["secretName"] == "metalmend-serve-tls"
+    # Probes: /healthz, the one path without a token (/openapi.json now asks for one).
+    for probe in ("readinessProbe", "livenessProbe"):
+        get = serve["containers"][0][probe]["httpGet"]
+        assert (get["path"], get["scheme"]) == ("/healthz", "HTTPS")
 
 
 # Against a real API server: its own control plane, since the chart installs cluster-wide

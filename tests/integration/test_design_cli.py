@@ -54,7 +54,7 @@ class Serve:
             "--database-url", self.database_url,
         )  # fmt: skip
         trust = ssl.create_default_context(cafile=str(self.control_plane.ca.pair.cert))
-        wait_serving(f"{self.url}/openapi.json", trust, self.process)
+        wait_serving(f"{self.url}/healthz", trust, self.process)
 
     @property
     def url(self) -> str:

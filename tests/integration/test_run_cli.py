@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import subprocess
@@ -223,6 +224,43 @@ async def test_readyz_and_healthz_follow_the_api_server_connection(
         await asyncio.gather(run_task, return_exceptions=True)
         await client.close()
         await proxy.stop()
+
+
+async def test_readyz_turns_false_while_the_api_server_is_frozen(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """Issue 27, point 12: with kube-apiserver stopped (SIGSTOP: its sockets stay open,
+    nothing answers, so the watches stay open and silent) /readyz answered 200. Now it
+    turns 503 and says why, and 200 again once the API server runs again."""
+    client = AsyncClient(KubeConfig.from_file(control_plane.kubeconfig))
+    manager = Manager(client)
+    manager.api_probe_interval = 0.5
+    manager.informer(ConfigMap, namespace=namespace)
+    run_task = asyncio.create_task(manager.run())
+    pid = control_plane.pids()["kube-apiserver"]
+    try:
+        async with (
+            serving(manager, "127.0.0.1", 0) as health,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{health}") as http,
+        ):
+
+            async def answers(code: int) -> bool:
+                return (await http.get("/readyz")).status_code == code
+
+            await until(lambda: answers(200), within=15)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                await until(lambda: answers(503), within=30)
+                text = (await http.get("/readyz")).text
+                assert "API server not answering: /readyz did not answer within 3s" in text, text
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            await until(lambda: answers(200), within=30)
+    finally:
+        os.kill(pid, signal.SIGCONT)  # whatever failed: the session's API server runs on
+        run_task.cancel()
+        await asyncio.gather(run_task, return_exceptions=True)
+        await client.close()
 
 
 def test_health_binds_on_ipv6(control_plane: ControlPlane) -> None:

@@ -11,6 +11,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -40,7 +41,7 @@ class Service:
 
 
 @pytest.fixture
-def service(control_plane: ControlPlane, kube: Client) -> Iterator[Service]:
+def service(control_plane: ControlPlane, kube: Client, tmp_path: Path) -> Iterator[Service]:
     for obj in codecs.load_all_yaml(SERVE_RBAC.read_text()):
         kube.apply(obj, force=True)
     account = control_plane.service_account_kubeconfig("metalmend-system", "metalmend-serve")
@@ -48,14 +49,16 @@ def service(control_plane: ControlPlane, kube: Client) -> Iterator[Service]:
         "serve", "metalmend-serve", ip_addresses=("127.0.0.1",), server=True
     )
     port = free_port()
+    # (its own database: the default, in the user's state directory, is any other run's)
     process = metalmend("serve", "--kubeconfig", str(account), "--port", str(port),
-                        "--tls-cert", str(serving.cert), "--tls-key", str(serving.key))  # fmt: skip
+                        "--tls-cert", str(serving.cert), "--tls-key", str(serving.key),
+                        "--database-url", f"sqlite:///{tmp_path / 'serve.sqlite'}")  # fmt: skip
     running = Service(
         f"https://127.0.0.1:{port}",
         ssl.create_default_context(cafile=str(control_plane.ca.pair.cert)),
         process,
     )
-    wait_serving(f"{running.base}/openapi.json", running.trust, process)
+    wait_serving(f"{running.base}/healthz", running.trust, process)
     yield running
     if process.poll() is None:
         running.stop()

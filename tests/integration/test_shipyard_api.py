@@ -46,6 +46,7 @@ class Service:
     kubeconfig: Path
     url: str
     namespace: str
+    timing: RedeploySettings = TIMING
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[httpx.AsyncClient]:
@@ -56,7 +57,7 @@ class Service:
         database.upgrade()
         app = create_app(
             client, database=database, drives=object(),  # type: ignore[arg-type]
-            destroy=DestroySettings(lease_seconds=1.5), redeploy=TIMING,
+            destroy=DestroySettings(lease_seconds=1.5), redeploy=self.timing,
             site_namespaces=(self.namespace,),
         )  # fmt: skip
         transport = httpx.ASGITransport(app=app)

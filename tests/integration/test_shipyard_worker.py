@@ -232,3 +232,105 @@ async def test_two_replicas_run_each_action_exactly_once(database: Database) -> 
         for replica in replicas:
             await replica.stop()
     assert steps.runs == {"a": 6, "b": 6}
+
+
+def pausing(steps: Steps, name: str, hold: asyncio.Event | None = None) -> Planned:
+    """A step that (after ``hold``, its uninterruptible phase) waits an hour."""
+
+    async def run(ctx: StepContext) -> str:
+        steps.runs[name] = steps.runs.get(name, 0) + 1
+        steps.started.setdefault(name, asyncio.Event()).set()
+        if hold is not None:
+            await hold.wait()
+        await ctx.note(f"{name}: waiting an hour")
+        await ctx.pause(3600)
+        return f"{name} waited an hour"
+
+    return Planned(name, run)
+
+
+async def test_a_stop_through_another_replica_interrupts_a_waiting_step(
+    database: Database,
+) -> None:
+    """Issue 27, point 8: a stop waited for the running step to end (109 s in a lab).
+    Asked through another replica (the database only), it ends the step's wait at the
+    worker's next look; the step is ``shutdown``, the rest not run but the final one."""
+    store, steps = ActionStore(database), Steps()
+    plan = (pausing(steps, "a"), steps.ok("b"), steps.final("tag"))
+    action_id = new_action(store, ("a", "b", "tag"))
+    running = worker(store, plan, "one")
+    running.start()
+    try:
+        await asyncio.wait_for(steps.started.setdefault("a", asyncio.Event()).wait(), 10)
+        assert store.request_stop(action_id, "operator", {"command": "stop"})
+        done = await finished(store, action_id, within=30)  # the step's wait: an hour
+    finally:
+        await running.stop()
+    assert done.lifecycle is ActionLifecycle.FAILED
+    assert [s.state for s in done.steps] == [
+        model.StepState.STOPPED, model.StepState.NOT_RUN, model.StepState.SUCCESS,
+    ]  # fmt: skip
+    a = done.step("a")
+    assert a is not None
+    assert a.end is not None
+    assert a.notes[-1].text == "stopped by operator: interrupted while it waited"
+    assert steps.runs == {"a": 1, "tag": 1}
+
+
+async def test_a_stop_waits_for_the_uninterruptible_phase_only(database: Database) -> None:
+    """Asked on the replica running the action: heard at once, but the step's phase in
+    progress (an apply, say) finishes first; the step ends at its next wait."""
+    store, steps = ActionStore(database), Steps()
+    hold = asyncio.Event()
+    plan = (pausing(steps, "a", hold), steps.final("tag"))
+    action_id = new_action(store, ("a", "tag"))
+    running = worker(store, plan, "one")
+    running.start()
+    try:
+        await asyncio.wait_for(steps.started.setdefault("a", asyncio.Event()).wait(), 10)
+        assert store.request_stop(action_id, "operator", {"command": "stop"})
+        running.stopping(action_id)
+        await asyncio.sleep(0)  # (a chance to cut the phase short, which must not be taken)
+        found = store.get(action_id)
+        assert found is not None
+        assert found.step("a").state is model.StepState.RUNNING  # type: ignore[union-attr]
+        hold.set()  # the phase ends: the step reaches its wait
+        done = await finished(store, action_id, within=30)
+    finally:
+        await running.stop()
+    assert [s.state for s in done.steps] == [model.StepState.STOPPED, model.StepState.SUCCESS]
+    assert "a: waiting an hour" in [n.text for n in done.step("a").notes]  # type: ignore[union-attr]
+
+
+async def test_an_action_stopped_while_its_replica_was_down_stays_stopped(
+    database: Database,
+) -> None:
+    """Kill at any point: the replica running a waiting step is killed, the stop is
+    stored meanwhile; the replica that takes the action over ends the step as stopped
+    without running it again, and a later replica finds the action finished."""
+    store, steps = ActionStore(database), Steps()
+    plan = (pausing(steps, "a"), steps.ok("b"), steps.final("tag"))
+    action_id = new_action(store, ("a", "b", "tag"))
+    first = worker(store, plan, "first")
+    first.start()
+    await asyncio.wait_for(steps.started.setdefault("a", asyncio.Event()).wait(), 10)
+    await first.stop()  # killed: its lease is left to expire
+    assert store.request_stop(action_id, "operator", {"command": "stop"})
+    second = worker(store, plan, "second")
+    second.start()
+    try:
+        done = await finished(store, action_id, within=30)
+    finally:
+        await second.stop()
+    assert [s.state for s in done.steps] == [
+        model.StepState.STOPPED, model.StepState.NOT_RUN, model.StepState.SUCCESS,
+    ]  # fmt: skip
+    assert done.step("a").notes[-1].text == "stopped by operator: interrupted by a restart"  # type: ignore[union-attr]
+    assert steps.runs == {"a": 1, "tag": 1}, "the stopped step is not run again"
+    third = worker(store, plan, "third")
+    third.start()
+    try:
+        await third.jobs.scan()
+        assert store.get(action_id) == done, "a finished action is not taken again"
+    finally:
+        await third.stop()

@@ -130,9 +130,9 @@ async def test_an_unexpected_failure_is_a_status_500_without_internals(app: Fast
 
 
 async def test_the_openapi_document_names_the_mounted_endpoints_and_bearer_auth(
-    http: httpx.AsyncClient,
+    app: FastAPI,
 ) -> None:
-    document = (await http.get("/openapi.json")).json()
+    document = app.openapi()
     paths = set(document["paths"])
     assert {"/drydock/api/v1.0/tasks", "/drydock/api/v1.0/tasks/{task_id}"} <= paths
     assert {p for p in paths if p.startswith("/promenade/")} == {
@@ -148,3 +148,21 @@ async def test_the_openapi_document_names_the_mounted_endpoints_and_bearer_auth(
     drain = document["paths"]["/promenade/api/v1.0/nodes/{node_id}/drain"]["post"]
     assert {p["name"] for p in drain["parameters"]} == {"node_id", "timeout", "grace-period"}
     assert "HTTPBearer" in document["components"]["securitySchemes"]
+
+
+@pytest.mark.parametrize("path", ["/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"])
+async def test_the_api_description_is_for_authenticated_callers_only(
+    http: httpx.AsyncClient, path: str
+) -> None:
+    """Issue 27, point 9: /docs, /redoc and /openapi.json answered anyone. The document
+    asks for a token (checked like every endpoint's); the browsable pages are gone."""
+    answer = await http.get(path)
+    if path == "/openapi.json":
+        assert_status(answer, 401, "Unauthorized")
+    else:
+        assert_status(answer, 404, "NotFound")
+
+
+async def test_healthz_answers_ok_to_anyone_and_says_nothing_else(http: httpx.AsyncClient) -> None:
+    answer = await http.get("/healthz")
+    assert (answer.status_code, answer.text) == (200, "ok")

@@ -13,7 +13,8 @@ What the health endpoints mean (kube/health.py serves them):
   Deployment with a standby therefore shows 1/2 ready; roll it out with maxUnavailable of
   at least 1, or surge, so a rollout does not wait for a standby to become ready.)
 - live (/healthz): the process can still do its work if it leads: no controller worker
-  died, and the API server has not been out of reach for longer than ``api_lost_after``
+  died, and the API server has not been out of reach (or silent) for longer than
+  ``api_lost_after``
   (kubelet restarts it: a fresh connection, DNS lookup and credentials). A standby that can
   reach the API server is live.
  Losing the lease cancels the controllers
@@ -30,6 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
 from lightkube import AsyncClient
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
@@ -43,6 +45,11 @@ from metalmend.log import fields
 log = logging.getLogger(__name__)
 
 API_LOST_AFTER = 60.0  # seconds the API server may be out of reach before /healthz fails
+# The readiness probe of the API server: kubelet's readiness probe of run (every 5 s in the
+# chart) sees a frozen API server within about interval + deadline; a loaded API server
+# answers /readyz within milliseconds, so 3 s of silence is not load.
+API_PROBE_INTERVAL = 2.0
+API_PROBE_DEADLINE = 3.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,11 @@ class Manager:
         self.elector: LeaderElector | None = None
         self.controllers_running = False
         self.api_lost_after = API_LOST_AFTER
+        self.api_probe_interval = API_PROBE_INTERVAL
+        self.api_probe_deadline = API_PROBE_DEADLINE
+        # time.monotonic() of the first failed probe since the last answer, and why.
+        self.api_silent_since: float | None = None
+        self.api_silence = ""
         self._on_stop: list[Callable[[], Awaitable[None]]] = []
 
     def informer(
@@ -108,6 +120,8 @@ class Manager:
             for i in self.informers.values()
             if i.failing_since is not None
         ]
+        if self.api_silent_since is not None:
+            problems.append(f"API server not answering: {self.api_silence}")
         if not problems and not self.controllers_running:
             if self.leader_election is not None:
                 problems.append(
@@ -129,6 +143,9 @@ class Manager:
                     f"API server out of reach for {now - since:.0f}s:"
                     f" {informer.last_error or informer.name}"
                 )
+        since = self.api_silent_since
+        if since is not None and now - since > self.api_lost_after:
+            problems.append(f"API server not answering for {now - since:.0f}s: {self.api_silence}")
         return problems
 
     def synced(self) -> bool:
@@ -153,6 +170,7 @@ class Manager:
             asyncio.create_task(i.run(), name=f"informer {i.name}") for i in self.informers.values()
         ]
         main = asyncio.create_task(self._sync_then_lead(), name="manager")
+        informers.append(asyncio.create_task(self._probe_api_forever(), name="api probe"))
         try:
             done, _ = await asyncio.wait([main, *informers], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -166,6 +184,36 @@ class Manager:
                     await cleanup()
                 except Exception as error:  # a cleanup must not hide why run ended
                     log.warning("clean-up failed", extra=fields(error=str(error)))
+
+    async def _probe_api_forever(self) -> None:
+        while True:
+            problem = await self.probe_api()
+            if problem is None:
+                self.api_silent_since = None
+            else:
+                if self.api_silent_since is None:
+                    self.api_silent_since = time.monotonic()
+                    log.warning("API server not answering", extra=fields(error=problem))
+                self.api_silence = problem
+            await asyncio.sleep(self.api_probe_interval)
+
+    async def probe_api(self) -> str | None:
+        """Ask the API server's ``/readyz`` (allowed to every caller by the default
+        ``system:public-info-viewer`` role) within ``api_probe_deadline``; None when it
+        answered 200, else why not, in one line."""
+        http: Any = self.client._client._client  # lightkube's HTTP client: its auth, its TLS
+        try:
+            async with asyncio.timeout(self.api_probe_deadline):
+                answer = await http.get("/readyz", timeout=self.api_probe_deadline)
+        except TimeoutError:
+            return f"/readyz did not answer within {self.api_probe_deadline:g}s"
+        except (httpx2.HTTPError, OSError) as error:
+            text = " ".join(str(error).split()) or type(error).__name__
+            return f"/readyz: {type(error).__name__}: {text}"
+        if answer.status_code != 200:
+            first = (answer.text.strip().splitlines() or [""])[-1][:200]
+            return f"/readyz answered {answer.status_code} {first}".rstrip()
+        return None
 
     async def _sync_then_lead(self) -> None:
         await self.wait_synced()

@@ -181,7 +181,7 @@ def start(plane: ControlPlane, client: Client, lab_dir: Path) -> tuple[Component
 
     def ready() -> bool:
         try:
-            answer = httpx.get(f"{url}/openapi.json", verify=trusted, timeout=1)
+            answer = httpx.get(f"{url}/healthz", verify=trusted, timeout=1)
         except httpx.HTTPError:
             return False
         return answer.status_code == 200

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metalmend.api.names import REBOOT, REBOOT_PREFIX
-from metalmend.policy.redeploy import HOST_KINDS, KUBERNETES_OBJECT
+from metalmend.policy import redeploy as policy_redeploy
+from metalmend.policy.redeploy import HOST_KINDS, KUBERNETES_OBJECT, HostError, fails_wait
 
 MAX_OBJECTS = 20_000  # far beyond a site; a bound on what one action writes
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -231,7 +232,7 @@ def _shown(raw: object) -> str:
 
 # ---- waiting for the site -----------------------------------------------------------------
 
-FAILED_STATES = frozenset({"registration error", "provisioning error", "power management error"})
+FAILED_STATES = policy_redeploy.FAILED_STATES
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,13 @@ class HostSeen:
     provisioning: str
     powered_on: bool | None
     error: str = ""
+    problem: HostError | None = None  # policy.redeploy.host_error of its status
+
+    @property
+    def trouble(self) -> HostError | None:
+        if self.problem is None and self.provisioning in FAILED_STATES:
+            return HostError(self.provisioning, self.error)
+        return self.problem
 
 
 @dataclass(frozen=True)
@@ -256,15 +264,27 @@ class Progress:
         return not self.waiting and not self.failed
 
 
-def progress(hosts: Iterable[HostSeen], nodes: Mapping[str, bool | None]) -> Progress:
+def progress(
+    hosts: Iterable[HostSeen],
+    nodes: Mapping[str, bool | None],
+    known: Mapping[str, str] | None = None,
+) -> Progress:
     """What the site still waits for: hosts on (and provisioned, when the design gives an
     image) and the design's Nodes registered and Ready (``nodes``: name -> Ready, None
-    when the Node does not exist)."""
+    when the Node does not exist). A host in error fails the wait at once
+    (``policy.redeploy.fails_wait``), except an error it already showed, unchanged, when the
+    wait began (``known``: host key -> the error's mark), which it waits out."""
     waiting: list[str] = []
     failed: list[str] = []
     for host in hosts:
-        if host.provisioning in FAILED_STATES:
-            failed.append(f"{host.key}: {host.provisioning}: {host.error}".rstrip(": "))
+        trouble = host.trouble
+        if trouble is not None and fails_wait(trouble, (known or {}).get(host.key)):
+            failed.append(f"{host.key}: {trouble.describe()}")
+        elif trouble is not None:
+            waiting.append(
+                f"{host.key} in error since before this wait ({trouble.describe()}): waiting"
+                " for its next attempt"
+            )
         elif host.wants_image and host.provisioning != "provisioned":
             waiting.append(f"{host.key} {host.provisioning or 'not registered'}")
         elif host.wants_on and host.powered_on is not True:
@@ -275,3 +295,15 @@ def progress(hosts: Iterable[HostSeen], nodes: Mapping[str, bool | None]) -> Pro
         elif not ready:
             waiting.append(f"Node {name} not Ready")
     return Progress(tuple(waiting), tuple(failed))
+
+
+def known_errors(hosts: Iterable[HostSeen]) -> dict[str, str]:
+    """The errors the hosts show now, by host key: what a wait beginning now waits out."""
+    return {h.key: t.mark for h in hosts if (t := h.trouble) is not None}
+
+
+def still_known(known: Mapping[str, str], hosts: Iterable[HostSeen]) -> dict[str, str]:
+    """``known`` without the hosts seen out of error since: an error they show later is
+    new, even should it read the same."""
+    troubled = {h.key for h in hosts if h.trouble is not None}
+    return {k: v for k, v in known.items() if k in troubled}

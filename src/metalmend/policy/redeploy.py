@@ -191,6 +191,9 @@ class DeployRecord:
     # Clusters a MemberAdd was requested for, recorded before the call (for the operator and
     # the restart's note; the add itself is found again by the member's peer URLs).
     member_add_requested: tuple[str, ...] = ()
+    # The mark of the error the host showed when its documents were applied (None: none):
+    # that error, unchanged, does not fail the wait for it (``fails_wait``).
+    known_error: str | None = None
 
     @classmethod
     def from_wire(cls, record: Mapping[str, Any]) -> DeployRecord:
@@ -200,13 +203,15 @@ class DeployRecord:
             phase = DeployPhase.APPLY  # absent or unknown: start over (every phase is idempotent)
         raw = record.get("member_add_requested")
         clusters = tuple(c for c in raw[:64] if _text(c)) if isinstance(raw, list) else ()
-        return cls(phase, _time(record.get("since")), clusters)
+        known = record.get("known_error")
+        return cls(phase, _time(record.get("since")), clusters, _text(known, 512))
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "phase": str(self.phase),
             "since": self.since.isoformat() if self.since else None,
             "member_add_requested": list(self.member_add_requested),
+            "known_error": self.known_error,
         }
 
     def at(self, phase: DeployPhase, now: dt.datetime) -> DeployRecord:
@@ -218,6 +223,59 @@ class DeployRecord:
         return replace(self, member_add_requested=(*self.member_add_requested, cluster))
 
 
+# ---- a host in error ------------------------------------------------------------------------
+
+# The provisioner's error states (baremetal-operator's names).
+FAILED_STATES = frozenset({"registration error", "provisioning error", "power management error"})
+OPERATIONAL_ERROR = "error"
+
+
+@dataclass(frozen=True)
+class HostError:
+    """What a BareMetalHost's status says went wrong: upstream metal3's ``errorType`` (or
+    the provisioner's error state), ``errorMessage`` and ``errorCount`` (failed attempts in
+    a row, written by host-power and baremetal-operator)."""
+
+    kind: str
+    message: str
+    count: int = 0
+
+    @property
+    def mark(self) -> str:
+        """The error as one string: two marks differ when anything happened since."""
+        return f"{self.count}|{self.kind}|{self.message}"
+
+    def describe(self) -> str:
+        return f"{self.kind}: {self.message}" if self.message else self.kind
+
+
+def host_error(status: Mapping[str, Any]) -> HostError | None:
+    """The host's error (None: not in error). In error: ``errorType`` set,
+    ``operationalStatus: error``, or a provisioning error state."""
+    provisioning = status.get("provisioning")
+    state = provisioning.get("state") if isinstance(provisioning, Mapping) else None
+    kind, message = status.get("errorType"), status.get("errorMessage")
+    count = status.get("errorCount")
+    failed = state in FAILED_STATES
+    if not (kind or status.get("operationalStatus") == OPERATIONAL_ERROR or failed):
+        return None
+    named = kind if isinstance(kind, str) and kind else state if failed else "operational error"
+    return HostError(
+        str(named),
+        message[:300] if isinstance(message, str) else "",
+        count if isinstance(count, int) and not isinstance(count, bool) else 0,
+    )
+
+
+def fails_wait(error: HostError | None, known: str | None) -> bool:
+    """Whether a host's error fails a wait for it, given ``known``: the mark of the error it
+    showed when the wait began (None: none). An error fails the wait at once, except that
+    same error, unchanged: the design just applied may be what fixes it (host-power tries
+    again at once when ``spec.bmc`` or ``online`` changes, and clears the error when it
+    works); the next failed attempt (``errorCount`` grown) or any other error fails it."""
+    return error is not None and error.mark != known
+
+
 @dataclass(frozen=True)
 class HostFacts:
     """The node's BareMetalHost as the provisioner and host-power report it."""
@@ -226,6 +284,7 @@ class HostFacts:
     provisioning: str  # status.provisioning.state ("" not reported)
     powered_on: bool | None  # status.poweredOn
     error: str  # status.errorMessage ("" none)
+    problem: HostError | None = None  # host_error(status)
 
 
 @dataclass(frozen=True)
@@ -280,7 +339,6 @@ DeployAction = (
 )
 
 PROVISIONED = "provisioned"
-_FAILED_STATES = frozenset({"registration error", "provisioning error", "power management error"})
 
 
 def decide_deploy(
@@ -298,10 +356,12 @@ def decide_deploy(
                 return decision.do(
                     Fail(f"the design revision has no BareMetalHost for {node}: nothing to deploy")
                 )
+            problem = view.host.problem if view.host is not None else None
+            known = problem.mark if problem is not None else None
             return decision.do(
                 ApplyHostDocuments(),
                 SetRecord(
-                    record.at(DeployPhase.PROVISION, now),
+                    replace(record.at(DeployPhase.PROVISION, now), known_error=known),
                     f"{view.host_documents} document(s) of {node} applied; waiting for the"
                     " provisioner",
                 ),
@@ -351,10 +411,13 @@ def _provision(
                 f"BareMetalHost {host.name} provisioned and powered on",
             )
         )
-    if host is not None and host.provisioning in _FAILED_STATES:
+    if host is not None and host.provisioning in FAILED_STATES and host.problem is None:
         return decision.do(
             Fail(f"BareMetalHost {host.name} is in {host.provisioning}: {host.error or '?'}")
         )
+    problem = host.problem if host is not None else None
+    if host is not None and problem is not None and fails_wait(problem, view.record.known_error):
+        return decision.do(Fail(f"BareMetalHost {host.name} is in error: {problem.describe()}"))
     waited = _late(since, now, settings.provision_timeout)
     if waited:
         seen = (

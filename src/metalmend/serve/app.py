@@ -1,19 +1,25 @@
 """The application of ``metalmend serve``: every answer a UCP Status body (``status.py``),
 whatever went wrong: an unknown path, a method a path does not take, a request FastAPI
-could not read (400 BadRequest, where FastAPI would answer 422), a failure of our own."""
+could not read (400 BadRequest, where FastAPI would answer 422), a failure of our own.
+
+One path needs no token: ``/healthz`` (200 ``ok`` while the process serves; probes use it,
+it says nothing else). The OpenAPI document, ``/openapi.json``, is for authenticated
+callers only (it maps every endpoint a caller could try); FastAPI's browsable pages
+(``/docs``, ``/redoc``) are not served: they load scripts from a CDN, and a browser
+cannot send a bearer token to them."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import httpx2
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from lightkube import ApiError, AsyncClient
 from starlette.exceptions import HTTPException
 
@@ -28,7 +34,16 @@ from metalmend.log import fields
 from metalmend.policy.destroy import DestroySettings
 from metalmend.policy.redeploy import RedeploySettings
 from metalmend.policy.teardown import TeardownSettings
-from metalmend.serve import context, deckhand, decommission, drydock, etcd, promenade, shipyard
+from metalmend.serve import (
+    auth,
+    context,
+    deckhand,
+    decommission,
+    drydock,
+    etcd,
+    promenade,
+    shipyard,
+)
 from metalmend.serve.auth import Gate
 from metalmend.serve.interlock import Interlock
 from metalmend.serve.kubelet import KubeletShutdown
@@ -55,9 +70,15 @@ class Services:
     database: Database | None = None
 
 
-def response(code: int, reason: str, message: str, messages: list[Message]) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
-    return JSONResponse(body(code, reason, message, messages), status_code=code, headers=headers)
+def response(
+    code: int,
+    reason: str,
+    message: str,
+    messages: list[Message],
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    sent = dict(headers or {}) | ({"WWW-Authenticate": "Bearer"} if code == 401 else {})
+    return JSONResponse(body(code, reason, message, messages), status_code=code, headers=sent)
 
 
 def create_app(
@@ -69,6 +90,7 @@ def create_app(
     destroy: DestroySettings | None = None,
     redeploy: RedeploySettings | None = None,
     site_namespaces: tuple[str, ...] = (),
+    limits: auth.Limits | None = None,
 ) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -86,11 +108,14 @@ def create_app(
         " docs/design-store.md; destroy tasks (Drydock): docs/destroy.md; configdocs and"
         " site actions (Shipyard): docs/site-actions.md. Every answer is a UCP Status body.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
     )
     teardown = teardown or TeardownSettings()
     app.state.services = Services(
         client=client,
-        gate=Gate(client),
+        gate=Gate(client, limits),
         drainer=Drainer(client, teardown),
         kubelet=KubeletShutdown(client, teardown),
         interlock=Interlock(client),
@@ -108,9 +133,18 @@ def create_app(
     shipyard.install(app, _shipyard(app, teardown, destroy, redeploy, site_namespaces))
     app.add_middleware(context.ContextMarker)  # X-Context-Marker: checked, echoed, logged
 
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request, credentials: auth.Credentials) -> JSONResponse:
+        await auth.authenticate(request, credentials)
+        return JSONResponse(app.openapi())
+
     @app.exception_handler(StatusError)
     async def status_error(request: Request, error: StatusError) -> JSONResponse:
-        return response(error.code, error.reason, error.message, error.messages)
+        return response(error.code, error.reason, error.message, error.messages, error.headers)
 
     @app.exception_handler(RequestRejected)
     async def rejected(request: Request, error: RequestRejected) -> JSONResponse:

@@ -1,22 +1,52 @@
 """Running ``metalmend serve``: uvicorn over the application, HTTPS when given a
-certificate, against the cluster of the kubeconfig."""
+certificate, against the cluster of the kubeconfig.
+
+HTTPS is TLS 1.2 or 1.3 only, whatever the Python and OpenSSL defaults of the image are,
+and TLS 1.2 only with forward-secret AEAD suites (Mozilla's "intermediate" list without
+DHE: ECDHE key exchange, AES-GCM or ChaCha20-Poly1305), so no CBC or SHA-1 suite and no
+RSA key exchange; TLS 1.3's suites are all of that kind (OpenSSL's defaults)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 import uvicorn
 
 from metalmend.bmc import BmcPool
 from metalmend.db import Database
 from metalmend.kube.client import async_client, load_config, whoami
+from metalmend.serve import auth
 from metalmend.serve.app import create_app
 from metalmend.serve.settings import check
 from metalmend.serve.storeguard import guard
 from metalmend.settings import Settings
 
 log = logging.getLogger(__name__)
+
+TLS_MINIMUM = ssl.TLSVersion.TLSv1_2
+TLS12_CIPHERS = ":".join(
+    (
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+        "ECDHE-RSA-AES128-GCM-SHA256",
+        "ECDHE-ECDSA-AES256-GCM-SHA384",
+        "ECDHE-RSA-AES256-GCM-SHA384",
+        "ECDHE-ECDSA-CHACHA20-POLY1305",
+        "ECDHE-RSA-CHACHA20-POLY1305",
+    )
+)
+
+
+def harden(config: uvicorn.Config) -> uvicorn.Config:
+    """``config`` loaded, its TLS context (uvicorn's: the certificate, the key) set to TLS
+    1.2 at the least and our suites; done here rather than through uvicorn's options, whose
+    defaults and names have changed between its releases."""
+    config.load()
+    if config.ssl is not None:
+        config.ssl.minimum_version = TLS_MINIMUM
+        config.ssl.set_ciphers(TLS12_CIPHERS)
+    return config
 
 
 async def serve(settings: Settings) -> None:
@@ -35,26 +65,32 @@ async def serve(settings: Settings) -> None:
         identity = await whoami(client, current.cluster.server if current else "?")
         log.info("serving as %s", identity.username)
         await guard(client, database, options, identity.username)  # the store it served
-        server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(
-                    client,
-                    settings.teardown,
-                    database=database,
-                    drives=pool,
-                    destroy=settings.destroy,
-                    redeploy=settings.redeploy,
-                    site_namespaces=options.site_namespaces,
-                ),
-                host=options.bind_address,
-                port=options.port,
-                ssl_certfile=str(options.tls_cert) if options.tls_cert else None,
-                ssl_keyfile=str(options.tls_key) if options.tls_key else None,
-                log_config=None,  # ours (metalmend.log), not uvicorn's
-                access_log=True,
-                lifespan="on",  # starts and stops the task worker (serve/tasks.py)
-            )
+        app = create_app(
+            client,
+            settings.teardown,
+            database=database,
+            drives=pool,
+            destroy=settings.destroy,
+            redeploy=settings.redeploy,
+            site_namespaces=options.site_namespaces,
+            limits=auth.Limits(
+                token_cache_seconds=options.token_cache_seconds,
+                token_cache_size=options.token_cache_size,
+                auth_failures_burst=options.auth_failures_burst,
+                auth_failure_interval=options.auth_failure_interval,
+            ),
         )
+        listening = uvicorn.Config(
+            app,
+            host=options.bind_address,
+            port=options.port,
+            ssl_certfile=str(options.tls_cert) if options.tls_cert else None,
+            ssl_keyfile=str(options.tls_key) if options.tls_key else None,
+            log_config=None,  # ours (metalmend.log), not uvicorn's
+            access_log=True,
+            lifespan="on",  # starts and stops the task worker (serve/tasks.py)
+        )
+        server = uvicorn.Server(harden(listening))
         where = f"{options.bind_address}:{options.port}"
         try:
             await server.serve()

@@ -66,6 +66,28 @@ class ServeSettings:
     asking, with a warning. Off by default: losing the records of destroys and site
     actions is never silent."""
 
+    # ---- authentication: the TokenReview cache and the failed-authentication limit
+    token_cache_seconds: float = 10.0
+    """How long a TokenReview answer (authenticated or not) is kept, by the token's SHA-256:
+    10 s, as Kubernetes' delegating authenticator keeps extension API servers' TokenReviews
+    (k8s.io/apiserver, ``--authentication-token-webhook-cache-ttl``). Longer spares the API
+    server more; a revoked token keeps working for up to this long (docs/teardown.md,
+    "Authorization")."""
+
+    token_cache_size: int = 10_000
+    """At most this many TokenReview answers are kept (the oldest dropped first): a bound on
+    memory, which a stream of distinct garbage tokens would otherwise fill (about 300 bytes
+    an answer)."""
+
+    auth_failures_burst: int = 10
+    """Failed authentications one client address may make at once before it gets 429 and
+    costs no TokenReview: a person retyping a token, or a CLI with a stale one, fails a few
+    times; a client sending hundreds is guessing or broken."""
+
+    auth_failure_interval: float = 1.0
+    """Seconds for one failed authentication to come back to an address: a steady garbage
+    sender costs at most one TokenReview a second per address."""
+
 
 class ServeSettingsError(ValueError):
     """Settings ``metalmend serve`` cannot start with; the message says which and why."""

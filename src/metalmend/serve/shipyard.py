@@ -401,8 +401,7 @@ def _url(action_id: str) -> str:
 )
 async def create_action(request: Request, credentials: auth.Credentials) -> JSONResponse:
     gate: auth.Gate = request.app.state.services.gate
-    header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
-    caller = await gate.caller(header)
+    caller = await auth.authenticate(request, credentials)
     name, parameters = await _action_body(request)
     await gate.authorize(caller, CREATE_ACTION, str(name))
     served = _shipyard(request)
@@ -525,7 +524,7 @@ async def get_step(
 @router.post(
     "/actions/{action_id}/control/{verb}",
     status_code=202,
-    summary="Stop an action: the running step ends, no further step starts",
+    summary="Stop an action: the running step ends at its next wait, no further step starts",
     responses=documented((202, "Accepted"), (404, "NotFound"), (409, "Conflict")),
 )
 async def control_action(
@@ -547,6 +546,9 @@ async def control_action(
     if not await asyncio.to_thread(served.store.request_stop, found.id, user, audit):
         text = f"action {found.id} is {found.lifecycle}: it cannot be stopped"
         raise StatusError(409, "Conflict", text, errors(text))
-    served.worker.wake()
-    text = f"action {found.id}: stop requested; the running step ends, no further step starts"
+    served.worker.stopping(found.id)
+    text = (
+        f"action {found.id}: stop requested; the running step ends at its next wait (or when"
+        " it ends), no further step starts"
+    )
     return JSONResponse(body(202, "Accepted", text, notes(text)), status_code=202)

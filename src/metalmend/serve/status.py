@@ -11,7 +11,7 @@ message has ``message``, ``error`` and ``kind`` (``SimpleMessage`` unless it car
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ GENERIC_REASONS = {
     404: "NotFound",
     405: "MethodNotAllowed",
     409: "Conflict",
+    429: "TooManyRequests",
     413: "RequestEntityTooLarge",
     415: "UnsupportedMediaType",
     500: "InternalError",
@@ -74,13 +75,20 @@ class StatusError(Exception):
     """An answer other than success, raised anywhere below an endpoint."""
 
     def __init__(
-        self, code: int, reason: str, message: str, messages: Sequence[Message] = ()
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        messages: Sequence[Message] = (),
+        *,
+        headers: Mapping[str, str] | None = None,  # e.g. 429's Retry-After
     ) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
         self.messages = list(messages)
+        self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
         return body(self.code, self.reason, self.message, self.messages)

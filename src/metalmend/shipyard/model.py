@@ -2,8 +2,9 @@
 reference, https://airship-shipyard.readthedocs.io, "Actions": ``GET /actions/{id}``).
 
 Step states are Airflow's, as Shipyard shows them: ``pending`` (not reached yet),
-``running``, ``success``, ``failed``, and ``upstream_failed`` for a step never run
-because one before it failed or the action was stopped.
+``running``, ``success``, ``failed``, ``upstream_failed`` for a step never run
+because one before it failed or the action was stopped, and ``shutdown`` (Airflow's state
+of a task ended from outside) for the step a stop interrupted.
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ class StepState(StrEnum):
     SUCCESS = "success"
     FAILED = "failed"
     NOT_RUN = "upstream_failed"
+    STOPPED = "shutdown"
 
 
-FINISHED_STEP = frozenset({StepState.SUCCESS, StepState.FAILED, StepState.NOT_RUN})
+FINISHED_STEP = frozenset(
+    {StepState.SUCCESS, StepState.FAILED, StepState.NOT_RUN, StepState.STOPPED}
+)
 FINISHED = frozenset({ActionLifecycle.COMPLETE, ActionLifecycle.FAILED})
 
 # Airflow's DAG run state, which Shipyard's ``dag_status`` shows.

@@ -302,7 +302,8 @@ async def destroy(ctx: StepContext) -> str:
             await ctx.note(f"Drydock task {record.task_id}: {summary}")
             said = summary
         if decision.requeue_at is not None:
-            await asyncio.sleep(max(0.0, (decision.requeue_at - clock.now()).total_seconds()))
+            # Interruptible: a stop ends the wait; the Drydock task goes on to its end.
+            await ctx.pause(max(0.0, (decision.requeue_at - clock.now()).total_seconds()))
 
 
 async def _tell_outcome(
@@ -390,6 +391,7 @@ def host_facts(host: Any | None) -> policy.HostFacts | None:
         state if isinstance(state, str) else "",
         powered if isinstance(powered, bool) else None,
         error[:200] if isinstance(error, str) else "",
+        policy.host_error(status),
     )
 
 
@@ -454,8 +456,8 @@ class ServerDeploy:
                 outcome = await self.act(action, host, found)
                 if outcome is not None:
                     return outcome
-            if decision.requeue_at is not None:
-                await asyncio.sleep(max(0.0, (decision.requeue_at - clock.now()).total_seconds()))
+            if decision.requeue_at is not None:  # waiting for the host or its Node: a stop ends it
+                await self.ctx.pause(max(0.0, (decision.requeue_at - clock.now()).total_seconds()))
 
     async def act(self, action: Any, host: Any, found: Node | None) -> str | None:
         match action:

@@ -147,18 +147,25 @@ async def apply(ctx: StepContext) -> str:
 
 
 async def wait(ctx: StepContext) -> str:
+    """Until the site is there, a host fails (in error: ``policy.deploysite.progress``), the
+    timeout passes (counted from the start kept in the record) or the action is stopped
+    (``ctx.pause``: nothing is half-done between two looks)."""
     design = await site_design(ctx)
     timing: RedeploySettings = redeploy.settings(ctx)
     clock = ctx.services.clock
-    since = _since(ctx.record) or clock.now()
-    if "since" not in ctx.record:
-        await ctx.save({"since": since.isoformat()})
     limit = timing.provision_timeout + timing.node_ready_timeout
+    since, known = _since(ctx.record), _known(ctx.record)
     shown: tuple[str, ...] = ()
     while True:
         seen = [await _host_seen(ctx, h) for h in design.hosts]
+        if since is None:  # the first look: what the wait starts from, kept for restarts
+            since, known = clock.now(), policy.known_errors(seen)
+            await ctx.save({"since": since.isoformat(), "known_errors": known})
+        elif (still := policy.still_known(known, seen)) != known:
+            known = still
+            await ctx.save({"since": since.isoformat(), "known_errors": known})
         ready = {n: await _node_ready(ctx, n, labels) for n, labels in design.node_labels.items()}
-        found = policy.progress(seen, ready)
+        found = policy.progress(seen, ready, known)
         if found.failed:
             raise StepFailed("; ".join(found.failed))
         if found.done:
@@ -168,7 +175,14 @@ async def wait(ctx: StepContext) -> str:
             await ctx.note("waiting for " + "; ".join(found.waiting[:10]))
         if clock.now() >= since + dt.timedelta(seconds=limit):
             raise StepFailed(f"not there after {limit:g}s: " + "; ".join(found.waiting[:10]))
-        await asyncio.sleep(timing.poll_interval)
+        await ctx.pause(timing.poll_interval)
+
+
+def _known(record: Mapping[str, Any]) -> dict[str, str]:
+    raw = record.get("known_errors")
+    if not isinstance(raw, Mapping):
+        return {}
+    return {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def _since(record: Mapping[str, Any]) -> dt.datetime | None:
@@ -186,7 +200,7 @@ async def _host_seen(ctx: StepContext, obj: policy.SiteObject) -> policy.HostSee
     return policy.HostSeen(
         obj.key, spec.get("online") is True, isinstance(spec.get("image"), Mapping),
         facts.provisioning if facts else "", facts.powered_on if facts else None,
-        facts.error if facts else "",
+        facts.error if facts else "", facts.problem if facts else None,
     )  # fmt: skip
 
 

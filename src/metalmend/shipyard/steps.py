@@ -6,10 +6,16 @@ idempotent given its record: the worker runs it again after a restart with the r
 last saved (``ctx.record``). ``StepFailed`` fails the step with the operator's message;
 ``MissingPrecondition`` is the spec's "fail due to a missing precondition" (nothing was
 touched).
+
+A step waits with ``ctx.pause(seconds)``, never ``asyncio.sleep``: a pause is where a stop
+asked for through the API interrupts the step (``Stopped``), so a step must be safe to end
+at each of its pauses (what it started is recorded, or goes on by itself). What it does
+between two pauses (an apply, an etcd member add) finishes before a stop takes effect.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +40,10 @@ class Action:
     states: Mapping[str, str] = field(default_factory=dict)  # step -> its state, when started
 
 
+async def _sleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
 @dataclass(frozen=True)
 class StepContext:
     action: Action
@@ -42,10 +52,16 @@ class StepContext:
     save: Callable[[Mapping[str, Any]], Awaitable[None]]  # lease-conditional
     note: Callable[[str], Awaitable[None]]  # appends a note (stored, shown live)
     services: SiteServices
+    # Waits ``seconds``, or raises ``Stopped`` as soon as the action is asked to stop.
+    pause: Callable[[float], Awaitable[None]] = _sleep
 
 
 class StepFailed(Exception):
     """The step failed; the message is the operator's."""
+
+
+class Stopped(Exception):
+    """The action was asked to stop while the step waited (``StepContext.pause``)."""
 
 
 class MissingPrecondition(StepFailed):

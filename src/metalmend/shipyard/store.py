@@ -69,8 +69,8 @@ class ActionStore:
                 )
 
     def request_stop(self, action_id: str, user: str, audit: Mapping[str, Any]) -> bool:
-        """Ask a running action to stop (its runner sees it before its next step); False
-        when it has already finished."""
+        """Ask a running action to stop (its runner sees it at its step's next pause, or
+        before its next step); False when it has already finished."""
         with self.db.begin() as conn:
             row = conn.execute(
                 select(actions.c.lifecycle, actions.c.command_audit).where(
@@ -90,6 +90,14 @@ class ActionStore:
             return True
 
     # ---- reading ------------------------------------------------------------------------------
+
+    def stop_requested(self, action_id: str) -> str | None:
+        """Who asked the action to stop (None: nobody, or no such action)."""
+        with self.db.read() as conn:
+            row = conn.execute(
+                select(actions.c.stop_requested).where(actions.c.action_id == action_id)
+            ).first()
+        return None if row is None else row.stop_requested
 
     def get(self, action_id: str) -> Action | None:
         with self.db.read() as conn:

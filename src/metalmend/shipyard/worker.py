@@ -7,9 +7,12 @@ replica that takes the action over (after a crash, or this one restarted) skips 
 that succeeded and runs the one that was running again, from its saved record: every step
 is written to be run again (``shipyard.steps``). After a failure the remaining steps are
 not run (``upstream_failed``), except ``final`` ones (the site-action tag). A stop asked
-for through the API takes effect between steps: a step is never cut in the middle (half a
-drain is harmless, but the steps that must not be repeated record before they act, and
-are best left to finish what they started).
+for through the API takes effect at the running step's next pause (``StepContext.pause``:
+where it waits for the site, a Drydock task, a host or a Node), or when it ends: the step
+is then ``shutdown``, the rest not run but the final ones. What a step does between two
+pauses (an apply, a drain, an etcd member add) is never cut in the middle. The replica
+running the action hears of a stop at once when it is the one that took the request, and
+otherwise at its next look at the database (``STOP_LOOK_SECONDS``).
 
 An unexpected failure (the API server away, a bug) runs the step again from its stored
 record, ``RETRY_SECONDS`` later; after ``FAILURES_BEFORE_GIVING_UP`` in a row the step
@@ -21,8 +24,9 @@ again, from its stored steps, once the database answers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
@@ -40,12 +44,14 @@ from metalmend.shipyard.steps import (
     SiteServices,
     StepContext,
     StepFailed,
+    Stopped,
 )
 from metalmend.shipyard.store import ActionStore
 
 log = logging.getLogger(__name__)
 
 SCAN_SECONDS = 2.0
+STOP_LOOK_SECONDS = 2.0  # a pausing step looks for a stop asked through another replica
 FAILURES_BEFORE_GIVING_UP = 10
 RETRY_SECONDS = 5.0
 
@@ -98,6 +104,7 @@ class ActionWorker:
             scan_seconds=SCAN_SECONDS, clock=clock, owner=owner,
         )  # fmt: skip
         self.owner = self.jobs.owner
+        self._stops: dict[str, asyncio.Event] = {}  # the actions running here
 
     def start(self) -> None:
         self.jobs.start()
@@ -105,12 +112,27 @@ class ActionWorker:
     def wake(self) -> None:
         self.jobs.wake()
 
+    def stopping(self, action_id: str) -> None:
+        """A stop of ``action_id`` was just stored: its pausing step ends now if it runs
+        here (elsewhere, at that replica's next look)."""
+        found = self._stops.get(action_id)
+        if found is not None:
+            found.set()
+        self.wake()
+
     async def stop(self) -> None:
         await self.jobs.stop()
 
     # ---- one action ---------------------------------------------------------------------
 
     async def run(self, action_id: str) -> None:
+        self._stops[action_id] = asyncio.Event()
+        try:
+            await self._run(action_id)
+        finally:
+            self._stops.pop(action_id, None)
+
+    async def _run(self, action_id: str) -> None:
         action = await self._read(action_id)
         plan = self.plans.get(action.name)
         if plan is None:  # stored by a newer version of metalmend: leave it to that one
@@ -126,8 +148,14 @@ class ActionWorker:
             if step.state in model.FINISHED_STEP:
                 failed = failed or step.state is not StepState.SUCCESS
                 continue
+            if not planned.final and action.stop_requested and step.state is StepState.RUNNING:
+                # Stopped, then this replica restarted (or another took over) before the
+                # step's pause heard of it: the step ends here, it is not run again.
+                await self._stopped(action, planned.name, "interrupted by a restart")
+                failed = True
+                continue
             if not planned.final and (failed or action.stop_requested):
-                await self._not_run(action, planned.name, failed)
+                await self._not_run(action, planned.name)
                 failed = True
                 continue
             failed = not await self._step(action, planned) or failed
@@ -141,10 +169,51 @@ class ActionWorker:
             raise LeaseLost(action_id)  # deleted under us: nothing left to run
         return found
 
-    async def _not_run(self, action: model.Action, step: str, failed: bool) -> None:
-        why = "an earlier step failed" if failed else f"action stopped by {action.stop_requested}"
+    async def _not_run(self, action: model.Action, step: str) -> None:
+        stopped = action.stop_requested
+        why = f"action stopped by {stopped}" if stopped else "an earlier step failed"
         note = Note(self.clock.now(), f"not run: {why}")
         await self._update(action.id, step, {"state": str(StepState.NOT_RUN)}, note)
+
+    async def _stopped(self, action: model.Action, step: str, how: str) -> None:
+        found = await asyncio.to_thread(self.store.stop_requested, action.id)
+        values = {"state": str(StepState.STOPPED), "end_date": self.clock.now()}
+        note = Note(self.clock.now(), f"stopped by {found or action.stop_requested}: {how}")
+        await self._update(action.id, step, values, note)
+        log.warning(
+            "shipyard: step stopped", extra=fields(action=action.id, step=step, why=note.text)
+        )
+
+    async def _stop_stored(self, action_id: str) -> bool:
+        try:
+            return bool(await asyncio.to_thread(self.store.stop_requested, action_id))
+        except Exception as error:  # the database away: the step's own writes will say so
+            log.warning(
+                "shipyard: cannot look for a stop", extra=fields(action=action_id, error=error)
+            )
+            return False
+
+    def _pause(self, action_id: str) -> Callable[[float], Awaitable[None]]:
+        """``StepContext.pause`` for the steps of ``action_id``."""
+        stop = self._stops.setdefault(action_id, asyncio.Event())
+
+        async def pause(seconds: float) -> None:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + max(0.0, seconds)
+            while True:
+                if stop.is_set():
+                    raise Stopped(action_id)
+                if await self._stop_stored(action_id):
+                    stop.set()
+                    raise Stopped(action_id)
+                left = end - loop.time()
+                if left <= 0:
+                    return
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(left, STOP_LOOK_SECONDS)):
+                        await stop.wait()
+
+        return pause
 
     async def _step(self, action: model.Action, planned: Planned) -> bool:
         """Run one step to its end; True when it succeeded."""
@@ -170,12 +239,16 @@ class ActionWorker:
         failures = 0
         while True:
             ctx = StepContext(
-                step_view(action), planned.name, dict(record), save, note, self.services
-            )
+                step_view(action), planned.name, dict(record), save, note, self.services,
+                pause=self._pause(action.id),
+            )  # fmt: skip
             try:
                 closing = await planned.run(ctx)
             except (LeaseLost, asyncio.CancelledError, DatabaseUnavailable):
                 raise
+            except Stopped:
+                await self._stopped(action, planned.name, "interrupted while it waited")
+                return False
             except MissingPrecondition as error:
                 return await self._finish(action, planned.name, f"missing precondition: {error}")
             except StepFailed as error:
@@ -189,7 +262,11 @@ class ActionWorker:
                 if failures >= FAILURES_BEFORE_GIVING_UP:
                     text = f"metalmend serve failed: {type(error).__name__} ({failures} times)"
                     return await self._finish(action, planned.name, text)
-                await asyncio.sleep(self.retry_seconds)
+                try:
+                    await ctx.pause(self.retry_seconds)
+                except Stopped:
+                    await self._stopped(action, planned.name, "interrupted while it waited")
+                    return False
                 continue
             await self._found_revision(action, record)
             return await self._finish(action, planned.name, closing, succeeded=True)
