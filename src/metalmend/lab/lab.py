@@ -359,7 +359,12 @@ def start_serve(running: RunningLab) -> None:
     component, endpoints = lab_serve.start(running.plane, running.client(), lab_dir)
     _record(running, component)
     running.restarting[lab_serve.COMPONENT] = Restarts()
-    # The design URL exists with the site etcd (start_hosts, >= 3 hosts): else left out.
+    # The site etcd (start_hosts, >= 3 hosts) has a design: serve reads it from its own
+    # design store, so the lab puts it there and names that revision; else left out.
+    site = siteetcd.SitePlan.read(siteetcd.plan_path(lab_dir)) if running.state.design_ref else None
+    if site is not None:
+        text = siteetcd.design_path(lab_dir).read_text()
+        running.state.design_ref = lab_serve.store_design(endpoints, text)
     endpoints = dataclasses.replace(endpoints, design_ref=running.state.design_ref or None)
     running.endpoints = endpoints
     endpoints.write(lab_dir)
@@ -496,6 +501,8 @@ def status(lab_dir: Path) -> LabStatus:
         with contextlib.suppress(OSError, ValueError):
             hardware = json.loads(status_path(lab_dir).read_text())
             report.site_etcd = siteetcd.status(lab_dir, hardware)
+            if report.site_etcd is not None and state.design_ref:  # serve's store, if any
+                report.site_etcd.design_ref = state.design_ref
     return report
 
 

@@ -10,11 +10,15 @@ and nothing more, and writes ``endpoints.json``:
 
     {"url": "https://127.0.0.1:PORT", "ca": "<path of the CA file>",
      "token": "<bearer token of a lab admin allowed everything>",
-     "design_ref": "<URL answering the lab's design documents>"}
+     "design_ref": "deckhand+https://127.0.0.1:PORT/deckhand/api/v1.0/revisions/N/..."}
 
 The lab admin is the ServiceAccount ``metalmend-system/lab-admin`` bound to
 ``cluster-admin`` (every permission of the promenade.metalmend.dev group included).
-``design_ref`` is present once the lab serves design documents.
+``design_ref`` is present once the lab has a site etcd: the lab puts that etcd's design
+(its EtcdClusters document) into serve's own design store, bucket ``lab-site-etcd``
+(``store_design``), and names that revision, as a Shipyard would. metalmend serve reads a
+design only from its store or from https URLs an operator allowed (docs/security.md), so
+the lab's loopback http design server is no design reference for serve.
 """
 
 from __future__ import annotations
@@ -93,6 +97,35 @@ class Endpoints:
             return cls(data["url"], data["ca"], data["token"], data.get("design_ref"))
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+
+DESIGN_BUCKET = "lab-site-etcd"
+
+
+def store_design(endpoints: Endpoints, text: str) -> str:
+    """Put the lab's site etcd design ``text`` into serve's design store (Deckhand's
+    ``PUT /buckets/lab-site-etcd/documents``, as the lab admin) and return the design
+    reference naming its revision. The same documents again change nothing and name the
+    newest revision, which holds them."""
+    answer = httpx.put(
+        f"{endpoints.url}/deckhand/api/v1.0/buckets/{DESIGN_BUCKET}/documents",
+        content=text.encode(),
+        headers={
+            "Authorization": f"Bearer {endpoints.token}", "Content-Type": "application/x-yaml"
+        },
+        verify=ssl.create_default_context(cafile=endpoints.ca),
+        timeout=30,
+    )  # fmt: skip
+    if answer.status_code != 200:
+        raise RuntimeError(
+            f"metalmend serve refused the lab's design: HTTP {answer.status_code}:"
+            f" {answer.text[:300]}"
+        )
+    revisions = [
+        d["status"]["revision"] for d in yaml.safe_load_all(answer.text) if isinstance(d, dict)
+    ]
+    path = f"/deckhand/api/v1.0/revisions/{max(revisions)}/rendered-documents"
+    return f"deckhand+{endpoints.url}{path}"
 
 
 def remove_endpoints(lab_dir: Path) -> None:

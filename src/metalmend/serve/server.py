@@ -11,17 +11,36 @@ import uvicorn
 from metalmend.bmc import BmcPool
 from metalmend.db import Database
 from metalmend.kube.client import async_client, load_config, whoami
+from metalmend.serve import designref
 from metalmend.serve.app import create_app
+from metalmend.serve.etcd import EtcdAccess
 from metalmend.serve.settings import check
 from metalmend.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
+class RedactedAccessLog(logging.Filter):
+    """uvicorn's access log line without the credentials a ``design_ref`` may carry
+    (its args: client address, method, path with query, HTTP version, status)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str):
+            record.args = (args[0], args[1], designref.redact_path(args[2]), *args[3:])
+        return True
+
+
+ACCESS_LOG_FILTER = RedactedAccessLog()
+
+
 async def serve(settings: Settings) -> None:
     """Serve until interrupted. Raises ServeSettingsError, ClusterUnavailable, OSError
     (the port is taken), DatabaseError before serving anything."""
     check(settings.serve)
+    access_log = logging.getLogger("uvicorn.access")
+    if ACCESS_LOG_FILTER not in access_log.filters:
+        access_log.addFilter(ACCESS_LOG_FILTER)
     database = await asyncio.to_thread(open_database, settings.serve.database_url)
     config = load_config(settings.runtime.kubeconfig)
     client = async_client(config)
@@ -42,6 +61,9 @@ async def serve(settings: Settings) -> None:
                     destroy=settings.destroy,
                     redeploy=settings.redeploy,
                     site_namespaces=options.site_namespaces,
+                    etcd_access=EtcdAccess.from_settings(
+                        options.design_url_prefixes, options.etcd_credentials_secrets
+                    ),
                 ),
                 host=options.bind_address,
                 port=options.port,

@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from metalmend.serve import designref
+
 
 def default_database_url() -> str:
     """A SQLite file in the user's state directory (XDG: ``$XDG_STATE_HOME``, else
@@ -46,6 +48,21 @@ class ServeSettings:
     write (docs/site-actions.md). Empty by default: a site action applies no namespaced
     object until the operator names them (comma-separated in the environment)."""
 
+    # -- design references and etcd credentials (docs/security.md) --------------------------
+
+    design_url_prefixes: tuple[str, ...] = ()
+    """https URL prefixes (``https://HOST[:PORT][/PATH]``) a design reference may point
+    at besides serve's own design store (``deckhand+https://.../revisions/N/...``). Empty
+    by default: a design reference is caller input, and fetching any URL a caller names
+    would let a caller make serve reach internal addresses (docs/teardown.md). https only,
+    no user name or password; a URL must match host, port and a path under PATH."""
+
+    etcd_credentials_secrets: tuple[str, ...] = ()
+    """etcd credentials Secrets (``namespace/name``) usable for any etcd cluster a design
+    names, if labelled ``metalmend.dev/etcd-credentials: "true"``. Empty by default: a
+    Secret is then used only for the clusters its ``metalmend.dev/etcd-clusters``
+    annotation lists. The chart grants serve ``get`` on exactly these Secrets."""
+
 
 class ServeSettingsError(ValueError):
     """Settings ``metalmend serve`` cannot start with; the message says which and why."""
@@ -60,6 +77,17 @@ def check(settings: ServeSettings) -> None:
     for path in (settings.tls_cert, settings.tls_key):
         if path is not None and not path.is_file():
             raise ServeSettingsError(f"cannot read {path}: no such file")
+    for raw in settings.design_url_prefixes:
+        try:
+            designref.prefix(raw)
+        except ValueError as error:
+            raise ServeSettingsError(f"serve.design_url_prefixes: {error}") from None
+    for raw in settings.etcd_credentials_secrets:
+        namespace, _, name = raw.partition("/")
+        if not namespace or not name or "/" in name:
+            raise ServeSettingsError(
+                f"serve.etcd_credentials_secrets: {raw[:100]!r} is not namespace/name"
+            )
     if settings.tls_cert is None and not is_loopback(settings.bind_address):
         raise ServeSettingsError(
             f"serve.bind_address {settings.bind_address} is not a loopback address: give"
