@@ -11,6 +11,7 @@ with the two members left."""
 from __future__ import annotations
 
 import contextlib
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -186,7 +187,8 @@ def hung(running: lab.RunningLab, site: siteetcd.SitePlan, *hosts: str) -> Itera
 def test_the_lab_serves_its_site_etcd_in_its_design(
     site_lab: lab.RunningLab, site: siteetcd.SitePlan
 ) -> None:
-    documents = list(yaml.safe_load_all(httpx.get(site_lab.state.design_ref).text))
+    lab_ca = ssl.create_default_context(cafile=str(site_lab.plane.ca.pair.cert))
+    documents = list(yaml.safe_load_all(httpx.get(site_lab.state.design_ref, verify=lab_ca).text))
     assert [d["schema"] for d in documents] == ["promenade/EtcdClusters/v1"]
     cluster = documents[0]["data"]["clusters"][0]
     assert cluster["minimum_functionality"] == {"healthy_members": 2}

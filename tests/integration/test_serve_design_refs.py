@@ -392,17 +392,16 @@ async def test_credentials_are_never_sent_to_an_http_client_url(
 
 
 async def test_an_allowed_design_url_that_redirects_is_not_followed(
-    serve_kubeconfig: Path, design_viewer: str, namespace: str,
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-) -> None:  # fmt: skip
+    serve_kubeconfig: Path, design_viewer: str, namespace: str, tmp_path: Path
+) -> None:
     ca = CertificateAuthority(tmp_path / "ca")
     pair = ca.issue("designs", "designs", ip_addresses=(LOOPBACK,), server=True)
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(pair.cert, pair.key)
-    monkeypatch.setenv("SSL_CERT_FILE", str(ca.pair.cert))  # serve trusts this CA
     with listening("internal: answer\n") as target:
         with listening(tls=tls, redirect=f"{target.url}/internal") as allowed:
-            access = EtcdAccess.from_settings([f"{allowed.url}/designs/"], [])
+            # allowed, and its CA trusted (serve.design_ca_bundle)
+            access = EtcdAccess.from_settings([f"{allowed.url}/designs/"], [], ca.pair.cert)
             client = AsyncClient(KubeConfig.from_file(serve_kubeconfig))
             app = create_app(client, etcd_access=access)
             transport = httpx.ASGITransport(app=app)

@@ -40,6 +40,7 @@ from metalmend.kube.crds import install_crds
 from metalmend.lab import hosts, provisioner, siteetcd
 from metalmend.lab import serve as lab_serve
 from metalmend.lab.controlplane import (
+    LOOPBACK,
     Component,
     ControlPlane,
     ControlPlaneConfig,
@@ -306,8 +307,10 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
     start_provisioner(running, config_file, options.provision_delay)
     if site is not None:  # the site etcd (on the hosts) and the design declaring it
         siteetcd.wait_healthy(site)
-        argv = siteetcd.design_server_argv(options.lab_dir, site)
-        ready = lambda: siteetcd.design_served(site)  # noqa: E731
+        ca = running.plane.ca
+        serving = ca.issue("design-server", "design-server", ip_addresses=(LOOPBACK,), server=True)
+        argv = siteetcd.design_server_argv(options.lab_dir, site, serving)
+        ready = lambda: siteetcd.design_served(site, ca.pair.cert)  # noqa: E731
         _record(running, start_component("design-server", argv, workdir, ready))
         running.state.design_ref = site.design_url
 
@@ -359,12 +362,7 @@ def start_serve(running: RunningLab) -> None:
     component, endpoints = lab_serve.start(running.plane, running.client(), lab_dir)
     _record(running, component)
     running.restarting[lab_serve.COMPONENT] = Restarts()
-    # The site etcd (start_hosts, >= 3 hosts) has a design: serve reads it from its own
-    # design store, so the lab puts it there and names that revision; else left out.
-    site = siteetcd.SitePlan.read(siteetcd.plan_path(lab_dir)) if running.state.design_ref else None
-    if site is not None:
-        text = siteetcd.design_path(lab_dir).read_text()
-        running.state.design_ref = lab_serve.store_design(endpoints, text)
+    # The design URL exists with the site etcd (start_hosts, >= 3 hosts): else left out.
     endpoints = dataclasses.replace(endpoints, design_ref=running.state.design_ref or None)
     running.endpoints = endpoints
     endpoints.write(lab_dir)
@@ -501,8 +499,6 @@ def status(lab_dir: Path) -> LabStatus:
         with contextlib.suppress(OSError, ValueError):
             hardware = json.loads(status_path(lab_dir).read_text())
             report.site_etcd = siteetcd.status(lab_dir, hardware)
-            if report.site_etcd is not None and state.design_ref:  # serve's store, if any
-                report.site_etcd.design_ref = state.design_ref
     return report
 
 

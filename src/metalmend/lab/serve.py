@@ -10,15 +10,11 @@ and nothing more, and writes ``endpoints.json``:
 
     {"url": "https://127.0.0.1:PORT", "ca": "<path of the CA file>",
      "token": "<bearer token of a lab admin allowed everything>",
-     "design_ref": "deckhand+https://127.0.0.1:PORT/deckhand/api/v1.0/revisions/N/..."}
+     "design_ref": "<https URL answering the lab's design documents>"}
 
 The lab admin is the ServiceAccount ``metalmend-system/lab-admin`` bound to
 ``cluster-admin`` (every permission of the promenade.metalmend.dev group included).
-``design_ref`` is present once the lab has a site etcd: the lab puts that etcd's design
-(its EtcdClusters document) into serve's own design store, bucket ``lab-site-etcd``
-(``store_design``), and names that revision, as a Shipyard would. metalmend serve reads a
-design only from its store or from https URLs an operator allowed (docs/security.md), so
-the lab's loopback http design server is no design reference for serve.
+``design_ref`` is present once the lab serves design documents.
 """
 
 from __future__ import annotations
@@ -28,6 +24,7 @@ import ssl
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -38,6 +35,7 @@ from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding, RoleBinding
 
 from metalmend.kube import errors
+from metalmend.lab import siteetcd
 from metalmend.lab.controlplane import LOOPBACK, Component, ControlPlane, free_port, start_component
 from metalmend.lab.hosts import NAMESPACE as HOSTS_NAMESPACE
 
@@ -97,35 +95,6 @@ class Endpoints:
             return cls(data["url"], data["ca"], data["token"], data.get("design_ref"))
         except (OSError, ValueError, KeyError, TypeError):
             return None
-
-
-DESIGN_BUCKET = "lab-site-etcd"
-
-
-def store_design(endpoints: Endpoints, text: str) -> str:
-    """Put the lab's site etcd design ``text`` into serve's design store (Deckhand's
-    ``PUT /buckets/lab-site-etcd/documents``, as the lab admin) and return the design
-    reference naming its revision. The same documents again change nothing and name the
-    newest revision, which holds them."""
-    answer = httpx.put(
-        f"{endpoints.url}/deckhand/api/v1.0/buckets/{DESIGN_BUCKET}/documents",
-        content=text.encode(),
-        headers={
-            "Authorization": f"Bearer {endpoints.token}", "Content-Type": "application/x-yaml"
-        },
-        verify=ssl.create_default_context(cafile=endpoints.ca),
-        timeout=30,
-    )  # fmt: skip
-    if answer.status_code != 200:
-        raise RuntimeError(
-            f"metalmend serve refused the lab's design: HTTP {answer.status_code}:"
-            f" {answer.text[:300]}"
-        )
-    revisions = [
-        d["status"]["revision"] for d in yaml.safe_load_all(answer.text) if isinstance(d, dict)
-    ]
-    path = f"/deckhand/api/v1.0/revisions/{max(revisions)}/rendered-documents"
-    return f"deckhand+{endpoints.url}{path}"
 
 
 def remove_endpoints(lab_dir: Path) -> None:
@@ -197,10 +166,16 @@ def start(plane: ControlPlane, client: Client, lab_dir: Path) -> tuple[Component
     config = lab_dir / "serve-settings.yaml"
     # The design store in the lab's directory: gone with the lab (docs/design-store.md).
     database = f"sqlite:///{(lab_dir / 'serve.sqlite').resolve()}"
+    serve: dict[str, Any] = {"database_url": database, "site_namespaces": [HOSTS_NAMESPACE]}
+    site = siteetcd.SitePlan.read(siteetcd.plan_path(lab_dir))
+    if site is not None:  # the lab's https design server: allowed, its CA trusted
+        serve["design_url_prefixes"] = [site.design_prefix]
+        serve["design_ca_bundle"] = str(plane.ca.pair.cert.resolve())
     settings = {
         "teardown": LAB_TEARDOWN,
-        # site actions apply the lab design's hosts and machines in the hosts' namespace
-        "serve": {"database_url": database, "site_namespaces": [HOSTS_NAMESPACE]},
+        # site actions apply the lab design's hosts and machines in the hosts' namespace;
+        # design references: the lab's design server (docs/teardown.md, "In the lab")
+        "serve": serve,
         # destroy_nodes wipes through the lab's BMCs, whose certificates the lab CA signs
         "bmc": {"ca_bundle": str(plane.ca.pair.cert.resolve()), "timeout": 5},
         "destroy": LAB_DESTROY,

@@ -20,10 +20,13 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
+import httpx
 import httpx2
 import yaml
 from fastapi import APIRouter, Query, Request
@@ -79,10 +82,13 @@ class EtcdAccess:
 
     design_url_prefixes: tuple[designref.Prefix, ...] = ()
     etcd_credentials_secrets: tuple[str, ...] = ()  # namespace/name
+    design_ca_bundle: Path | None = None  # None: the system's CAs
 
     @classmethod
-    def from_settings(cls, prefixes: Sequence[str], secrets: Sequence[str]) -> EtcdAccess:
-        return cls(tuple(designref.prefix(p) for p in prefixes), tuple(secrets))
+    def from_settings(
+        cls, prefixes: Sequence[str], secrets: Sequence[str], ca_bundle: Path | None = None
+    ) -> EtcdAccess:
+        return cls(tuple(designref.prefix(p) for p in prefixes), tuple(secrets), ca_bundle)
 
 
 def access_of_app(app: Any) -> EtcdAccess:
@@ -108,7 +114,7 @@ async def load_design(
     try:
         if ref.revision is not None:
             return designs.from_documents(await _revision(request, ref), ref.shown)
-        return await designs.load(ref.url, source=ref.shown)
+        return await _fetched(ref, access_of(request).design_ca_bundle)
     except designs.DesignError as error:
         if error.missing and missing_code == 404:
             lines = [Message(error.message, True)]
@@ -118,6 +124,19 @@ async def load_design(
                 500, unavailable_reason, error.message, [Message(error.message, True)]
             ) from None
         raise params.RequestRejected(error.message) from None
+
+
+async def _fetched(ref: designref.DesignRef, ca_bundle: Path | None) -> designs.Design:
+    """The design at an allowed https URL, verified with ``ca_bundle`` when given."""
+    if ca_bundle is None:
+        return await designs.load(ref.url, source=ref.shown)
+    try:
+        verify = ssl.create_default_context(cafile=str(ca_bundle))
+    except (OSError, ssl.SSLError) as error:
+        text = f"cannot read serve.design_ca_bundle {ca_bundle}: {type(error).__name__}"
+        raise designs.DesignError(text, unavailable=True) from None
+    async with httpx.AsyncClient(verify=verify, follow_redirects=False) as http:
+        return await designs.load(ref.url, source=ref.shown, http=http)
 
 
 async def _revision(request: Request, ref: designref.DesignRef) -> list[Any]:

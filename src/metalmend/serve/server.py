@@ -62,7 +62,9 @@ async def serve(settings: Settings) -> None:
                     redeploy=settings.redeploy,
                     site_namespaces=options.site_namespaces,
                     etcd_access=EtcdAccess.from_settings(
-                        options.design_url_prefixes, options.etcd_credentials_secrets
+                        options.design_url_prefixes,
+                        options.etcd_credentials_secrets,
+                        options.design_ca_bundle,
                     ),
                 ),
                 host=options.bind_address,

@@ -57,6 +57,11 @@ class ServeSettings:
     would let a caller make serve reach internal addresses (docs/teardown.md). https only,
     no user name or password; a URL must match host, port and a path under PATH."""
 
+    design_ca_bundle: Path | None = None
+    """PEM CA certificates to verify the servers of ``design_url_prefixes`` with, for a
+    design server whose certificate a private CA signed. None by default: the system's
+    trusted CAs (certifi's)."""
+
     etcd_credentials_secrets: tuple[str, ...] = ()
     """etcd credentials Secrets (``namespace/name``) usable for any etcd cluster a design
     names, if labelled ``metalmend.dev/etcd-credentials: "true"``. Empty by default: a
@@ -82,6 +87,8 @@ def check(settings: ServeSettings) -> None:
             designref.prefix(raw)
         except ValueError as error:
             raise ServeSettingsError(f"serve.design_url_prefixes: {error}") from None
+    if settings.design_ca_bundle is not None and not settings.design_ca_bundle.is_file():
+        raise ServeSettingsError(f"cannot read {settings.design_ca_bundle}: no such file")
     for raw in settings.etcd_credentials_secrets:
         namespace, _, name = raw.partition("/")
         if not namespace or not name or "/" in name:
