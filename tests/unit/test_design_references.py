@@ -7,6 +7,7 @@ cluster's credentials."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from metalmend.etcd import access
 from metalmend.etcd.design import ClusterDesign, MemberDesign, SecretRef
 from metalmend.serve import designref
 from metalmend.serve.designref import DesignRef, ReferenceRefused
+from metalmend.serve.settings import ServeSettings, ServeSettingsError, check
 
 STORE = "deckhand+https://deckhand-int.ucp:9000/api/v1.0/revisions/{}/rendered-documents"
 
@@ -216,3 +218,19 @@ def test_the_access_log_never_shows_a_design_refs_credentials() -> None:
     assert "design_ref=https://designs.example/x%3F..." in line
     plain = "/promenade/api/v1.0/nodes/n1/drain?timeout=10"
     assert designref.redact_path(plain) == plain
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (ServeSettings(design_url_prefixes=("http://d/",)), "serve.design_url_prefixes: http://d/"),
+        (ServeSettings(design_url_prefixes=("https://u:p@d/",)), "no user name or password"),
+        (ServeSettings(etcd_credentials_secrets=("etcd-client",)), "is not namespace/name"),
+        (ServeSettings(design_ca_bundle=Path("/nonexistent.pem")), "cannot read /nonexistent.pem"),
+    ],
+)
+def test_serve_refuses_settings_that_would_widen_what_a_design_reaches(
+    settings: ServeSettings, message: str
+) -> None:
+    with pytest.raises(ServeSettingsError, match=message):
+        check(settings)
