@@ -18,6 +18,7 @@ numbers; asserts nothing.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import statistics
 import tempfile
 import time
@@ -41,9 +42,11 @@ def spread(values: list[float]) -> str:
     return f"p50 {ms(statistics.median(values))}  p99 {ms(q[98])}  max {ms(max(values))}"
 
 
-async def timed_removal(url: str, node: str) -> tuple[float, list[members.Outcome]]:
+async def timed_removal(
+    url: str, node: str, http: httpx.AsyncClient
+) -> tuple[float, list[members.Outcome]]:
     began = time.perf_counter()
-    outcomes = await members.remove_member(await design.load(url), node, timeout=60)
+    outcomes = await members.remove_member(await design.load(url, http=http), node, timeout=60)
     return time.perf_counter() - began, outcomes
 
 
@@ -60,35 +63,39 @@ def leader(site: siteetcd.SitePlan) -> str:
 
 
 async def run(running: lab.RunningLab, site: siteetcd.SitePlan) -> None:
-    url = running.state.design_ref
+    url = running.state.design_ref  # the lab's https design server (the lab's CA)
+    http = httpx.AsyncClient(
+        verify=ssl.create_default_context(cafile=str(running.plane.ca.pair.cert))
+    )
     text = siteetcd.design_documents(site).replace("healthy_members: 2", "healthy_members: 1")
     siteetcd.design_path(running.plane.workdir.parent).write_text(text)
     health = []
     for _ in range(HEALTH):
         began = time.perf_counter()
-        report = await members.cluster_health(await design.load(url))
+        report = await members.cluster_health(await design.load(url, http=http))
         health.append(time.perf_counter() - began)
         assert report[0].state is members.State.HEALTHY, report
     await asyncio.sleep(6)  # etcd refuses reconfiguration for 5 s after a peer (re)connects
     first = leader(site)
     follower = next(m.host for m in site.members if m.host != first)
-    took, outcomes = await timed_removal(url, follower)
+    took, outcomes = await timed_removal(url, follower, http)
     assert [o.result for o in outcomes] == [members.Result.REMOVED], outcomes
     waits = sum(1 for line in outcomes[0].lines if line.startswith("etcd asked to wait"))
     retried = []
     for _ in range(RETRIES):
-        again, outcomes = await timed_removal(url, follower)
+        again, outcomes = await timed_removal(url, follower, http)
         assert [o.result for o in outcomes] == [members.Result.ALREADY_GONE], outcomes
         retried.append(again)
     await asyncio.sleep(6)
     node = leader(site)
-    handed, outcomes = await timed_removal(url, node)
+    handed, outcomes = await timed_removal(url, node, http)
     assert [o.result for o in outcomes] == [members.Result.REMOVED], outcomes
     print("remove-etcd against the lab's 3-member etcd (design fetch included)")
     print(f"  remove a follower (3 -> 2)            {ms(took)}   (etcd asked to wait {waits}x)")
     print(f"  remove the leader (2 -> 1, hand-over) {ms(handed)}   ({outcomes[0].lines[0]})")
     print(f"  retried removal, already gone ({RETRIES:>2}x)   {spread(retried)}")
     print(f"  cluster health ({HEALTH}x)                 {spread(health)}")
+    await http.aclose()
 
 
 def main() -> None:

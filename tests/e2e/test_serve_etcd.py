@@ -1,6 +1,7 @@
 """remove-etcd and etcd health against the lab's real site etcd: three upstream etcd
-members living on three lab hosts (a hung host freezes its member), the design served by
-the lab, and ``metalmend serve``'s app running as the ServiceAccount of
+members living on three lab hosts (a hung host freezes its member), the lab's design put
+into serve's own design store (a design reference names its revision, as a Shipyard's
+would), and ``metalmend serve``'s app running as the ServiceAccount of
 deploy/rbac/serve.yaml, called with a real token.
 
 The tests share one lab and run in file order: the first ones leave the cluster whole,
@@ -10,10 +11,9 @@ with the two members left."""
 from __future__ import annotations
 
 import contextlib
-import threading
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,9 @@ from lightkube.models.rbac_v1 import RoleRef, Subject
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
+from metalmend.db import Database
+from metalmend.design.documents import parse
+from metalmend.design.store import DesignStore
 from metalmend.lab import lab, siteetcd
 from metalmend.serve.app import create_app
 
@@ -59,27 +62,54 @@ def site(site_lab: lab.RunningLab) -> siteetcd.SitePlan:
 
 @pytest.fixture(scope="module")
 def admin_token(site_lab: lab.RunningLab) -> str:
+    """The teardown admin, who may also read the design revisions (deckhand viewer)."""
     plane, client = site_lab.plane, site_lab.client()
     path = plane.service_account_kubeconfig("default", "etcd-admin")
-    client.create(
-        ClusterRoleBinding(
-            metadata=ObjectMeta(name="etcd-admin"),
-            roleRef=RoleRef(
-                apiGroup="rbac.authorization.k8s.io", kind="ClusterRole",
-                name="metalmend-promenade-admin",
-            ),
-            subjects=[Subject(kind="ServiceAccount", name="etcd-admin", namespace="default")],
-        )
-    )  # fmt: skip
+    for role in ("metalmend-promenade-admin", "metalmend-deckhand-viewer"):
+        client.create(
+            ClusterRoleBinding(
+                metadata=ObjectMeta(name=f"etcd-admin-{role}"),
+                roleRef=RoleRef(apiGroup="rbac.authorization.k8s.io", kind="ClusterRole", name=role),
+                subjects=[Subject(kind="ServiceAccount", name="etcd-admin", namespace="default")],
+            )
+        )  # fmt: skip
     value: str = yaml.safe_load(path.read_text())["users"][0]["user"]["token"]
     return value
 
 
+@pytest.fixture(scope="module")
+def database(site_lab: lab.RunningLab) -> Iterator[Database]:
+    """serve's design store, in the lab's directory."""
+    found = Database.open(f"sqlite:///{site_lab.plane.workdir.parent / 'serve.sqlite'}")
+    found.upgrade()
+    yield found
+    found.dispose()
+
+
+def stored(database: Database, text: str, bucket: str = "etcd") -> str:
+    """A design reference naming a new revision of serve's store that holds ``text`` in
+    ``bucket``, filtered to that bucket (Deckhand's ``status.bucket``: a revision holds
+    every bucket's documents)."""
+    revision = DesignStore(database).put(bucket, parse(text)).revision
+    return (
+        f"deckhand+https://deckhand/api/v1.0/revisions/{revision}/rendered-documents"
+        f"?status.bucket={bucket}"
+    )
+
+
+@pytest.fixture(scope="module")
+def site_ref(database: Database, site: siteetcd.SitePlan) -> str:
+    """The lab's site etcd design, as serve's store holds it."""
+    return stored(database, siteetcd.design_documents(site), "lab-site-etcd")
+
+
 @pytest.fixture
-async def http(site_lab: lab.RunningLab, admin_token: str) -> AsyncIterator[httpx.AsyncClient]:
+async def http(
+    site_lab: lab.RunningLab, admin_token: str, database: Database
+) -> AsyncIterator[httpx.AsyncClient]:
     kubeconfig = site_lab.plane.service_account_kubeconfig("metalmend-system", "metalmend-serve")
     client = AsyncClient(KubeConfig.from_file(kubeconfig))
-    transport = httpx.ASGITransport(app=create_app(client))
+    transport = httpx.ASGITransport(app=create_app(client, database=database))
     headers = {"Authorization": f"Bearer {admin_token}"}
     async with httpx.AsyncClient(
         transport=transport, base_url="http://serve", timeout=120, headers=headers
@@ -103,8 +133,8 @@ def lines(document: dict[str, Any]) -> list[str]:
     return [m["message"] for m in document["details"]["messageList"]]
 
 
-def design_ref(running: lab.RunningLab) -> dict[str, str]:
-    return {"rel": "design", "href": running.state.design_ref, "type": "application/x-yaml"}
+def design_ref(href: str) -> dict[str, str]:
+    return {"rel": "design", "href": href, "type": "application/x-yaml"}
 
 
 def members(site: siteetcd.SitePlan) -> dict[str, str]:
@@ -151,37 +181,14 @@ def hung(running: lab.RunningLab, site: siteetcd.SitePlan, *hosts: str) -> Itera
         wait_for(lambda: all(siteetcd.member_healthy(m) for m in live))
 
 
-@contextlib.contextmanager
-def served(text: str) -> Iterator[str]:
-    """A design served by a small http server of the test's own: its URL."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            data = text.encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/design"
-    finally:
-        server.shutdown()
-
-
 # ---- the whole cluster --------------------------------------------------------------------
 
 
 def test_the_lab_serves_its_site_etcd_in_its_design(
     site_lab: lab.RunningLab, site: siteetcd.SitePlan
 ) -> None:
-    documents = list(yaml.safe_load_all(httpx.get(site_lab.state.design_ref).text))
+    lab_ca = ssl.create_default_context(cafile=str(site_lab.plane.ca.pair.cert))
+    documents = list(yaml.safe_load_all(httpx.get(site_lab.state.design_ref, verify=lab_ca).text))
     assert [d["schema"] for d in documents] == ["promenade/EtcdClusters/v1"]
     cluster = documents[0]["data"]["clusters"][0]
     assert cluster["minimum_functionality"] == {"healthy_members": 2}
@@ -194,11 +201,11 @@ def test_the_lab_serves_its_site_etcd_in_its_design(
 
 
 async def test_health_is_healthy_when_every_member_is(
-    http: httpx.AsyncClient, site_lab: lab.RunningLab
+    http: httpx.AsyncClient, site_lab: lab.RunningLab, site_ref: str
 ) -> None:
     answer = await http.get(
         f"{PROMENADE}/etcd-cluster-health-statuses",
-        params={"design_ref": site_lab.state.design_ref},
+        params={"design_ref": site_ref},
     )
     document = status_of(answer, 200, "Success")
     [entry] = document["details"]["messageList"]
@@ -214,46 +221,38 @@ async def test_health_without_a_design_ref_is_missing_design_ref(http: httpx.Asy
 
 
 async def test_health_of_a_design_without_etcd_clusters_is_not_found(
-    http: httpx.AsyncClient,
+    http: httpx.AsyncClient, database: Database
 ) -> None:
-    text = "schema: promenade/Genesis/v1\nmetadata: {name: g}\ndata: {}\n"
-    with served(text) as url:
-        answer = await http.get(
-            f"{PROMENADE}/etcd-cluster-health-statuses", params={"design_ref": url}
-        )
+    url = stored(
+        database,
+        "schema: promenade/Genesis/v1\nmetadata: {schema: metadata/Document/v1, name: g}\ndata: {}\n",
+    )
+    answer = await http.get(f"{PROMENADE}/etcd-cluster-health-statuses", params={"design_ref": url})
     status_of(answer, 404, "NotFound")
 
 
 async def test_a_bad_design_is_a_bad_request_naming_the_field(
-    http: httpx.AsyncClient,
+    http: httpx.AsyncClient, database: Database
 ) -> None:
-    text = "schema: promenade/EtcdClusters/v1\nmetadata: {name: e}\ndata: {clusters: [{name: k, members: []}]}\n"
-    with served(text) as url:
-        answer = await http.post(
-            f"{PROMENADE}/nodes/worker-0/remove-etcd",
-            json={"rel": "design", "href": url, "type": "application/x-yaml"},
-        )
+    text = "schema: promenade/EtcdClusters/v1\nmetadata: {schema: metadata/Document/v1, name: e}\ndata: {clusters: [{name: k, members: []}]}\n"
+    url = stored(database, text, "bad")
+    answer = await http.post(f"{PROMENADE}/nodes/worker-0/remove-etcd", json=design_ref(url))
     document = status_of(answer, 400, "BadRequest")
     assert "members must be a non-empty list" in document["message"]
 
 
 async def test_an_unreachable_cluster_is_etcd_not_accessible(
-    http: httpx.AsyncClient,
+    http: httpx.AsyncClient, database: Database
 ) -> None:
     dead = f"http://127.0.0.1:{siteetcd.free_port()}"
     text = yaml.safe_dump({
-        "schema": "promenade/EtcdClusters/v1", "metadata": {"name": "e"},
+        "schema": "promenade/EtcdClusters/v1", "metadata": {"schema": "metadata/Document/v1", "name": "gone"},
         "data": {"clusters": [{"name": "gone", "minimum_functionality": {"healthy_members": 1},
                                "members": [{"node": "worker-0", "client_urls": [dead]}]}]},
     })  # fmt: skip
-    with served(text) as url:
-        answer = await http.post(
-            f"{PROMENADE}/nodes/worker-0/remove-etcd",
-            json={"rel": "design", "href": url, "type": "application/x-yaml"},
-        )
-        health = await http.get(
-            f"{PROMENADE}/etcd-cluster-health-statuses", params={"design_ref": url}
-        )
+    url = stored(database, text, "gone")
+    answer = await http.post(f"{PROMENADE}/nodes/worker-0/remove-etcd", json=design_ref(url))
+    health = await http.get(f"{PROMENADE}/etcd-cluster-health-statuses", params={"design_ref": url})
     assert (
         "cannot read the members of etcd cluster gone"
         in lines(status_of(answer, 500, "EtcdNotAccessible"))[0]
@@ -267,12 +266,12 @@ async def test_an_unreachable_cluster_is_etcd_not_accessible(
 
 
 async def test_removal_is_refused_while_another_member_is_down_and_nothing_changes(
-    http: httpx.AsyncClient, site_lab: lab.RunningLab, site: siteetcd.SitePlan
+    http: httpx.AsyncClient, site_lab: lab.RunningLab, site: siteetcd.SitePlan, site_ref: str
 ) -> None:
     before = members(site)
     with hung(site_lab, site, "worker-2"):
         answer = await http.post(
-            f"{PROMENADE}/nodes/worker-0/remove-etcd", json=design_ref(site_lab)
+            f"{PROMENADE}/nodes/worker-0/remove-etcd", json=design_ref(site_ref)
         )
         document = status_of(answer, 500, "RemoveEtcdError")
         assert any("would lose quorum" in line for line in lines(document)), document
@@ -280,12 +279,12 @@ async def test_removal_is_refused_while_another_member_is_down_and_nothing_chang
 
 
 async def test_health_is_unhealthy_without_quorum(
-    http: httpx.AsyncClient, site_lab: lab.RunningLab, site: siteetcd.SitePlan
+    http: httpx.AsyncClient, site_lab: lab.RunningLab, site: siteetcd.SitePlan, site_ref: str
 ) -> None:
     with hung(site_lab, site, "worker-1", "worker-2"):
         answer = await http.get(
             f"{PROMENADE}/etcd-cluster-health-statuses",
-            params={"design_ref": site_lab.state.design_ref},
+            params={"design_ref": site_ref},
         )
         [entry] = status_of(answer, 200, "Success")["details"]["messageList"]
         assert (entry["message"], entry["error"]) == ("Unhealthy", False), entry
@@ -295,10 +294,10 @@ async def test_health_is_unhealthy_without_quorum(
 
 
 async def test_the_leader_hands_over_leadership_then_leaves(
-    http: httpx.AsyncClient, site_lab: lab.RunningLab, site: siteetcd.SitePlan
+    http: httpx.AsyncClient, site_lab: lab.RunningLab, site: siteetcd.SitePlan, site_ref: str
 ) -> None:
     node = leader(site)
-    answer = await http.post(f"{PROMENADE}/nodes/{node}/remove-etcd", json=design_ref(site_lab))
+    answer = await http.post(f"{PROMENADE}/nodes/{node}/remove-etcd", json=design_ref(site_ref))
     document = status_of(answer, 200, "Success")
     said = lines(document)
     assert any(
@@ -321,50 +320,38 @@ async def test_the_leader_hands_over_leadership_then_leaves(
 
 
 async def test_a_retried_removal_is_success(
-    http: httpx.AsyncClient, site_lab: lab.RunningLab, site: siteetcd.SitePlan
+    http: httpx.AsyncClient, site_lab: lab.RunningLab, site: siteetcd.SitePlan, site_ref: str
 ) -> None:
     gone = next(m.host for m in site.members if m.host not in members(site))
-    answer = await http.post(f"{PROMENADE}/nodes/{gone}/remove-etcd", json=design_ref(site_lab))
+    answer = await http.post(f"{PROMENADE}/nodes/{gone}/remove-etcd", json=design_ref(site_ref))
     document = status_of(answer, 200, "Success")
     assert lines(document) == [f"etcd cluster kubernetes has no member on {gone} (already gone)"]
 
 
 async def test_removal_below_the_sites_threshold_is_refused(
-    http: httpx.AsyncClient, site_lab: lab.RunningLab, site: siteetcd.SitePlan
+    http: httpx.AsyncClient, site_lab: lab.RunningLab, site: siteetcd.SitePlan, site_ref: str
 ) -> None:
     before = members(site)
     node = sorted(before)[0]
-    answer = await http.post(f"{PROMENADE}/nodes/{node}/remove-etcd", json=design_ref(site_lab))
+    answer = await http.post(f"{PROMENADE}/nodes/{node}/remove-etcd", json=design_ref(site_ref))
     document = status_of(answer, 500, "RemoveEtcdError")
     assert any("minimum functionality" in line for line in lines(document)), document
     assert members(site) == before
 
 
 async def test_health_ignores_the_member_that_left(
-    http: httpx.AsyncClient, site_lab: lab.RunningLab
+    http: httpx.AsyncClient, site_lab: lab.RunningLab, site_ref: str
 ) -> None:
     answer = await http.get(
         f"{PROMENADE}/etcd-cluster-health-statuses",
-        params={"design_ref": site_lab.state.design_ref},
+        params={"design_ref": site_ref},
     )
     [entry] = status_of(answer, 200, "Success")["details"]["messageList"]
     assert (entry["message"], entry["error"]) == ("Healthy", False)
     assert "2 of 2 members healthy" in entry["detail"]
 
 
-# ---- a cluster with etcd's own auth on, its credentials in a Secret -------------------------
-
-
-def enable_auth(site: siteetcd.SitePlan, password: str) -> None:
-    live = next(m for m in site.members if siteetcd.member_healthy(m))
-    for path, body in [
-        ("/v3/auth/role/add", {"name": "root"}),
-        ("/v3/auth/user/add", {"name": "root", "password": password}),
-        ("/v3/auth/user/grant", {"user": "root", "role": "root"}),
-        ("/v3/auth/enable", {}),
-    ]:
-        answer = httpx.post(f"{live.client_url}{path}", json=body, timeout=5)
-        assert answer.status_code == 200, answer.text
+# ---- credentials never travel in cleartext ---------------------------------------------------
 
 
 def with_credentials(site: siteetcd.SitePlan, namespace: str, name: str) -> str:
@@ -372,14 +359,19 @@ def with_credentials(site: siteetcd.SitePlan, namespace: str, name: str) -> str:
     document["data"]["clusters"][0]["credentials"] = {
         "secret": {"namespace": namespace, "name": name}
     }
+    document["metadata"]["name"] = "etcd-clusters-with-credentials"  # one name, one bucket
     return yaml.safe_dump(document)
 
 
 def secret_for_serve(running: lab.RunningLab, name: str, password: str) -> None:
-    """A Secret in default, and a Role letting metalmend serve read that one Secret."""
+    """An etcd credentials Secret in default, labelled and bound to the lab's cluster, and
+    a Role letting metalmend serve read that one Secret (as the chart renders it)."""
     client = Client(KubeConfig.from_file(running.kubeconfig), field_manager="metalmend-tests")
     documents = [
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "default"},
+        {"apiVersion": "v1", "kind": "Secret",
+         "metadata": {"name": name, "namespace": "default",
+                      "labels": {"metalmend.dev/etcd-credentials": "true"},
+                      "annotations": {"metalmend.dev/etcd-clusters": siteetcd.CLUSTER}},
          "stringData": {"username": "root", "password": password}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
          "metadata": {"name": f"read-{name}", "namespace": "default"},
@@ -393,29 +385,22 @@ def secret_for_serve(running: lab.RunningLab, name: str, password: str) -> None:
         client.create(codecs.from_dict(document))
 
 
-async def test_a_cluster_with_auth_is_reached_with_the_credentials_of_its_secret(
-    http: httpx.AsyncClient, site_lab: lab.RunningLab, site: siteetcd.SitePlan
-) -> None:
-    enable_auth(site, "s3cret-root")
+async def test_credentials_are_not_sent_to_the_labs_cleartext_etcd(
+    http: httpx.AsyncClient, site_lab: lab.RunningLab, site: siteetcd.SitePlan,
+    database: Database, site_ref: str,
+) -> None:  # fmt: skip
+    """The lab's etcd listens on http: a design giving it credentials is refused before
+    anything is sent (a cluster with credentials is reached over https only; the https
+    case: tests/integration/test_serve_design_refs.py)."""
     secret_for_serve(site_lab, "etcd-root", "s3cret-root")
-    secret_for_serve(site_lab, "etcd-wrong", "not-the-password")
-
-    async def health(secret: str) -> dict[str, Any]:
-        with served(with_credentials(site, "default", secret)) as url:
-            answer = await http.get(
-                f"{PROMENADE}/etcd-cluster-health-statuses", params={"design_ref": url}
-            )
-        [entry] = status_of(answer, 200, "Success")["details"]["messageList"]
-        return dict(entry)
-
-    good = await health("etcd-root")
-    assert (good["message"], good["error"]) == ("Healthy", False), good
-    wrong = await health("etcd-wrong")
-    assert (wrong["message"], wrong["error"]) == ("Unable to access Etcd", True)
-    assert "no member accepted them" in wrong["detail"]
-    assert "not-the-password" not in str(wrong)
-    unreadable = await health("etcd-nowhere")  # no Secret, no permission to read one
-    assert (
-        "credentials Secret default/etcd-nowhere: the API server answered 403"
-        in unreadable["detail"]
+    url = stored(database, with_credentials(site, "default", "etcd-root"), "with-credentials")
+    answer = await http.get(f"{PROMENADE}/etcd-cluster-health-statuses", params={"design_ref": url})
+    [entry] = status_of(answer, 200, "Success")["details"]["messageList"]
+    assert (entry["message"], entry["error"]) == ("Unable to access Etcd", True)
+    assert "client URL(s) that are not https" in entry["detail"], entry
+    assert "s3cret-root" not in answer.text
+    without = await http.get(
+        f"{PROMENADE}/etcd-cluster-health-statuses", params={"design_ref": site_ref}
     )
+    [entry] = status_of(without, 200, "Success")["details"]["messageList"]
+    assert (entry["message"], entry["error"]) == ("Healthy", False), entry

@@ -154,6 +154,34 @@ def test_chart_grants_what_deploy_rbac_grants_and_nothing_more(
     assert chart_roles == set(roles), "run tools/helm/sync-serve-rbac.py"
 
 
+def test_etcd_credentials_secrets_get_a_role_naming_exactly_them(helm: Path) -> None:
+    """docs/security.md: serve may get the etcd credentials Secrets the values name, each
+    by name in its namespace (those of serve.etcdCredentialsSecrets and those the settings
+    make usable for any cluster), and no other Secret through this role."""
+    result = render(
+        helm, *VALUES,
+        "--set", "serve.etcdCredentialsSecrets={kube-system/etcd-client,kube-system/etcd-b,site-a/etcd}",
+        "--set", "settings.serve.etcd_credentials_secrets={site-a/etcd,site-a/other}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    docs = objects(result.stdout)
+    named = "metalmend-serve-etcd-credentials"
+    roles = {d["metadata"]["namespace"]: d for d in docs if (d["kind"], d["metadata"]["name"]) == ("Role", named)}  # fmt: skip
+    assert roles["kube-system"]["rules"] == [{
+        "apiGroups": [""], "resources": ["secrets"], "resourceNames": ["etcd-b", "etcd-client"],
+        "verbs": ["get"],
+    }]  # fmt: skip
+    assert roles["site-a"]["rules"][0]["resourceNames"] == ["etcd", "other"]
+    bindings = [d for d in docs if (d["kind"], d["metadata"]["name"]) == ("RoleBinding", named)]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["kube-system", "site-a"]
+    assert all(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                "name": named} for b in bindings)  # fmt: skip
+    assert all(b["subjects"][0]["name"] == "metalmend-serve" for b in bindings)
+    bad = render(helm, *VALUES, "--set", "serve.etcdCredentialsSecrets={etcd-client}")
+    assert bad.returncode != 0
+    assert "is not namespace/name" in bad.stderr
+
+
 def test_chart_admission_policies_and_daemonset_are_deploys(
     rendered: dict[tuple[str, str], dict[str, Any]],
 ) -> None:

@@ -9,17 +9,18 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from lightkube import ApiError, AsyncClient, codecs
+from lightkube import ApiError, AsyncClient, Client, KubeConfig, codecs
 from lightkube.models.core_v1 import NodeSpec
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.rbac_v1 import RoleRef, Subject
 from lightkube.resources.core_v1 import Event, Node
+from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 from lightkube.types import PatchType
 
 from metalmend.api import names
@@ -27,10 +28,15 @@ from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
 from metalmend.controllers import healthcheck, machineremediation, remediation
 from metalmend.controllers.machineremediation import MachineRemediationController
 from metalmend.controllers.remediation import RemediationController, host_view, reboot_key
+from metalmend.db import Database
+from metalmend.design.documents import parse
+from metalmend.design.store import DesignStore
 from metalmend.kube.manager import Manager
 from metalmend.policy import interlock as il
 from metalmend.policy import machineremediation as mr_policy
 from metalmend.policy import remediation as m3_policy
+from metalmend.policy.teardown import TeardownSettings
+from metalmend.serve.app import create_app
 from metalmend.serve.interlock import Interlock
 from metalmend.serve.status import StatusError
 from metalmend.settings import RuntimeSettings, Settings
@@ -43,7 +49,6 @@ from tests.support import until
 # The fixtures of those modules, by the names the tests here ask for.
 world = remediation_tests.world
 controllers = remediation_tests.controllers
-http = promenade_tests.http
 serve_kubeconfig = promenade_tests.serve_kubeconfig
 admin_token = promenade_tests.admin_token
 
@@ -61,24 +66,40 @@ data:
 
 
 @pytest.fixture
-def design_url() -> Iterator[str]:
-    """An EtcdClusters design (no member on the tested Nodes) served over http."""
+def database(tmp_path: Path) -> Iterator[Database]:
+    """serve's design store (SQLite): the design references name its revisions."""
+    found = Database.open(f"sqlite:///{tmp_path / 'serve.sqlite'}")
+    found.upgrade()
+    yield found
+    found.dispose()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            data = DESIGN.encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
-        def log_message(self, *args: object) -> None:
-            pass
+@pytest.fixture
+async def http(serve_kubeconfig: Path, database: Database) -> AsyncIterator[httpx.AsyncClient]:
+    client = AsyncClient(KubeConfig.from_file(serve_kubeconfig))
+    app = create_app(client, TeardownSettings(eviction_retry=0.5), database=database)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://serve", timeout=60) as h:
+        yield h
+    await client.close()
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/design"
-    server.shutdown()
+
+@pytest.fixture
+def design_url(database: Database, kube: Client, namespace: str, admin_token: str) -> str:
+    """An EtcdClusters design (no member on the tested Nodes) in serve's design store;
+    the teardown admin may read it (deckhand viewer, as the design reference asks)."""
+    kube.create(
+        ClusterRoleBinding(
+            metadata=ObjectMeta(name=f"{namespace}-teardown-admin-deckhand"),
+            roleRef=RoleRef(
+                apiGroup="rbac.authorization.k8s.io", kind="ClusterRole",
+                name="metalmend-deckhand-viewer",
+            ),
+            subjects=[Subject(kind="ServiceAccount", name="teardown-admin", namespace=namespace)],
+        )
+    )  # fmt: skip
+    revision = DesignStore(database).put("etcd", parse(DESIGN)).revision
+    return f"deckhand+https://deckhand/api/v1.0/revisions/{revision}/rendered-documents"
 
 
 def ask(

@@ -72,6 +72,11 @@ def test_node_filters_metalmend_will_not_run_are_refused(node_filter: Any, says:
         pytest.param({"action": "prepare_nodes"}, "prepare_nodes is not served", id="other-action"),
         pytest.param({"action": 7}, "action must be destroy_nodes", id="not-an-action"),
         pytest.param({"design_ref": ""}, "design_ref must be a URL", id="no-design-ref"),
+        pytest.param(
+            {"design_ref": "https://admin:s3cret@d/revisions/1/rendered-documents"},
+            "design_ref must not carry a user name or password",
+            id="design-ref-with-password",
+        ),
         pytest.param({"preserve-local-storage": "true"}, "true or false", id="preserve-not-bool"),
         pytest.param({"options": {}}, "unknown field", id="unknown-field"),
     ],

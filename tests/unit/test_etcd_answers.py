@@ -88,6 +88,27 @@ async def test_etcds_refusals_say_whether_asking_again_may_work(
     assert refused.value.text == message
 
 
+async def test_an_error_answer_that_is_not_etcds_is_not_shown() -> None:
+    """An endpoint a design names may be any server: its answer is not the caller's."""
+    inside = answering(lambda r: httpx.Response(403, text="internal: admin-token=abc"))
+    with pytest.raises(etcd.EtcdRefused) as refused:
+        await inside.member_list(ENDPOINT)
+    assert "admin-token" not in str(refused.value)
+    assert "an answer that is not etcd's (not shown)" in str(refused.value)
+
+
+async def test_a_client_with_credentials_contacts_no_http_endpoint() -> None:
+    asked: list[str] = []
+    client = answering(lambda r: asked.append(str(r.url)) or httpx.Response(200, json={}))
+    client.secure_only = True
+    with pytest.raises(etcd.EtcdUnreachable, match="credentials are sent over https only"):
+        await client.authenticate(ENDPOINT, "root", "pw")
+    client.secure_only, client.headers["Authorization"] = False, "token"
+    with pytest.raises(etcd.EtcdUnreachable, match="not contacted"):
+        await client.health(ENDPOINT)
+    assert asked == []
+
+
 async def test_health_reads_etcds_answer_and_nothing_else() -> None:
     healthy = answering(lambda r: httpx.Response(200, json={"health": "true", "reason": ""}))
     assert (await healthy.health(ENDPOINT)).healthy

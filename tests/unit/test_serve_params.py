@@ -20,7 +20,7 @@ REF = {
     "href": "deckhand+https://deckhand:9000/api/v1.0/revisions/3/rendered-documents",
     "type": "application/x-yaml",
 }
-REF_URL = DesignRef(REF["href"], "https://deckhand:9000/api/v1.0/revisions/3/rendered-documents")
+REF_URL = DesignRef("design revision 3", revision=3)
 
 
 @pytest.mark.parametrize(
@@ -157,7 +157,7 @@ def test_names_that_no_node_can_have(raw: str) -> None:
 def test_remove_etcd_reads_the_design_reference() -> None:
     assert params.remove_etcd([], REF) == RemoveEtcdRequest(REF_URL, 1800)
     assert params.remove_etcd([("timeout", "30")], {"href": "https://d/x"}) == RemoveEtcdRequest(
-        DesignRef("https://d/x", "https://d/x"), 30
+        DesignRef("https://d/x", url="https://d/x"), 30
     )
 
 
@@ -177,7 +177,7 @@ def test_remove_etcd_reads_the_design_reference() -> None:
         ),
         pytest.param(
             {**REF, "href": "ftp://d/x"},
-            "design reference 'ftp://d/x' is not a URL",
+            "design reference ftp://d/x: only deckhand+https://",
             id="another scheme",
         ),
         pytest.param({**REF, "href": "deckhand+https:///x"}, "is not a URL", id="no host"),

@@ -2,7 +2,8 @@
 """Regenerate deploy/chart/templates/rbac-serve.yaml from deploy/rbac/serve.yaml (the one
 place its rules are written and explained): the namespace becomes the release's, every
 object gets the chart's labels, and the Secret-reading role of serve, if there is one, is
-bound in each host namespace (run.secretNamespaces). tests/integration/test_chart.py fails
+bound in each host namespace (run.secretNamespaces), and the etcd credentials Secrets are
+readable by name (serve.etcdCredentialsSecrets). tests/integration/test_chart.py fails
 when the two disagree; run this then."""
 
 from __future__ import annotations
@@ -43,6 +44,53 @@ subjects:
 """
 
 
+# etcd credentials Secrets (docs/security.md): per namespace, a Role naming exactly those
+# Secrets, from serve.etcdCredentialsSecrets and settings.serve.etcd_credentials_secrets
+# ("namespace/name" each).
+PER_ETCD_SECRET = """{{- $etcdSecrets := dict }}
+{{- $named := concat (.Values.serve.etcdCredentialsSecrets | default list) ((.Values.settings.serve | default dict).etcd_credentials_secrets | default list) }}
+{{- range $named }}
+{{- $parts := splitList "/" . }}
+{{- if or (ne (len $parts) 2) (not (index $parts 0)) (not (index $parts 1)) }}
+{{- fail (printf "serve.etcdCredentialsSecrets: %q is not namespace/name" .) }}
+{{- end }}
+{{- $namespace := index $parts 0 }}
+{{- $_ := set $etcdSecrets $namespace (append (get $etcdSecrets $namespace | default list) (index $parts 1) | uniq | sortAlpha) }}
+{{- end }}
+{{- range $namespace, $names := $etcdSecrets }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: metalmend-serve-etcd-credentials
+  namespace: {{ $namespace }}
+  labels:
+    {{- include "metalmend.labels" $ | nindent 4 }}
+rules:
+  - apiGroups: [""]
+    resources: [secrets]
+    resourceNames: {{ toJson $names }}
+    verbs: [get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: metalmend-serve-etcd-credentials
+  namespace: {{ $namespace }}
+  labels:
+    {{- include "metalmend.labels" $ | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: metalmend-serve-etcd-credentials
+subjects:
+  - kind: ServiceAccount
+    name: metalmend-serve
+    namespace: {{ $.Release.Namespace }}
+{{- end }}
+"""
+
+
 def documents(text: str) -> list[str]:
     return [d for d in re.split(r"^---\s*$", text, flags=re.M) if "apiVersion:" in d]
 
@@ -63,6 +111,7 @@ def main() -> None:
     out = HEADER + "---\n" + body + "\n"
     if f"name: {SECRETS_ROLE}\n" in source:
         out += PER_NAMESPACE % {"role": SECRETS_ROLE}
+    out += PER_ETCD_SECRET
     out += "{{- end }}\n"
     TARGET.write_text(out)
 

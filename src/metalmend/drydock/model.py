@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from metalmend.api.stamps import stamp
 from metalmend.policy.destroy import NodeState, ResultStatus, TaskStatus, task_result
@@ -62,6 +63,12 @@ def read_request(body: Any) -> TaskRequest:
     design_ref = body.get("design_ref")
     if not isinstance(design_ref, str) or not design_ref.strip() or len(design_ref) > 2048:
         raise RequestProblem("design_ref must be a URL (at most 2048 characters)")
+    try:
+        userinfo = "@" in urlsplit(design_ref.strip()).netloc
+    except ValueError:
+        raise RequestProblem("design_ref must be a URL (at most 2048 characters)") from None
+    if userinfo:  # kept with the task and shown to its readers: never a password
+        raise RequestProblem("design_ref must not carry a user name or password")
     preserve = body.get(PRESERVE, False)
     if not isinstance(preserve, bool):
         raise RequestProblem(f"{PRESERVE} must be true or false")

@@ -1,6 +1,15 @@
 """How metalmend reaches one etcd cluster: with no credentials, or with those of the
 Secret the design names (``credentials: {secret: {namespace, name}}``).
 
+Which Secret may be used is not the design's to decide (a design is input: docs/security.md,
+"Design references and etcd credentials"). A Secret is used for cluster C only when it
+carries the label ``metalmend.dev/etcd-credentials: "true"`` (ours, not the BMC one) and is
+either listed in ``serve.etcd_credentials_secrets`` or bound to C by its annotation
+``metalmend.dev/etcd-clusters`` (cluster names, comma-separated): both are set by whoever
+may edit the Secret, who can read the password anyway. ``usable`` is that rule. And a
+cluster with credentials is reached over https only: a design listing an ``http://``
+client URL for it is refused before the Secret is even read.
+
 The Secret's keys, all optional: ``username`` and ``password`` (etcd's own auth: a token
 from ``/v3/auth/authenticate``, sent as ``Authorization``), ``ca.crt`` (the CA that signed
 the members' serving certificates, for https client URLs), ``tls.crt`` and ``tls.key``
@@ -13,7 +22,7 @@ from __future__ import annotations
 import os
 import ssl
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,8 +31,13 @@ import httpx
 from metalmend.etcd.client import DEADLINE, EtcdClient, EtcdError
 from metalmend.etcd.design import ClusterDesign, SecretRef
 
-# Reads a Secret's data, values decoded; raises CredentialsError when it cannot.
-SecretReader = Callable[[SecretRef], Awaitable[Mapping[str, bytes]]]
+# Reads the credentials Secret of the named cluster, values decoded, once ``usable``
+# allows it; raises CredentialsError when it cannot or may not.
+SecretReader = Callable[[SecretRef, str], Awaitable[Mapping[str, bytes]]]
+
+SECRET_LABEL = "metalmend.dev/etcd-credentials"
+SECRET_LABEL_VALUE = "true"
+CLUSTERS_ANNOTATION = "metalmend.dev/etcd-clusters"
 
 
 class CredentialsError(Exception):
@@ -79,6 +93,37 @@ class Credentials:
         return context
 
 
+def bound_clusters(annotations: Mapping[str, str] | None) -> frozenset[str]:
+    """The cluster names a Secret's ``metalmend.dev/etcd-clusters`` annotation lists."""
+    value = (annotations or {}).get(CLUSTERS_ANNOTATION, "")
+    return frozenset(name.strip() for name in value.split(",") if name.strip())
+
+
+def usable(
+    ref: SecretRef,
+    cluster: str,
+    labels: Mapping[str, str] | None,
+    annotations: Mapping[str, str] | None,
+    named: Iterable[str],
+) -> str | None:
+    """Why the Secret ``ref`` may not serve as the credentials of etcd cluster
+    ``cluster`` (None: it may). ``named``: ``serve.etcd_credentials_secrets``
+    (``namespace/name``)."""
+    if (labels or {}).get(SECRET_LABEL) != SECRET_LABEL_VALUE:
+        return f"not labelled {SECRET_LABEL}={SECRET_LABEL_VALUE}"
+    if f"{ref.namespace}/{ref.name}" in set(named) or cluster in bound_clusters(annotations):
+        return None
+    return (
+        f"not bound to etcd cluster {cluster!r} (annotation {CLUSTERS_ANNOTATION}) nor named"
+        " in serve.etcd_credentials_secrets"
+    )
+
+
+def cleartext(cluster: ClusterDesign) -> list[str]:
+    """The design's client URLs of ``cluster`` that are not https."""
+    return [url for url in cluster.endpoints if not url.lower().startswith("https://")]
+
+
 def _load_client_certificate(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
     """ssl loads a certificate chain from files only: a private directory for the moment
     it takes, removed at once."""
@@ -98,12 +143,21 @@ async def connect(cluster: ClusterDesign, secrets: SecretReader | None) -> EtcdC
     if ref is None:
         return EtcdClient()
     where = f"etcd cluster {cluster.name}: credentials Secret {ref.namespace}/{ref.name}"
+    if plain := cleartext(cluster):
+        raise CredentialsError(
+            f"{where}: not used: the design lists client URL(s) that are not https"
+            f" ({', '.join(u[:100] for u in plain[:3])}), and credentials are sent over https"
+            " only; nothing was sent"
+        )
     if secrets is None:
         raise CredentialsError(f"{where}: this caller cannot read Secrets")
-    credentials = Credentials.from_secret(ref, await secrets(ref))
+    credentials = Credentials.from_secret(ref, await secrets(ref, cluster.name))
     context = credentials.tls(where)
-    http = httpx.AsyncClient(timeout=DEADLINE, verify=context if context is not None else True)
+    http = httpx.AsyncClient(
+        timeout=DEADLINE, verify=context if context is not None else True, follow_redirects=False
+    )
     client = EtcdClient(http, owned=True)
+    client.secure_only = True
     if credentials.username:
         problems = []
         for endpoint in cluster.endpoints:

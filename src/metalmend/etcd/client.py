@@ -145,6 +145,9 @@ class EtcdClient:
         self._owned = owned or http is None
         self.deadline = deadline
         self.headers: dict[str, str] = {}  # Authorization, when the cluster has auth on
+        # True when this client carries credentials (a password, a token, a client
+        # certificate): then it refuses, before connecting, any endpoint not https.
+        self.secure_only = False
 
     async def aclose(self) -> None:
         if self._owned:
@@ -160,6 +163,11 @@ class EtcdClient:
         self, method: str, endpoint: str, path: str, body: dict[str, Any] | None
     ) -> tuple[int, bytes]:
         url = endpoint.rstrip("/") + path
+        if (self.secure_only or self.headers) and not url.lower().startswith("https://"):
+            # A token (or, authenticating, a password) never travels in cleartext.
+            raise EtcdUnreachable(
+                endpoint, f"{path}: not contacted: credentials are sent over https only"
+            )
         try:
             async with asyncio.timeout(self.deadline):
                 request = self._http.build_request(
@@ -193,7 +201,9 @@ class EtcdClient:
         if status != 200:
             text = answer.get("message") if isinstance(answer, dict) else None
             if not isinstance(text, str):
-                text = data[:200].decode("utf-8", "replace")
+                # Not etcd's JSON error: whatever answered is not shown (the endpoint may
+                # be any server a design names; its answer is not the caller's to read).
+                text = "an answer that is not etcd's (not shown)"
             raise EtcdRefused(endpoint, status, text[:500])
         if not isinstance(answer, dict):
             raise EtcdInvalid(endpoint, f"answer to {path} is not a JSON object")

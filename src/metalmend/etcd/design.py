@@ -1,7 +1,8 @@
 """The site's etcd clusters, as its design declares them: the ``promenade/EtcdClusters/v1``
 document that Airship's node teardown spec introduces ("identifiers, credentials, and
-thresholds for minimum functionality"), found through the design reference (an http(s)
-URL answering YAML documents; ``deckhand+https://`` is fetched with https).
+thresholds for minimum functionality"), found through the design reference: a revision of
+metalmend serve's own design store, or an https URL the operator allowed
+(``metalmend.serve.designref``).
 
 The spec names the document but not its fields; metalmend reads this shape
 (docs/teardown.md, "The EtcdClusters document")::
@@ -96,20 +97,26 @@ class Design:
 # ---- fetching ------------------------------------------------------------------------------
 
 
-async def fetch(url: str, http: httpx.AsyncClient | None = None) -> str:
-    """The design's YAML text, within FETCH_DEADLINE and MAX_DESIGN."""
+async def fetch(url: str, http: httpx.AsyncClient | None = None, shown: str = "") -> str:
+    """The design's YAML text, within FETCH_DEADLINE and MAX_DESIGN. Redirects are not
+    followed (the URL was checked, where it points was not), and no part of an answer
+    that is not the design reaches a message: only its HTTP code. ``shown``: the URL as
+    messages may show it (no user name, password or query)."""
+    where = shown or url
     owned = http is None
-    client = http or httpx.AsyncClient(timeout=FETCH_DEADLINE)
+    client = http or httpx.AsyncClient(timeout=FETCH_DEADLINE, follow_redirects=False)
     try:
         async with asyncio.timeout(FETCH_DEADLINE):
             request = client.build_request(
                 "GET", url, headers={"Accept": "application/x-yaml"}, timeout=FETCH_DEADLINE
             )
-            response = await client.send(request, stream=True)
+            response = await client.send(request, stream=True, follow_redirects=False)
             try:
                 if response.status_code != 200:
+                    moved = " (a redirect, not followed)" if response.is_redirect else ""
                     raise DesignError(
-                        f"the design reference {url} answered HTTP {response.status_code}",
+                        f"the design reference {where} answered HTTP {response.status_code}"
+                        + moved,
                         unavailable=True,
                     )
                 data = bytearray()
@@ -117,19 +124,20 @@ async def fetch(url: str, http: httpx.AsyncClient | None = None) -> str:
                     data += chunk
                     if len(data) > MAX_DESIGN:
                         raise DesignError(
-                            f"the design at {url} is larger than {MAX_DESIGN} bytes",
+                            f"the design at {where} is larger than {MAX_DESIGN} bytes",
                             unavailable=True,
                         )
             finally:
                 await response.aclose()
     except TimeoutError:
         raise DesignError(
-            f"the design reference {url} did not answer within {FETCH_DEADLINE:g}s",
+            f"the design reference {where} did not answer within {FETCH_DEADLINE:g}s",
             unavailable=True,
         ) from None
     except (httpx.HTTPError, OSError) as error:
+        # The error's type only: its text may carry the URL as given.
         raise DesignError(
-            f"cannot fetch the design reference {url}: {type(error).__name__}: {error}",
+            f"cannot fetch the design reference {where}: {type(error).__name__}",
             unavailable=True,
         ) from None
     finally:
@@ -138,12 +146,13 @@ async def fetch(url: str, http: httpx.AsyncClient | None = None) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise DesignError(f"the design at {url} is not UTF-8 text") from None
+        raise DesignError(f"the design at {where} is not UTF-8 text") from None
 
 
 async def load(url: str, source: str = "", http: httpx.AsyncClient | None = None) -> Design:
-    """Fetch and read the design at ``url`` (``source``: the reference as given)."""
-    return parse(await fetch(url, http), source or url)
+    """Fetch and read the design at ``url`` (``source``: the reference as messages show
+    it)."""
+    return parse(await fetch(url, http, shown=source), source or url)
 
 
 # ---- reading -------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""The lab's design service: the site's design documents (YAML) over http on 127.0.0.1,
+"""The lab's design service: the site's design documents (YAML) over https on 127.0.0.1,
 at a Deckhand-shaped path, for the design reference of remove-etcd, the etcd health
-endpoint and decommission (``python -m metalmend.lab.designserver FILE PORT PATH``,
-started by ``metalmend lab up``; see ``lab.siteetcd``).
+endpoint and decommission (``python -m metalmend.lab.designserver FILE PORT PATH CERT
+KEY``, started by ``metalmend lab up`` with a certificate of the lab's CA; see
+``lab.siteetcd``). https, because metalmend serve fetches a design only from an https URL
+its settings allow (the lab allows this one: docs/security.md).
 
 The file is read on every request, so a test may change the design the lab serves.
 """
@@ -9,6 +11,7 @@ The file is read on every request, so a test may change the design the lab serve
 from __future__ import annotations
 
 import contextlib
+import ssl
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -42,6 +45,9 @@ def handler(document: Path, path: str) -> type[BaseHTTPRequestHandler]:
 def main() -> None:
     document, port, path = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     server = ThreadingHTTPServer((LOOPBACK, port), handler(document, path))
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(sys.argv[4], sys.argv[5])
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
     server.daemon_threads = True
     with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()

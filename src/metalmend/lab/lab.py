@@ -40,6 +40,7 @@ from metalmend.kube.crds import install_crds
 from metalmend.lab import hosts, provisioner, siteetcd
 from metalmend.lab import serve as lab_serve
 from metalmend.lab.controlplane import (
+    LOOPBACK,
     Component,
     ControlPlane,
     ControlPlaneConfig,
@@ -306,8 +307,10 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
     start_provisioner(running, config_file, options.provision_delay)
     if site is not None:  # the site etcd (on the hosts) and the design declaring it
         siteetcd.wait_healthy(site)
-        argv = siteetcd.design_server_argv(options.lab_dir, site)
-        ready = lambda: siteetcd.design_served(site)  # noqa: E731
+        ca = running.plane.ca
+        serving = ca.issue("design-server", "design-server", ip_addresses=(LOOPBACK,), server=True)
+        argv = siteetcd.design_server_argv(options.lab_dir, site, serving)
+        ready = lambda: siteetcd.design_served(site, ca.pair.cert)  # noqa: E731
         _record(running, start_component("design-server", argv, workdir, ready))
         running.state.design_ref = site.design_url
 

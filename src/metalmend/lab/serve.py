@@ -10,7 +10,7 @@ and nothing more, and writes ``endpoints.json``:
 
     {"url": "https://127.0.0.1:PORT", "ca": "<path of the CA file>",
      "token": "<bearer token of a lab admin allowed everything>",
-     "design_ref": "<URL answering the lab's design documents>"}
+     "design_ref": "<https URL answering the lab's design documents>"}
 
 The lab admin is the ServiceAccount ``metalmend-system/lab-admin`` bound to
 ``cluster-admin`` (every permission of the promenade.metalmend.dev group included).
@@ -24,6 +24,7 @@ import ssl
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -34,6 +35,7 @@ from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding, RoleBinding
 
 from metalmend.kube import errors
+from metalmend.lab import siteetcd
 from metalmend.lab.controlplane import LOOPBACK, Component, ControlPlane, free_port, start_component
 from metalmend.lab.hosts import NAMESPACE as HOSTS_NAMESPACE
 
@@ -164,10 +166,16 @@ def start(plane: ControlPlane, client: Client, lab_dir: Path) -> tuple[Component
     config = lab_dir / "serve-settings.yaml"
     # The design store in the lab's directory: gone with the lab (docs/design-store.md).
     database = f"sqlite:///{(lab_dir / 'serve.sqlite').resolve()}"
+    serve: dict[str, Any] = {"database_url": database, "site_namespaces": [HOSTS_NAMESPACE]}
+    site = siteetcd.SitePlan.read(siteetcd.plan_path(lab_dir))
+    if site is not None:  # the lab's https design server: allowed, its CA trusted
+        serve["design_url_prefixes"] = [site.design_prefix]
+        serve["design_ca_bundle"] = str(plane.ca.pair.cert.resolve())
     settings = {
         "teardown": LAB_TEARDOWN,
-        # site actions apply the lab design's hosts and machines in the hosts' namespace
-        "serve": {"database_url": database, "site_namespaces": [HOSTS_NAMESPACE]},
+        # site actions apply the lab design's hosts and machines in the hosts' namespace;
+        # design references: the lab's design server (docs/teardown.md, "In the lab")
+        "serve": serve,
         # destroy_nodes wipes through the lab's BMCs, whose certificates the lab CA signs
         "bmc": {"ca_bundle": str(plane.ca.pair.cert.resolve()), "timeout": 5},
         "destroy": LAB_DESTROY,

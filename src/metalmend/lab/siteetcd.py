@@ -19,11 +19,12 @@ remove-etcd and etcd health read, docs/teardown.md).
   wiped) starts only once etcd's member list shows it added and not started, then joins
   the existing cluster (``decide_start``); only the founding members ``lab up`` flags on
   their OS drives start a new cluster.
-- The lab serves the design documents over http on 127.0.0.1 (``lab.designserver``):
-  ``design_url`` is the design reference to give remove-etcd, the health endpoint and
-  decommission; ``lab status`` shows it. The lab's etcd runs without TLS and without
-  client authentication, on loopback only; the document therefore declares no
-  credentials.
+- The lab serves the design documents over https on 127.0.0.1 (``lab.designserver``, a
+  certificate of the lab's CA): ``design_url`` is the design reference to give remove-etcd,
+  the health endpoint and decommission; ``lab status`` shows it. The lab's serve allows
+  that URL (``design_prefix``) and trusts the lab's CA for it (``serve.design_ca_bundle``).
+  The lab's etcd runs without TLS and without client authentication, on loopback only;
+  the document therefore declares no credentials.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import contextlib
 import json
 import logging
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Sequence
@@ -48,6 +50,7 @@ from metalmend.lab import drives
 from metalmend.lab.controlplane import LOOPBACK, Component, free_port
 from metalmend.lab.inventory import HostSpec
 from metalmend.lab.osdrive import OsDrive
+from metalmend.lab.pki import KeyPair
 
 if TYPE_CHECKING:
     from metalmend.lab.kubelet import KubeletSim
@@ -92,7 +95,12 @@ class SitePlan:
 
     @property
     def design_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.design_port}{DESIGN_PATH}"
+        return f"https://{LOOPBACK}:{self.design_port}{DESIGN_PATH}"
+
+    @property
+    def design_prefix(self) -> str:
+        """What the lab's serve allows (serve.design_url_prefixes): this server only."""
+        return f"https://{LOOPBACK}:{self.design_port}/"
 
     @property
     def initial_cluster(self) -> str:
@@ -417,17 +425,19 @@ def members_for(lab_dir: Path, kubelets: dict[str, KubeletSim]) -> list[EtcdMemb
 # ---- the lab supervisor's side -----------------------------------------------------------
 
 
-def design_server_argv(lab_dir: Path, site: SitePlan) -> list[str]:
+def design_server_argv(lab_dir: Path, site: SitePlan, serving: KeyPair) -> list[str]:
     return [
         sys.executable, "-m", "metalmend.lab.designserver",
         str(design_path(lab_dir)), str(site.design_port), DESIGN_PATH,
+        str(serving.cert), str(serving.key),
     ]  # fmt: skip
 
 
-def design_served(site: SitePlan) -> bool:
+def design_served(site: SitePlan, ca: Path) -> bool:
     try:
-        return httpx.get(site.design_url, timeout=1).status_code == 200
-    except httpx.HTTPError:
+        trusted = ssl.create_default_context(cafile=str(ca))
+        return httpx.get(site.design_url, verify=trusted, timeout=1).status_code == 200
+    except (httpx.HTTPError, OSError):
         return False
 
 

@@ -91,6 +91,7 @@ def create_app(
     redeploy: RedeploySettings | None = None,
     site_namespaces: tuple[str, ...] = (),
     limits: auth.Limits | None = None,
+    etcd_access: etcd.EtcdAccess | None = None,
 ) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -121,6 +122,8 @@ def create_app(
         interlock=Interlock(client),
         database=database,
     )
+    # Allowed design URLs and etcd credentials Secrets (serve settings; none by default)
+    app.state.etcd_access = etcd_access or etcd.EtcdAccess()
     app.include_router(promenade.router, prefix=promenade.PREFIX)
     app.include_router(etcd.router, prefix=promenade.PREFIX)  # remove-etcd, etcd health
     app.include_router(decommission.router, prefix=promenade.PREFIX)
@@ -224,6 +227,7 @@ def _shipyard(
         events=EventRecorder(services.client, component="metalmend-shipyard"),
         drainer=services.drainer, kubelet=services.kubelet, teardown=teardown,
         clock=SYSTEM_CLOCK, redeploy=redeploy or RedeploySettings(), site_namespaces=namespaces,
+        etcd_credentials_secrets=etcd.access_of_app(app).etcd_credentials_secrets,
     )  # fmt: skip
     store = ActionStore(services.database)
     worker = ActionWorker(store, steps, destroy.lease_seconds)

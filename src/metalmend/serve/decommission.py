@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from lightkube import ApiError, AsyncClient
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
-from metalmend.etcd import members
+from metalmend.etcd import access, members
 from metalmend.etcd.design import Design
 from metalmend.kube import errors
 from metalmend.log import fields
@@ -52,6 +52,9 @@ class Decommission:
     # reading the host sees how far the decommission is); None: not claimed (tests).
     claims: interlock.Interlock | None = None
     by: str = ""
+    # Reads the credentials Secret of a cluster that declares one (serve.etcd's reader:
+    # labelled and bound Secrets only); None: such clusters are unreachable.
+    secrets: access.SecretReader | None = None
 
     async def run(self) -> policy.Verdict:
         done: list[policy.StepResult] = []
@@ -103,7 +106,9 @@ class Decommission:
 
     async def remove_etcd(self) -> str:
         timeout = self.request.remove_etcd_timeout
-        outcomes = await members.remove_member(self.design, self.node, timeout=timeout)
+        outcomes = await members.remove_member(
+            self.design, self.node, timeout=timeout, secrets=self.secrets
+        )
         if not outcomes:
             return f"Node {self.node} holds no etcd member of the design's clusters"
         said = "; ".join(line for o in outcomes for line in o.lines) or ", ".join(
@@ -119,7 +124,9 @@ class Decommission:
     async def etcd_ready(self) -> str:
         deadline = self.clock.now() + dt.timedelta(seconds=self.request.etcd_ready_timeout)
         while True:
-            report = await members.cluster_health(self.design, ignore_node=self.node)
+            report = await members.cluster_health(
+                self.design, ignore_node=self.node, secrets=self.secrets
+            )
             states = [
                 policy.ClusterState(
                     c.cluster, c.state is members.State.HEALTHY, c.detail or c.state
@@ -179,11 +186,13 @@ async def decommission(
     wanted = params.decommission(request.query_params.multi_items(), await etcd.read_body(request))
     services = request.app.state.services
     await nodes.get_node(services.client, name)
-    design = await etcd.load_design(wanted.design_ref, "DisassociateStepFailure")
+    design = await etcd.load_design(request, wanted.design_ref, "DisassociateStepFailure")
     await interlock.claim_for(request, name, "decommission")  # 409 before any step
+    secrets = etcd.secret_reader(services.client, etcd.access_of(request).etcd_credentials_secrets)
     verdict = await Decommission(
         services.client, services.drainer, services.kubelet, services.drainer.settings,
         design, name, wanted, claims=services.interlock, by=interlock.caller_of(request),
+        secrets=secrets,
     ).run()  # fmt: skip
     messages = [Message(text, error) for text, error in verdict.lines]
     return JSONResponse(

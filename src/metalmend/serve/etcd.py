@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+import logging
+import ssl
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
+import httpx
 import httpx2
 import yaml
 from fastapi import APIRouter, Query, Request
@@ -30,12 +34,15 @@ from fastapi.responses import JSONResponse
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Secret
 
+from metalmend.design.rules import document_query, select
 from metalmend.etcd import access, members
 from metalmend.etcd import design as designs
 from metalmend.kube import errors
-from metalmend.serve import auth, interlock, nodes, params
+from metalmend.log import fields
+from metalmend.serve import auth, deckhand, designref, interlock, nodes, params
 from metalmend.serve.status import Message, StatusError, body, documented
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["promenade"])
 Credentials = auth.Credentials
 
@@ -68,13 +75,46 @@ async def read_body(request: Request) -> object:
         raise params.RequestRejected("the body is not JSON (nor YAML)") from None
 
 
+@dataclass(frozen=True)
+class EtcdAccess:
+    """What the operator allowed (``serve`` settings): the https URL prefixes a design may
+    be fetched from, and the etcd credentials Secrets usable for any cluster."""
+
+    design_url_prefixes: tuple[designref.Prefix, ...] = ()
+    etcd_credentials_secrets: tuple[str, ...] = ()  # namespace/name
+    design_ca_bundle: Path | None = None  # None: the system's CAs
+
+    @classmethod
+    def from_settings(
+        cls, prefixes: Sequence[str], secrets: Sequence[str], ca_bundle: Path | None = None
+    ) -> EtcdAccess:
+        return cls(tuple(designref.prefix(p) for p in prefixes), tuple(secrets), ca_bundle)
+
+
+def access_of_app(app: Any) -> EtcdAccess:
+    found = getattr(app.state, "etcd_access", None)
+    return found if isinstance(found, EtcdAccess) else EtcdAccess()
+
+
+def access_of(request: Request) -> EtcdAccess:
+    return access_of_app(request.app)
+
+
 async def load_design(
-    ref: params.DesignRef, unavailable_reason: str, missing_code: int = 400
+    request: Request, ref: designref.DesignRef, unavailable_reason: str, missing_code: int = 400
 ) -> designs.Design:
-    """The design, or the answer that says why not: fetching failed (500 with the step's
-    reason), no EtcdClusters document (``missing_code``), a bad document (400)."""
+    """The design, or the answer that says why not: a reference neither in serve's design
+    store nor under an allowed prefix (400, nothing fetched), a revision the caller may not
+    read (403), fetching failed (500 with the step's reason), no EtcdClusters document
+    (``missing_code``), a bad document (400). Call after ``auth.admit``."""
     try:
-        return await designs.load(ref.url, source=ref.href)
+        designref.allowed(ref, access_of(request).design_url_prefixes)
+    except designref.ReferenceRefused as error:
+        raise params.RequestRejected(str(error)) from None
+    try:
+        if ref.revision is not None:
+            return designs.from_documents(await _revision(request, ref), ref.shown)
+        return await _fetched(ref, access_of(request).design_ca_bundle)
     except designs.DesignError as error:
         if error.missing and missing_code == 404:
             lines = [Message(error.message, True)]
@@ -86,22 +126,73 @@ async def load_design(
         raise params.RequestRejected(error.message) from None
 
 
-def secret_reader(client: AsyncClient) -> access.SecretReader:
-    """Reads a cluster's credentials Secret as metalmend serve's own identity (grant it
-    ``get`` on that Secret: docs/teardown.md). Messages name the Secret, never a value."""
+async def _fetched(ref: designref.DesignRef, ca_bundle: Path | None) -> designs.Design:
+    """The design at an allowed https URL, verified with ``ca_bundle`` when given."""
+    if ca_bundle is None:
+        return await designs.load(ref.url, source=ref.shown)
+    try:
+        verify = ssl.create_default_context(cafile=str(ca_bundle))
+    except (OSError, ssl.SSLError) as error:
+        text = f"cannot read serve.design_ca_bundle {ca_bundle}: {type(error).__name__}"
+        raise designs.DesignError(text, unavailable=True) from None
+    async with httpx.AsyncClient(verify=verify, follow_redirects=False) as http:
+        return await designs.load(ref.url, source=ref.shown, http=http)
 
-    async def read(ref: designs.SecretRef) -> Mapping[str, bytes]:
-        where = f"credentials Secret {ref.namespace}/{ref.name}"
+
+async def _revision(request: Request, ref: designref.DesignRef) -> list[Any]:
+    """Revision ``ref.revision`` of serve's own design store, read from its database with
+    Deckhand's filters, as ``GET .../rendered-documents`` would answer the caller, who
+    must therefore be allowed to read it (``get revisions``, deckhand.metalmend.dev)."""
+    assert ref.revision is not None
+    number = ref.revision
+    gate: auth.Gate = request.app.state.services.gate
+    await gate.authorize(request.state.caller, deckhand.GET_REVISION, str(number))
+    try:
+        entries = await deckhand.run(request, lambda store: store.entries(number))
+    except StatusError as error:
+        if error.code != 404:
+            raise
+        raise params.RequestRejected(
+            f"the design reference names revision {number}, which metalmend serve's design"
+            " store does not hold"
+        ) from None
+    query = document_query(ref.filters, ref.rendered)  # checked when the reference was read
+    chosen = select(entries, query, ref.rendered)
+    return [e.document.to_wire(e.bucket, e.revision) for e in chosen]
+
+
+def secret_reader(client: AsyncClient, named: Sequence[str] = ()) -> access.SecretReader:
+    """Reads a cluster's credentials Secret as metalmend serve's own identity, and uses it
+    only when ``access.usable`` says so: labelled metalmend.dev/etcd-credentials, and
+    bound to the cluster or ``named`` (``serve.etcd_credentials_secrets``). Whether the
+    Secret is missing, unreadable, unlabelled or unbound, the caller reads one message (it
+    does not learn which Secrets exist); the log says which, never a value."""
+
+    async def read(ref: designs.SecretRef, cluster: str) -> Mapping[str, bytes]:
+        secret_name = f"{ref.namespace}/{ref.name}"
+        where = f"credentials Secret {secret_name}"
+        refused = access.CredentialsError(
+            f"{where}: not found, not readable by metalmend serve, not labelled"
+            f" {access.SECRET_LABEL}={access.SECRET_LABEL_VALUE}, or not bound to etcd cluster"
+            f" {cluster!r} ({access.CLUSTERS_ANNOTATION}); nothing was sent (docs/teardown.md)"
+        )
         try:
             secret = await client.get(Secret, ref.name, namespace=ref.namespace)
         except ApiError as error:
-            raise access.CredentialsError(
-                f"{where}: the API server answered {errors.code(error)} {error.status.message}"
-            ) from None
+            why = f"the API server answered {errors.code(error)} {error.status.message}"
+            log.warning("etcd credentials refused", extra=fields(secret=secret_name, why=why))
+            raise refused from None
         except (httpx2.HTTPError, OSError) as error:
             raise access.CredentialsError(
                 f"{where}: cannot reach the API server: {error}"
             ) from None
+        meta = secret.metadata
+        why_not = access.usable(
+            ref, cluster, meta.labels if meta else None, meta.annotations if meta else None, named
+        )
+        if why_not is not None:
+            log.warning("etcd credentials refused", extra=fields(secret=secret_name, why=why_not))
+            raise refused
         try:
             return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
         except (binascii.Error, ValueError):
@@ -137,9 +228,10 @@ async def remove_etcd(
     name = params.node_name(node_id)
     wanted = params.remove_etcd(request.query_params.multi_items(), await read_body(request))
     await nodes.get_node(request.app.state.services.client, name)
-    design = await load_design(wanted.design_ref, "RemoveEtcdError")
+    design = await load_design(request, wanted.design_ref, "RemoveEtcdError")
     await interlock.claim_for(request, name, "remove-etcd")
-    secrets = secret_reader(request.app.state.services.client)
+    named = access_of(request).etcd_credentials_secrets
+    secrets = secret_reader(request.app.state.services.client, named)
     outcomes = await members.remove_member(design, name, timeout=wanted.timeout, secrets=secrets)
     failed = {members.Result.REFUSED, members.Result.UNREACHABLE, members.Result.TIMED_OUT}
     messages = _lines(outcomes, failed)
@@ -176,8 +268,9 @@ async def etcd_health(
     del design_ref  # documented above; read with its checks from the query
     await auth.admit(request, credentials, auth.ETCD_HEALTH, "")
     ref = params.etcd_health(request.query_params.multi_items())
-    design = await load_design(ref, "EtcdNotAccessible", missing_code=404)
-    secrets = secret_reader(request.app.state.services.client)
+    design = await load_design(request, ref, "EtcdNotAccessible", missing_code=404)
+    named = access_of(request).etcd_credentials_secrets
+    secrets = secret_reader(request.app.state.services.client, named)
     report = await members.cluster_health(design, secrets=secrets)
     messages: list[Message] = []
     for cluster in report:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+
+from metalmend.serve import designref
+from metalmend.serve.designref import DesignRef
 
 # The spec's defaults, in seconds.
 DRAIN_TIMEOUT = 3600
@@ -28,12 +30,6 @@ Query = Sequence[tuple[str, str]]
 # A Node's name is a DNS subdomain (RFC 1123): what the API server accepts.
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _WHOLE = re.compile(r"[0-9]+")
-DESIGN_SCHEMES = {
-    "deckhand+https": "https",
-    "deckhand+http": "http",
-    "https": "https",
-    "http": "http",
-}
 
 
 class RequestRejected(ValueError):
@@ -52,12 +48,6 @@ class DrainRequest:
 @dataclass(frozen=True)
 class ClearLabelsRequest:
     timeout: int = CLEAR_LABELS_TIMEOUT
-
-
-@dataclass(frozen=True)
-class DesignRef:
-    href: str  # as given (``deckhand+https://...``)
-    url: str  # where it is fetched from (``https://...``)
 
 
 @dataclass(frozen=True)
@@ -140,14 +130,12 @@ def no_parameters(query: Query) -> None:
 
 
 def design_ref_url(raw: str) -> DesignRef:
-    """A design reference URL: ``deckhand+https://...`` (the spec's form) is fetched with
-    https, as a plain ``https://`` or ``http://`` URL would be."""
-    parts = urlsplit(raw.strip())
-    scheme = DESIGN_SCHEMES.get(parts.scheme.lower())
-    if scheme is None or not parts.netloc:
-        schemes = ", ".join(DESIGN_SCHEMES)
-        raise RequestRejected(f"design reference {raw[:200]!r} is not a URL ({schemes})")
-    return DesignRef(raw.strip(), parts._replace(scheme=scheme).geturl())
+    """A design reference (``serve.designref``): a revision of serve's design store, or an
+    https URL (allowed or not: the settings say, when it is read). Never echoed as given."""
+    try:
+        return designref.parse(raw)
+    except designref.ReferenceRefused as error:
+        raise RequestRejected(str(error)) from None
 
 
 def design_ref_body(document: object) -> DesignRef:

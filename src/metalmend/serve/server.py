@@ -17,8 +17,9 @@ import uvicorn
 from metalmend.bmc import BmcPool
 from metalmend.db import Database
 from metalmend.kube.client import async_client, load_config, whoami
-from metalmend.serve import auth
+from metalmend.serve import auth, designref
 from metalmend.serve.app import create_app
+from metalmend.serve.etcd import EtcdAccess
 from metalmend.serve.settings import check
 from metalmend.serve.storeguard import guard
 from metalmend.settings import Settings
@@ -49,11 +50,28 @@ def harden(config: uvicorn.Config) -> uvicorn.Config:
     return config
 
 
+class RedactedAccessLog(logging.Filter):
+    """uvicorn's access log line without the credentials a ``design_ref`` may carry
+    (its args: client address, method, path with query, HTTP version, status)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str):
+            record.args = (args[0], args[1], designref.redact_path(args[2]), *args[3:])
+        return True
+
+
+ACCESS_LOG_FILTER = RedactedAccessLog()
+
+
 async def serve(settings: Settings) -> None:
     """Serve until interrupted. Raises ServeSettingsError, ClusterUnavailable, OSError
     (the port is taken), DatabaseError (StoreRefused: the database holds another store
     than the one recorded in the cluster) before serving anything."""
     check(settings.serve)
+    access_log = logging.getLogger("uvicorn.access")
+    if ACCESS_LOG_FILTER not in access_log.filters:
+        access_log.addFilter(ACCESS_LOG_FILTER)
     database = await asyncio.to_thread(open_database, settings.serve.database_url)
     config = load_config(settings.runtime.kubeconfig)
     client = async_client(config)
@@ -78,6 +96,11 @@ async def serve(settings: Settings) -> None:
                 token_cache_size=options.token_cache_size,
                 auth_failures_burst=options.auth_failures_burst,
                 auth_failure_interval=options.auth_failure_interval,
+            ),
+            etcd_access=EtcdAccess.from_settings(
+                options.design_url_prefixes,
+                options.etcd_credentials_secrets,
+                options.design_ca_bundle,
             ),
         )
         listening = uvicorn.Config(

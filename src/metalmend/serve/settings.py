@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from metalmend.serve import designref
+
 
 def default_database_url() -> str:
     """A SQLite file in the user's state directory (XDG: ``$XDG_STATE_HOME``, else
@@ -88,6 +90,26 @@ class ServeSettings:
     """Seconds for one failed authentication to come back to an address: a steady garbage
     sender costs at most one TokenReview a second per address."""
 
+    # -- design references and etcd credentials (docs/security.md) --------------------------
+
+    design_url_prefixes: tuple[str, ...] = ()
+    """https URL prefixes (``https://HOST[:PORT][/PATH]``) a design reference may point
+    at besides serve's own design store (``deckhand+https://.../revisions/N/...``). Empty
+    by default: a design reference is caller input, and fetching any URL a caller names
+    would let a caller make serve reach internal addresses (docs/teardown.md). https only,
+    no user name or password; a URL must match host, port and a path under PATH."""
+
+    design_ca_bundle: Path | None = None
+    """PEM CA certificates to verify the servers of ``design_url_prefixes`` with, for a
+    design server whose certificate a private CA signed. None by default: the system's
+    trusted CAs (certifi's)."""
+
+    etcd_credentials_secrets: tuple[str, ...] = ()
+    """etcd credentials Secrets (``namespace/name``) usable for any etcd cluster a design
+    names, if labelled ``metalmend.dev/etcd-credentials: "true"``. Empty by default: a
+    Secret is then used only for the clusters its ``metalmend.dev/etcd-clusters``
+    annotation lists. The chart grants serve ``get`` on exactly these Secrets."""
+
 
 class ServeSettingsError(ValueError):
     """Settings ``metalmend serve`` cannot start with; the message says which and why."""
@@ -102,6 +124,19 @@ def check(settings: ServeSettings) -> None:
     for path in (settings.tls_cert, settings.tls_key):
         if path is not None and not path.is_file():
             raise ServeSettingsError(f"cannot read {path}: no such file")
+    for raw in settings.design_url_prefixes:
+        try:
+            designref.prefix(raw)
+        except ValueError as error:
+            raise ServeSettingsError(f"serve.design_url_prefixes: {error}") from None
+    if settings.design_ca_bundle is not None and not settings.design_ca_bundle.is_file():
+        raise ServeSettingsError(f"cannot read {settings.design_ca_bundle}: no such file")
+    for raw in settings.etcd_credentials_secrets:
+        namespace, _, name = raw.partition("/")
+        if not namespace or not name or "/" in name:
+            raise ServeSettingsError(
+                f"serve.etcd_credentials_secrets: {raw[:100]!r} is not namespace/name"
+            )
     if settings.tls_cert is None and not is_loopback(settings.bind_address):
         raise ServeSettingsError(
             f"serve.bind_address {settings.bind_address} is not a loopback address: give"

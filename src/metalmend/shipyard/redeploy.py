@@ -31,8 +31,8 @@ from lightkube.resources.core_v1 import Node
 from metalmend.api.resources import BareMetalHost, Machine
 from metalmend.drydock.model import DESTROY_NODES, Task
 from metalmend.drydock.store import NodesBusy
+from metalmend.etcd import access, members
 from metalmend.etcd import design as designs
-from metalmend.etcd import members
 from metalmend.kube import errors, writes
 from metalmend.policy import decommission as decommissioning
 from metalmend.policy import interlock as claims
@@ -209,9 +209,10 @@ async def validation(ctx: StepContext) -> str:
 # ---- decommission, destroy, remove from cluster ----------------------------------------------
 
 
-def _design_ref(number: int) -> params.DesignRef:
-    href = DESIGN_HREF.format(number)
-    return params.DesignRef(href, href.replace("deckhand+", "", 1))
+def _secrets(ctx: StepContext) -> access.SecretReader:
+    """serve.etcd's reader: labelled Secrets bound to the cluster, or named in the settings."""
+    named = getattr(ctx.services, "etcd_credentials_secrets", ())
+    return serve_etcd.secret_reader(ctx.services.client, tuple(named))
 
 
 async def decommission(ctx: StepContext) -> str:
@@ -224,7 +225,7 @@ async def decommission(ctx: StepContext) -> str:
     done = [n for n in saved if isinstance(n, str)] if isinstance(saved, list) else []
     design = await etcd_design(ctx) or designs.Design(f"design revision {revision(ctx)}", ())
     services = ctx.services
-    request = params.decommission([], {"href": _design_ref(revision(ctx)).href})
+    request = params.decommission([], {"href": DESIGN_HREF.format(revision(ctx))})
     for node in wanted.target_nodes:
         if node in done:
             continue
@@ -236,7 +237,7 @@ async def decommission(ctx: StepContext) -> str:
             steps = Decommission(
                 services.client, services.drainer, services.kubelet, services.teardown,
                 design, node, request, clock=services.clock, claims=services.interlock,
-                by=_by(ctx),
+                by=_by(ctx), secrets=_secrets(ctx),
             )  # fmt: skip
             verdict = await _decommission(ctx, steps)
             if verdict.code != 200:
@@ -321,7 +322,7 @@ async def _create_task(
 ) -> None:
     names = list(wanted.target_nodes)
     task = Task(
-        task_id=task_id, action=DESTROY_NODES, design_ref=_design_ref(revision(ctx)).href,
+        task_id=task_id, action=DESTROY_NODES, design_ref=DESIGN_HREF.format(revision(ctx)),
         node_filter={"filter_set_type": "union",
                      "filter_set": [{"filter_type": "union", "node_names": names}]},
         preserve_local_storage=wanted.preserve_local_storage, status=TaskStatus.REQUESTED,
@@ -511,7 +512,7 @@ class ServerDeploy:
         outcomes = await members.add_member(
             self.design, self.node, hooks, timeout=self.settings.etcd_timeout,
             poll=min(self.settings.poll_interval, 1.0),
-            secrets=serve_etcd.secret_reader(self.client),
+            secrets=_secrets(self.ctx),
         )  # fmt: skip
         failed = [o for o in outcomes if not o.ok]
         if failed:
