@@ -389,6 +389,7 @@ SERVE_FLAGS: dict[str, tuple[str, str]] = {
     "tls_key": ("serve", "tls_key"),
     "database_url": ("serve", "database_url"),
     "site_namespaces": ("serve", "site_namespaces"),
+    "max_body_bytes": ("serve", "max_body_bytes"),
     "log_level": ("runtime", "log_level"),
 }
 
@@ -423,6 +424,13 @@ def serve_command(
             " may write (docs/site-actions.md); empty: none."
         ),
     ] = ",".join(DEFAULTS.serve.site_namespaces),
+    max_body_bytes: Annotated[
+        int,
+        typer.Option(
+            help="Largest design body (Deckhand's put, Shipyard's configdocs) in bytes;"
+            " larger: 413 (docs/design-store.md, Limits)."
+        ),
+    ] = DEFAULTS.serve.max_body_bytes,
     log_level: Annotated[
         settings_.LogLevel, typer.Option(case_sensitive=False, help="How much to log.")
     ] = DEFAULTS.runtime.log_level,

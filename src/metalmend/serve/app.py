@@ -4,10 +4,11 @@ could not read (400 BadRequest, where FastAPI would answer 422), a failure of ou
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import httpx2
@@ -30,6 +31,7 @@ from metalmend.policy.redeploy import RedeploySettings
 from metalmend.policy.teardown import TeardownSettings
 from metalmend.serve import context, deckhand, decommission, drydock, etcd, promenade, shipyard
 from metalmend.serve.auth import Gate
+from metalmend.serve.bodies import BodyLimits
 from metalmend.serve.interlock import Interlock
 from metalmend.serve.kubelet import KubeletShutdown
 from metalmend.serve.nodes import Drainer
@@ -53,6 +55,8 @@ class Services:
     # Design revisions, tasks (docs/design-store.md), upgraded before serving; None only
     # in tests of other endpoints: the store's endpoints then answer 503 (serve.database).
     database: Database | None = None
+    bodies: BodyLimits = field(default_factory=BodyLimits)  # serve.bodies
+    design_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
 
 
 def response(code: int, reason: str, message: str, messages: list[Message]) -> JSONResponse:
@@ -69,6 +73,7 @@ def create_app(
     destroy: DestroySettings | None = None,
     redeploy: RedeploySettings | None = None,
     site_namespaces: tuple[str, ...] = (),
+    bodies: BodyLimits | None = None,
 ) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -95,6 +100,7 @@ def create_app(
         kubelet=KubeletShutdown(client, teardown),
         interlock=Interlock(client),
         database=database,
+        bodies=bodies or BodyLimits(),
     )
     app.include_router(promenade.router, prefix=promenade.PREFIX)
     app.include_router(etcd.router, prefix=promenade.PREFIX)  # remove-etcd, etcd health

@@ -27,14 +27,13 @@ from metalmend.db import Database
 from metalmend.design import documents, rules
 from metalmend.design.documents import DocumentsRejected
 from metalmend.design.store import DesignStore, StoreError
-from metalmend.serve import auth
+from metalmend.serve import auth, bodies
 from metalmend.serve.status import StatusError, documented, errors
 
 PREFIX = "/deckhand/api/v1.0"
 GROUP = "deckhand.metalmend.dev"
 YAML = "application/x-yaml"
 CREATED_HEADER = "X-Revision-Created"  # a put's answer: "false" when nothing changed
-MAX_BODY = 64 * 1024 * 1024  # a site design of tens of thousands of documents
 MAX_REVISION = 2**31 - 1  # the revision column is a 32-bit integer on every database
 
 PUT_DOCUMENTS = auth.Permission("buckets", "documents", "update", GROUP)
@@ -87,22 +86,6 @@ def documents_answer(listed: Sequence[dict[str, Any]]) -> Response:
     return Response(documents.dump_all(list(listed)), media_type=YAML)
 
 
-async def read_text(request: Request) -> str:
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > MAX_BODY:
-            raise StatusError(
-                413, "RequestEntityTooLarge", f"the body is larger than {MAX_BODY} bytes"
-            )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise StatusError(
-            400, "BadRequest", "the body is not UTF-8", errors(f"byte {error.start}: not UTF-8")
-        ) from None
-
-
 def revision_id(raw: str) -> int:
     """A revision number from the path: a whole number (0: the empty revision)."""
     if not raw.isascii() or not raw.isdigit():
@@ -145,17 +128,21 @@ def revision_view(summary: Any, request: Request) -> dict[str, Any]:
 async def put_documents(bucket: str, request: Request, credentials: auth.Credentials) -> Response:
     await auth.admit(request, credentials, PUT_DOCUMENTS, bucket)
     name = checked_name(bucket, "bucket")
-    text = await read_text(request)
-    try:
-        parsed = await asyncio.to_thread(documents.parse, text)
-    except DocumentsRejected as error:
-        raise rejected(
-            error, f"bucket {name}: the documents cannot be stored; nothing stored"
-        ) from None
-    result = await run(request, lambda store: store.put(name, parsed))
-    listed = [e.document.to_wire(e.bucket, result.revision) for e in result.entries]
-    # As Deckhand: the revision is answered even when the bucket is now empty.
-    answer = documents_answer(listed or [{"status": {"bucket": name, "revision": result.revision}}])
+    limits = bodies.limits_of(request)
+    text = await bodies.read_text(request, limits.design_bytes)
+    async with bodies.design_gate(request):
+        try:
+            parsed = await asyncio.to_thread(documents.parse, text, limits.yaml)
+        except DocumentsRejected as error:
+            raise rejected(
+                error, f"bucket {name}: the documents cannot be stored; nothing stored"
+            ) from None
+        del text
+        result = await run(request, lambda store: store.put(name, parsed))
+        listed = [e.document.to_wire(e.bucket, result.revision) for e in result.entries]
+        # As Deckhand: the revision is answered even when the bucket is now empty.
+        empty = [{"status": {"bucket": name, "revision": result.revision}}]
+        answer = documents_answer(listed or empty)
     answer.headers[CREATED_HEADER] = "true" if result.created else "false"
     return answer
 
@@ -290,7 +277,8 @@ async def create_tag(
     await auth.admit(request, credentials, CREATE_TAG, revision)
     number, name = revision_id(revision), checked_name(tag, "tag")
     try:
-        data = documents.tag_data(await read_text(request))
+        text = await bodies.read_text(request, bodies.SMALL_BODY)
+        data = documents.tag_data(text, bodies.SMALL_YAML)
     except DocumentsRejected as error:
         raise rejected(error, f"tag {name}: bad data") from None
     await run(request, lambda store: store.tag(number, name, data))

@@ -12,6 +12,7 @@ from metalmend.bmc import BmcPool
 from metalmend.db import Database
 from metalmend.kube.client import async_client, load_config, whoami
 from metalmend.serve.app import create_app
+from metalmend.serve.bodies import BodyLimits
 from metalmend.serve.settings import check
 from metalmend.settings import Settings
 
@@ -27,6 +28,9 @@ async def serve(settings: Settings) -> None:
     client = async_client(config)
     pool = BmcPool(settings.bmc)  # drives only (destroy's wipe): power is host-power's
     options = settings.serve
+    bodies = BodyLimits.of(
+        options.max_body_bytes, options.max_design_documents, options.max_design_values
+    )
     try:
         # Fails fast, in one line, when the cluster or our credentials do not work.
         current = config.get()
@@ -42,6 +46,7 @@ async def serve(settings: Settings) -> None:
                     destroy=settings.destroy,
                     redeploy=settings.redeploy,
                     site_namespaces=options.site_namespaces,
+                    bodies=bodies,
                 ),
                 host=options.bind_address,
                 port=options.port,

@@ -46,6 +46,26 @@ class ServeSettings:
     write (docs/site-actions.md). Empty by default: a site action applies no namespaced
     object until the operator names them (comma-separated in the environment)."""
 
+    # --- request bodies and YAML (docs/design-store.md, "Limits") ---------------------------
+
+    max_body_bytes: int = 4 << 20
+    """Largest design body (Deckhand's document put, Shipyard's configdocs), in bytes; a
+    larger one is refused with 413 before it is read. 4 MiB: the 2,000-host design of
+    benchmarks/design_store.py is 1.3 MB, so three times the largest site designs we
+    measured fit; what a put holds in memory grows with it (benchmarks/body_memory.py:
+    raise the chart's memory limit with it). Every other body (JSON requests, design
+    references, a tag's data) is limited to 64 KiB, fixed."""
+
+    max_design_documents: int = 5_000
+    """YAML documents in one design body: 2.5 times the 2,000-host design (one document
+    per host, and its networks and racks); past it, 400 before the rest is read."""
+
+    max_design_values: int = 1_000_000
+    """YAML values (scalars, lists, mappings) in one design body, each alias counted as a
+    copy of what it names; past it, 400. A site design holds one value per ~9 bytes of
+    YAML (the 2,000-host design: ~150,000), so a realistic body of ``max_body_bytes`` fits
+    twice; dense YAML (``[1,1,1,...]``) and alias bombs do not."""
+
 
 class ServeSettingsError(ValueError):
     """Settings ``metalmend serve`` cannot start with; the message says which and why."""
@@ -55,6 +75,9 @@ def check(settings: ServeSettings) -> None:
     """Raise ServeSettingsError for combinations the settings loader cannot see alone."""
     if settings.port > 65535:
         raise ServeSettingsError(f"serve.port must be at most 65535, not {settings.port}")
+    for name in ("max_body_bytes", "max_design_documents", "max_design_values"):
+        if getattr(settings, name) < 1:
+            raise ServeSettingsError(f"serve.{name} must be at least 1")
     if (settings.tls_cert is None) != (settings.tls_key is None):
         raise ServeSettingsError("serve.tls_cert and serve.tls_key go together: give both")
     for path in (settings.tls_cert, settings.tls_key):
