@@ -67,10 +67,11 @@ class YamlLimits:
     while it is composed (~400 bytes a value, so ~40 MB at this limit); the largest
     documents of a site design (rendered chart values) hold a few thousand."""
 
-    values: int = 1_000_000
+    values: int = 500_000
     """Values in the whole body, aliases expanded. The 2,000-document design holds
-    ~150,000 (one value per ~9 bytes of YAML): this admits a realistic design of the
-    largest body accepted, and bounds what a put holds in memory (benchmarks/body_memory)."""
+    ~150,000 (one value per ~9 bytes of YAML): a realistic design of the largest body
+    accepted (4 MiB) holds ~470,000. Denser YAML is what costs: a million short strings
+    took 190 MB and 28 s to put (benchmarks/body_memory.py); this halves both."""
 
     characters: int = 4 << 20
     """Characters of scalars, aliases expanded: no more than a body of the size limit

@@ -82,8 +82,11 @@ def yaml_answer(value: Any, code: int = 200) -> Response:
     return Response(documents.dump(value), status_code=code, media_type=YAML)
 
 
-def documents_answer(listed: Sequence[dict[str, Any]]) -> Response:
-    return Response(documents.dump_all(list(listed)), media_type=YAML)
+async def documents_answer(listed: Sequence[dict[str, Any]]) -> Response:
+    """Documents as multi-document YAML, written in a worker thread: a whole design takes
+    seconds to write, which would stop every other request on the event loop."""
+    text = await asyncio.to_thread(documents.dump_all, list(listed))
+    return Response(text, media_type=YAML)
 
 
 def revision_id(raw: str) -> int:
@@ -142,7 +145,7 @@ async def put_documents(bucket: str, request: Request, credentials: auth.Credent
         listed = [e.document.to_wire(e.bucket, result.revision) for e in result.entries]
         # As Deckhand: the revision is answered even when the bucket is now empty.
         empty = [{"status": {"bucket": name, "revision": result.revision}}]
-        answer = documents_answer(listed or empty)
+        answer = await documents_answer(listed or empty)
     answer.headers[CREATED_HEADER] = "true" if result.created else "false"
     return answer
 
@@ -207,7 +210,7 @@ async def _documents(revision: str, request: Request, credentials: Any, rendered
         raise rejected(error, "bad query") from None
     entries = await run(request, lambda store: store.entries(number))  # 0: the empty one
     chosen = rules.select(entries, query, rendered)
-    return documents_answer([e.document.to_wire(e.bucket, e.revision) for e in chosen])
+    return await documents_answer([e.document.to_wire(e.bucket, e.revision) for e in chosen])
 
 
 @router.get(

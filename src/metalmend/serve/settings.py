@@ -60,11 +60,12 @@ class ServeSettings:
     """YAML documents in one design body: 2.5 times the 2,000-host design (one document
     per host, and its networks and racks); past it, 400 before the rest is read."""
 
-    max_design_values: int = 1_000_000
+    max_design_values: int = 500_000
     """YAML values (scalars, lists, mappings) in one design body, each alias counted as a
     copy of what it names; past it, 400. A site design holds one value per ~9 bytes of
-    YAML (the 2,000-host design: ~150,000), so a realistic body of ``max_body_bytes`` fits
-    twice; dense YAML (``[1,1,1,...]``) and alias bombs do not."""
+    YAML (the 2,000-host design: ~150,000), so a realistic body of ``max_body_bytes``
+    (~470,000) fits; dense YAML (``[ab,ab,...]``), which costs ~200 bytes of memory a value,
+    and alias bombs do not."""
 
 
 class ServeSettingsError(ValueError):

@@ -278,7 +278,7 @@ async def get_configdocs(
             )
         return found
 
-    return documents_answer(await run(request, read))
+    return await documents_answer(await run(request, read))
 
 
 @router.get(
@@ -358,7 +358,7 @@ async def commit_configdocs(request: Request, credentials: auth.Credentials) -> 
 async def rendered_configdocs(request: Request, credentials: auth.Credentials) -> Response:
     await auth.admit(request, credentials, GET_RENDERED, "")
     version = _version(request)
-    return documents_answer(
+    return await documents_answer(
         await run(request, lambda store: _wire(store, _revision_of(store, version), None))
     )
 
