@@ -198,7 +198,7 @@ def test_an_oversized_body_is_413_naming_the_limit_on_every_route(
     assert (code, status["reason"]) == (413, "RequestEntityTooLarge"), status
     assert limit in status["message"], status
 
-    small = "at most 65536 bytes"
+    small = "at most 65536 bytes (64 KiB)"
     callers = {
         "drydock": bearer(token(control_plane, kube, namespace, "dd", "metalmend-drydock-admin")),
         "redeployer": bearer(

@@ -46,7 +46,7 @@ class BodyLimits:
         return cls(design_bytes, limits)
 
 
-# A tag's data: one small mapping, within a small body.
+# A tag's data or a design reference: one small document, within a small body.
 SMALL_YAML = YamlLimits(documents=1, values=SMALL_BODY, characters=SMALL_BODY)
 
 
@@ -61,33 +61,40 @@ def design_gate(request: Request) -> asyncio.Semaphore:
     return gate
 
 
-def too_large(limit: int) -> StatusError:
+def too_large(limit: int, setting: str = "") -> StatusError:
     text = f"the body is larger than this service takes here: at most {limit} bytes"
-    if limit >= 1 << 20 and limit % (1 << 20) == 0:
-        text += f" ({limit >> 20} MiB; serve.max_body_bytes)"
+    size = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit >> 10} KiB"
+    text += f" ({size}; {setting})" if setting else f" ({size})"
     return StatusError(413, "RequestEntityTooLarge", text, errors(text))
 
 
-async def read_bytes(request: Request, limit: int) -> bytes:
+async def read_bytes(request: Request, limit: int, setting: str = "") -> bytes:
     """The body, at most ``limit`` bytes: 413 past it (before reading, when the
-    Content-Length says so), 400 for a Content-Length that is not a number."""
+    Content-Length says so), 400 for a Content-Length that is not a number; ``setting``:
+    the setting that sets ``limit``, named in the refusal."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.strip().isdigit():  # the HTTP server refuses these first, normally
             raise StatusError(400, "BadRequest", "Content-Length is not a number")
         if int(declared) > limit:
-            raise too_large(limit)
+            raise too_large(limit, setting)
     data = bytearray()
     async for chunk in request.stream():
         data += chunk
         if len(data) > limit:
-            raise too_large(limit)
+            raise too_large(limit, setting)
     return bytes(data)
 
 
-async def read_text(request: Request, limit: int) -> str:
+async def read_design(request: Request) -> str:
+    """A design body (Deckhand's put, Shipyard's configdocs) as text, within
+    ``serve.max_body_bytes``."""
+    return await read_text(request, limits_of(request).design_bytes, "serve.max_body_bytes")
+
+
+async def read_text(request: Request, limit: int, setting: str = "") -> str:
     """The body as UTF-8 text, at most ``limit`` bytes."""
-    data = await read_bytes(request, limit)
+    data = await read_bytes(request, limit, setting)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -131,11 +131,10 @@ def revision_view(summary: Any, request: Request) -> dict[str, Any]:
 async def put_documents(bucket: str, request: Request, credentials: auth.Credentials) -> Response:
     await auth.admit(request, credentials, PUT_DOCUMENTS, bucket)
     name = checked_name(bucket, "bucket")
-    limits = bodies.limits_of(request)
-    text = await bodies.read_text(request, limits.design_bytes)
+    text = await bodies.read_design(request)
     async with bodies.design_gate(request):
         try:
-            parsed = await asyncio.to_thread(documents.parse, text, limits.yaml)
+            parsed = await asyncio.to_thread(documents.parse, text, bodies.limits_of(request).yaml)
         except DocumentsRejected as error:
             raise rejected(
                 error, f"bucket {name}: the documents cannot be stored; nothing stored"

@@ -225,8 +225,7 @@ async def create_configdocs(
         text = f"buffermode must be one of {', '.join(BUFFER_MODES)}"
         raise StatusError(400, "BadRequest", text, errors(text))
     empty = _flag(request, "empty-collection")
-    limits = bodies.limits_of(request)
-    text = await bodies.read_text(request, limits.design_bytes)
+    text = await bodies.read_design(request)
     async with bodies.design_gate(request):
         return await _store_configdocs(request, served, name, text, mode, empty)
 
