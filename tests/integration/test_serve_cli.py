@@ -81,6 +81,7 @@ def test_serve_speaks_https_with_the_given_certificate_and_answers_status_bodies
         ),
         (["--tls-cert", "/nonexistent.crt"], "serve.tls_cert and serve.tls_key go together"),
         (["--port", "70000"], "serve.port must be at most 65535, not 70000"),
+        (["--max-body-bytes", "0"], "--max-body-bytes must be a positive whole number, not 0"),
     ],
 )
 def test_serve_refuses_settings_that_would_expose_tokens_or_cannot_work(

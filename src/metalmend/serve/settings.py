@@ -76,9 +76,6 @@ def check(settings: ServeSettings) -> None:
     """Raise ServeSettingsError for combinations the settings loader cannot see alone."""
     if settings.port > 65535:
         raise ServeSettingsError(f"serve.port must be at most 65535, not {settings.port}")
-    for name in ("max_body_bytes", "max_design_documents", "max_design_values"):
-        if getattr(settings, name) < 1:
-            raise ServeSettingsError(f"serve.{name} must be at least 1")
     if (settings.tls_cert is None) != (settings.tls_key is None):
         raise ServeSettingsError("serve.tls_cert and serve.tls_key go together: give both")
     for path in (settings.tls_cert, settings.tls_key):
