@@ -50,8 +50,12 @@ MiB = 1 << 20
 
 
 def realistic(documents: int) -> str:
-    design_store.DOCUMENTS = documents
-    return design_store.site(0)
+    """``documents`` documents of benchmarks/design_store.py's site design."""
+    kept, design_store.DOCUMENTS = design_store.DOCUMENTS, documents
+    try:
+        return design_store.site(0)
+    finally:
+        design_store.DOCUMENTS = kept
 
 
 def dense(prefix: str = "d") -> str:
