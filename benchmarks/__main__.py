@@ -2,6 +2,7 @@
 
 from benchmarks import (
     at_rest,
+    body_memory,
     controlplane_start,
     design_store,
     detection_latency,
@@ -29,5 +30,6 @@ at_rest.main()
 etcd_removal.main()
 drain.main()
 design_store.main()
+body_memory.main()
 scale.main()  # METALMEND_BENCH_SCALE_HOSTS hosts (default 1,000); --hosts 5000 alone
 redeploy.main()

@@ -390,6 +390,7 @@ SERVE_FLAGS: dict[str, tuple[str, str]] = {
     "database_url": ("serve", "database_url"),
     "site_namespaces": ("serve", "site_namespaces"),
     "accept_store": ("serve", "accept_store"),
+    "max_body_bytes": ("serve", "max_body_bytes"),
     "log_level": ("runtime", "log_level"),
 }
 
@@ -431,6 +432,13 @@ def serve_command(
             " as the refusal to start prints it (docs/design-store.md)."
         ),
     ] = DEFAULTS.serve.accept_store,
+    max_body_bytes: Annotated[
+        int,
+        typer.Option(
+            help="Largest design body (Deckhand's put, Shipyard's configdocs) in bytes;"
+            " larger: 413 (docs/design-store.md, Limits)."
+        ),
+    ] = DEFAULTS.serve.max_body_bytes,
     log_level: Annotated[
         settings_.LogLevel, typer.Option(case_sensitive=False, help="How much to log.")
     ] = DEFAULTS.runtime.log_level,

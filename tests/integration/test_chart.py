@@ -245,6 +245,20 @@ def test_serve_takes_tls_from_a_secret_or_cert_manager(helm: Path) -> None:
         assert (get["path"], get["scheme"]) == ("/healthz", "HTTPS")
 
 
+@pytest.mark.parametrize(
+    ("values", "expected"), [((), 4 << 20), (("serve.maxBodyBytes=16777216",), 16 << 20)]
+)
+def test_serve_takes_its_body_limit_from_the_values(
+    helm: Path, values: tuple[str, ...], expected: int
+) -> None:
+    sets = [part for value in values for part in ("--set", value)]
+    result = render(helm, *VALUES, *sets)
+    assert result.returncode == 0, result.stderr
+    docs = by_kind_and_name(objects(result.stdout))
+    serve = docs[("Deployment", "metalmend-serve")]["spec"]["template"]["spec"]
+    assert f"--max-body-bytes={expected}" in serve["containers"][0]["args"]
+
+
 # Against a real API server: its own control plane, since the chart installs cluster-wide
 # admission policies that must not reach the other tests' objects.
 

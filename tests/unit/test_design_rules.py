@@ -110,6 +110,12 @@ def test_a_duplicate_identity_in_one_put_is_refused_naming_both_documents() -> N
             'schema: a/B/v1\nmetadata: {schema: metadata/Document/v1, name: "a\\0b"}\ndata: {}',
             "control characters",
         ),
+        (
+            "schema: a/B/v1\nmetadata: {schema: metadata/Document/v1, name: pw,"
+            " storagePolicy: encrypted}\ndata: secret",
+            "(schema a/B/v1, name 'pw'): metadata.storagePolicy is encrypted, but this store"
+            " has no encryption",
+        ),
     ],
 )
 def test_each_kind_of_bad_document_is_refused_saying_why(body: str, expected: str) -> None:

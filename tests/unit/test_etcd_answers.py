@@ -157,6 +157,7 @@ BAD = [
     pytest.param(
         "!!python/object/apply:os.system ['true']", "not valid YAML", id="no object construction"
     ),
+    pytest.param("[" * 32_000 + "]" * 32_000, "nested deeper than 100 levels", id="nesting bomb"),
     pytest.param(
         "schema: x/Y/v1\n", "has no promenade/EtcdClusters/v1 document", id="no EtcdClusters"
     ),

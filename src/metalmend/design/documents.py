@@ -9,8 +9,12 @@ a document read from this store carries is dropped on the way in, so that what w
 can be put back.
 
 Every value must survive JSON (the stored form): mapping keys are strings, no YAML
-timestamps (read as strings), no binary, no NaN. A body that YAML would expand past
-``MAX_NODES`` values (aliases of aliases) is refused before anything is built from it.
+timestamps (read as strings), no binary, no NaN. YAML is read by ``yamlsafe``: a body
+nested too deeply, holding too many documents or values, or that its aliases would expand
+past the limits, is refused before it is composed (``YamlLimits``).
+
+``storagePolicy: encrypted`` is refused: this store has no encryption, and would keep and
+serve such a document in cleartext.
 """
 
 from __future__ import annotations
@@ -21,19 +25,22 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import yaml
+
+from metalmend.design import yamlsafe
+from metalmend.design.yamlsafe import YamlLimits
 
 DOCUMENT_METADATA = "metadata/Document/v1"
 CONTROL_METADATA = "metadata/Control/v1"
 METADATA_SCHEMAS = (DOCUMENT_METADATA, CONTROL_METADATA)
-STORAGE_POLICIES = ("cleartext", "encrypted")
+ENCRYPTED = "encrypted"  # refused: no encryption here (docs/design-store.md)
+STORAGE_POLICIES = ("cleartext", ENCRYPTED)
 TOP_LEVEL = ("schema", "metadata", "data")
 IGNORED_TOP_LEVEL = ("status",)  # what this store adds on the way out
 NAME_LIMIT = 255
-MAX_NODES = 2_000_000  # values after alias expansion: ~100x a large site design
-MAX_DEPTH = 100
+MAX_PROBLEMS = 100  # listed in one refusal; the count of the others follows
 
 _SCHEMA = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/v[0-9]+(\.[0-9]+)?")
 # Buckets and tags are path segments: letters, digits and - _ . (no / no space).
@@ -107,77 +114,23 @@ def make(schema: str, metadata: Mapping[str, Any], data: Any) -> Document:
 
 # --- YAML in ------------------------------------------------------------------------------
 
-_BASE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-
-class _Loader(_BASE_LOADER):  # type: ignore[misc]
-    """Safe YAML without implicit timestamps: ``2026-11-23`` stays the string it was
-    written as (JSON has no dates, and a document must read back as it was put)."""
-
-    yaml_implicit_resolvers: ClassVar[dict[Any, list[tuple[str, Any]]]] = {
-        first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-        for first, resolvers in _BASE_LOADER.yaml_implicit_resolvers.items()
-    }
-
-
-def _raw_documents(text: str) -> Iterator[tuple[int, int, Any]]:
+def _raw_documents(text: str, limits: YamlLimits | None) -> Iterator[tuple[int, int, Any]]:
     """(position from 1, line from 1, value) per YAML document; empty documents skipped."""
-    loader = _Loader(text)
-    aliases = "*" in text  # without one, a document's size is the size of its text
-    try:
-        position = 0
-        while loader.check_node():
-            node = loader.get_node()
-            position += 1
-            line = node.start_mark.line + 1
-            if aliases:
-                _check_size(node, position, line)
-            value = loader.construct_document(node)
-            if value is not None:  # an empty document (``---`` twice): nothing to store
-                yield position, line, value
-    finally:
-        loader.dispose()
+    for position, line, value in yamlsafe.documents(text, limits, yamlsafe.DocumentLoader):
+        if value is not None:  # an empty document (``---`` twice): nothing to store
+            yield position, line, value
 
 
-def _check_size(root: yaml.Node, position: int, line: int) -> None:
-    """Count values as they would be after alias expansion (an alias is the same node
-    object again: counted once per node, multiplied by how often it is referred to)."""
-    sizes: dict[int, int] = {}
-
-    def size(node: yaml.Node, depth: int) -> int:
-        if depth > MAX_DEPTH:
-            raise DocumentsRejected(
-                [f"document {position} (line {line}): nested deeper than {MAX_DEPTH} levels"]
-            )
-        known = sizes.get(id(node))
-        if known is not None:
-            return known
-        sizes[id(node)] = MAX_NODES + 1  # a node that contains itself: too big
-        if isinstance(node, yaml.SequenceNode):
-            total = 1 + sum(size(child, depth + 1) for child in node.value)
-        elif isinstance(node, yaml.MappingNode):
-            total = 1 + sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
-        else:
-            total = 1
-        total = min(total, MAX_NODES + 1)
-        sizes[id(node)] = total
-        return total
-
-    if size(root, 0) > MAX_NODES:
-        raise DocumentsRejected(
-            [f"document {position} (line {line}): more than {MAX_NODES} values once YAML"
-             " aliases are expanded, or an alias that contains itself"]
-        )  # fmt: skip
-
-
-def parse(text: str) -> list[Document]:
+def parse(text: str, limits: YamlLimits | None = None) -> list[Document]:
     """The documents of a multi-document YAML body, every one checked; DocumentsRejected
-    lists every problem found (a YAML error stops the reading where it is)."""
+    lists the problems found (the first MAX_PROBLEMS; a YAML error, or a body past one of
+    ``limits``, stops the reading where it is)."""
     problems: list[str] = []
     documents: list[Document] = []
     seen: dict[Identity, int] = {}
     try:
-        for position, line, raw in _raw_documents(text):
+        for position, line, raw in _raw_documents(text, limits):
             where = f"document {position} (line {line})"
             try:
                 document = check(raw, where)
@@ -192,13 +145,20 @@ def parse(text: str) -> list[Document]:
                 )
                 continue
             documents.append(document)
+    except yamlsafe.YamlRefused as error:
+        problems.append(f"the body is past a limit of this service: {error}")
     except yaml.YAMLError as error:
         problems.append(f"the body is not valid YAML: {_yaml_error(error)}")
-    except RecursionError:
-        problems.append("the body is nested too deeply to be read")
     if problems:
-        raise DocumentsRejected(problems)
+        raise DocumentsRejected(_first(problems))
     return documents
+
+
+def _first(problems: list[str]) -> list[str]:
+    if len(problems) <= MAX_PROBLEMS:
+        return problems
+    more = len(problems) - MAX_PROBLEMS
+    return [*problems[:MAX_PROBLEMS], f"... and {more} more problem(s) not listed"]
 
 
 def _yaml_error(error: yaml.YAMLError) -> str:
@@ -266,7 +226,12 @@ def _metadata_problems(metadata: dict[Any, Any]) -> Iterator[str]:
     if layering is not None and not isinstance(layering, dict):
         yield "metadata.layeringDefinition must be a mapping"
     policy = metadata.get("storagePolicy")
-    if policy is not None and policy not in STORAGE_POLICIES:
+    if policy == ENCRYPTED:
+        yield (
+            "metadata.storagePolicy is encrypted, but this store has no encryption: it would"
+            " keep and serve the document in cleartext (keep secrets out of the design)"
+        )
+    elif policy is not None and policy not in STORAGE_POLICIES:
         yield f"metadata.storagePolicy must be {' or '.join(STORAGE_POLICIES)}"
 
 
@@ -329,12 +294,15 @@ def path_name(raw: str, what: str) -> str:
     return raw
 
 
-def tag_data(text: str) -> dict[str, Any]:
+def tag_data(text: str, limits: YamlLimits | None = None) -> dict[str, Any]:
     """A tag's body: empty, or a YAML (or JSON) mapping."""
     if not text.strip():
         return {}
     try:
-        raw = next(_raw_documents(text), (0, 0, None))[2]
+        raw = next(_raw_documents(text, limits), (0, 0, None))[2]
+    except yamlsafe.YamlRefused as error:
+        problem = f"the tag's data is past a limit of this service: {error}"
+        raise DocumentsRejected([problem]) from None
     except yaml.YAMLError as error:
         raise DocumentsRejected(
             [f"the tag's data is not valid YAML: {_yaml_error(error)}"]

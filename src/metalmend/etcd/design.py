@@ -39,9 +39,15 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+from metalmend.design import yamlsafe
+from metalmend.design.yamlsafe import YamlLimits
+
 SCHEMA = "promenade/EtcdClusters/v1"
 FETCH_DEADLINE = 30.0  # seconds for the whole fetch (Deckhand renders on request)
 MAX_DESIGN = 16 << 20  # bytes: a whole site's rendered documents
+# Read within the limits of a design body (docs/design-store.md, "Limits"), scaled to
+# MAX_DESIGN: a nesting or alias bomb in a fetched design must not crash serve either.
+YAML_LIMITS = YamlLimits(documents=20_000, values=2_000_000, characters=MAX_DESIGN)
 
 
 class DesignError(Exception):
@@ -160,7 +166,9 @@ async def load(url: str, source: str = "", http: httpx.AsyncClient | None = None
 
 def documents(text: str, source: str) -> list[Any]:
     try:
-        return [d for d in yaml.safe_load_all(text) if d is not None]
+        return [d for d in yamlsafe.load_all(text, YAML_LIMITS) if d is not None]
+    except yamlsafe.YamlRefused as error:
+        raise DesignError(f"the design at {source} is past a limit: {error}") from None
     except yaml.YAMLError as error:
         where = getattr(error, "problem_mark", None)
         at = f" (line {where.line + 1})" if where is not None else ""

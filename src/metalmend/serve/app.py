@@ -10,10 +10,11 @@ cannot send a bearer token to them."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import httpx2
@@ -45,6 +46,7 @@ from metalmend.serve import (
     shipyard,
 )
 from metalmend.serve.auth import Gate
+from metalmend.serve.bodies import BodyLimits
 from metalmend.serve.interlock import Interlock
 from metalmend.serve.kubelet import KubeletShutdown
 from metalmend.serve.nodes import Drainer
@@ -68,6 +70,8 @@ class Services:
     # Design revisions, tasks (docs/design-store.md), upgraded before serving; None only
     # in tests of other endpoints: the store's endpoints then answer 503 (serve.database).
     database: Database | None = None
+    bodies: BodyLimits = field(default_factory=BodyLimits)  # serve.bodies
+    design_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
 
 
 def response(
@@ -92,6 +96,7 @@ def create_app(
     site_namespaces: tuple[str, ...] = (),
     limits: auth.Limits | None = None,
     etcd_access: etcd.EtcdAccess | None = None,
+    bodies: BodyLimits | None = None,
 ) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -121,6 +126,7 @@ def create_app(
         kubelet=KubeletShutdown(client, teardown),
         interlock=Interlock(client),
         database=database,
+        bodies=bodies or BodyLimits(),
     )
     # Allowed design URLs and etcd credentials Secrets (serve settings; none by default)
     app.state.etcd_access = etcd_access or etcd.EtcdAccess()

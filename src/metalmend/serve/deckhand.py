@@ -26,14 +26,13 @@ from metalmend.db import Database
 from metalmend.design import documents, rules
 from metalmend.design.documents import DocumentsRejected
 from metalmend.design.store import DesignStore, StoreError
-from metalmend.serve import auth
+from metalmend.serve import auth, bodies
 from metalmend.serve.status import StatusError, documented, errors
 
 PREFIX = "/deckhand/api/v1.0"
 GROUP = "deckhand.metalmend.dev"
 YAML = "application/x-yaml"
 CREATED_HEADER = "X-Revision-Created"  # a put's answer: "false" when nothing changed
-MAX_BODY = 64 * 1024 * 1024  # a site design of tens of thousands of documents
 MAX_REVISION = 2**31 - 1  # the revision column is a 32-bit integer on every database
 
 PUT_DOCUMENTS = auth.Permission("buckets", "documents", "update", GROUP)
@@ -77,24 +76,11 @@ def yaml_answer(value: Any, code: int = 200) -> Response:
     return Response(documents.dump(value), status_code=code, media_type=YAML)
 
 
-def documents_answer(listed: Sequence[dict[str, Any]]) -> Response:
-    return Response(documents.dump_all(list(listed)), media_type=YAML)
-
-
-async def read_text(request: Request) -> str:
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > MAX_BODY:
-            raise StatusError(
-                413, "RequestEntityTooLarge", f"the body is larger than {MAX_BODY} bytes"
-            )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise StatusError(
-            400, "BadRequest", "the body is not UTF-8", errors(f"byte {error.start}: not UTF-8")
-        ) from None
+async def documents_answer(listed: Sequence[dict[str, Any]]) -> Response:
+    """Documents as multi-document YAML, written in a worker thread: a whole design takes
+    seconds to write, which would stop every other request on the event loop."""
+    text = await asyncio.to_thread(documents.dump_all, list(listed))
+    return Response(text, media_type=YAML)
 
 
 def revision_id(raw: str) -> int:
@@ -139,17 +125,20 @@ def revision_view(summary: Any, request: Request) -> dict[str, Any]:
 async def put_documents(bucket: str, request: Request, credentials: auth.Credentials) -> Response:
     await auth.admit(request, credentials, PUT_DOCUMENTS, bucket)
     name = checked_name(bucket, "bucket")
-    text = await read_text(request)
-    try:
-        parsed = await asyncio.to_thread(documents.parse, text)
-    except DocumentsRejected as error:
-        raise rejected(
-            error, f"bucket {name}: the documents cannot be stored; nothing stored"
-        ) from None
-    result = await run(request, lambda store: store.put(name, parsed))
-    listed = [e.document.to_wire(e.bucket, result.revision) for e in result.entries]
-    # As Deckhand: the revision is answered even when the bucket is now empty.
-    answer = documents_answer(listed or [{"status": {"bucket": name, "revision": result.revision}}])
+    text = await bodies.read_design(request)
+    async with bodies.design_gate(request):
+        try:
+            parsed = await asyncio.to_thread(documents.parse, text, bodies.limits_of(request).yaml)
+        except DocumentsRejected as error:
+            raise rejected(
+                error, f"bucket {name}: the documents cannot be stored; nothing stored"
+            ) from None
+        del text
+        result = await run(request, lambda store: store.put(name, parsed))
+        listed = [e.document.to_wire(e.bucket, result.revision) for e in result.entries]
+        # As Deckhand: the revision is answered even when the bucket is now empty.
+        empty = [{"status": {"bucket": name, "revision": result.revision}}]
+        answer = await documents_answer(listed or empty)
     answer.headers[CREATED_HEADER] = "true" if result.created else "false"
     return answer
 
@@ -214,7 +203,7 @@ async def _documents(revision: str, request: Request, credentials: Any, rendered
         raise rejected(error, "bad query") from None
     entries = await run(request, lambda store: store.entries(number))  # 0: the empty one
     chosen = rules.select(entries, query, rendered)
-    return documents_answer([e.document.to_wire(e.bucket, e.revision) for e in chosen])
+    return await documents_answer([e.document.to_wire(e.bucket, e.revision) for e in chosen])
 
 
 @router.get(
@@ -284,7 +273,8 @@ async def create_tag(
     await auth.admit(request, credentials, CREATE_TAG, revision)
     number, name = revision_id(revision), checked_name(tag, "tag")
     try:
-        data = documents.tag_data(await read_text(request))
+        text = await bodies.read_text(request, bodies.SMALL_BODY)
+        data = documents.tag_data(text, bodies.SMALL_YAML)
     except DocumentsRejected as error:
         raise rejected(error, f"tag {name}: bad data") from None
     await run(request, lambda store: store.tag(number, name, data))

@@ -37,8 +37,9 @@ from metalmend.log import fields
 from metalmend.policy import interlock as claims
 from metalmend.policy.destroy import DestroySettings, NodeState, TaskStatus
 from metalmend.serve import auth, context
+from metalmend.serve.bodies import read_json
 from metalmend.serve.interlock import Interlock, caller_of
-from metalmend.serve.status import Message, StatusError, documented, read_json
+from metalmend.serve.status import Message, StatusError, documented
 from metalmend.serve.status import errors as error_lines
 from metalmend.serve.tasks import TaskWorker
 
@@ -46,7 +47,6 @@ log = logging.getLogger(__name__)
 
 PREFIX = "/drydock/api/v1.0"
 API_GROUP = "drydock.metalmend.dev"
-MAX_BODY = 64 * 1024
 
 # Permissions, on resources of drydock.metalmend.dev (deploy/rbac/serve.yaml).
 CREATE_TASKS = auth.Permission("tasks", "", "create", API_GROUP)
@@ -136,7 +136,7 @@ async def create_task(request: Request, credentials: auth.Credentials) -> JSONRe
     await auth.admit(request, credentials, CREATE_TASKS, "")
     served = _drydock(request)
     try:
-        wanted = model.read_request(await read_json(request, MAX_BODY))
+        wanted = model.read_request(await read_json(request))
     except model.RequestProblem as problem:
         raise _bad(str(problem)) from None
     gate: auth.Gate = request.app.state.services.gate

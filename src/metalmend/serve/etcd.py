@@ -34,19 +34,19 @@ from fastapi.responses import JSONResponse
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Secret
 
+from metalmend.design import yamlsafe
 from metalmend.design.rules import document_query, select
 from metalmend.etcd import access, members
 from metalmend.etcd import design as designs
 from metalmend.kube import errors
 from metalmend.log import fields
-from metalmend.serve import auth, deckhand, designref, interlock, nodes, params
+from metalmend.serve import auth, bodies, deckhand, designref, interlock, nodes, params
 from metalmend.serve.status import Message, StatusError, body, documented
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["promenade"])
 Credentials = auth.Credentials
 
-MAX_BODY = 64 << 10  # bytes: a design reference is a few hundred
 HEALTH_KIND = "HealthMessage"
 
 
@@ -63,16 +63,18 @@ class HealthMessage(Message):
 
 
 async def read_body(request: Request) -> object:
-    """The design reference body: JSON, or the YAML flow mapping the spec writes it as."""
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > MAX_BODY:
-            raise params.RequestRejected(f"the body is larger than {MAX_BODY} bytes")
+    """The design reference body: JSON, or the YAML flow mapping the spec writes it as
+    (read within ``bodies.SMALL_YAML``: a nesting bomb fits in a small body)."""
+    text = await bodies.read_text(request, bodies.SMALL_BODY)
     try:
-        return yaml.safe_load(data.decode("utf-8")) if data.strip() else None
-    except (yaml.YAMLError, UnicodeDecodeError, RecursionError):
+        found = yamlsafe.load_all(text, bodies.SMALL_YAML) if text.strip() else [None]
+    except yamlsafe.YamlRefused as error:
+        raise params.RequestRejected(f"the body is past a limit of this service: {error}") from None
+    except yaml.YAMLError:
         raise params.RequestRejected("the body is not JSON (nor YAML)") from None
+    if len(found) != 1:
+        raise params.RequestRejected("the body is one design reference, not several documents")
+    return found[0]
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from metalmend.db import Database
 from metalmend.kube.client import async_client, load_config, whoami
 from metalmend.serve import auth, designref
 from metalmend.serve.app import create_app
+from metalmend.serve.bodies import BodyLimits
 from metalmend.serve.etcd import EtcdAccess
 from metalmend.serve.settings import check
 from metalmend.serve.storeguard import guard
@@ -77,6 +78,9 @@ async def serve(settings: Settings) -> None:
     client = async_client(config)
     pool = BmcPool(settings.bmc)  # drives only (destroy's wipe): power is host-power's
     options = settings.serve
+    bodies = BodyLimits.of(
+        options.max_body_bytes, options.max_design_documents, options.max_design_values
+    )
     try:
         # Fails fast, in one line, when the cluster or our credentials do not work.
         current = config.get()
@@ -102,6 +106,7 @@ async def serve(settings: Settings) -> None:
                 options.etcd_credentials_secrets,
                 options.design_ca_bundle,
             ),
+            bodies=bodies,
         )
         listening = uvicorn.Config(
             app,

@@ -110,6 +110,27 @@ class ServeSettings:
     Secret is then used only for the clusters its ``metalmend.dev/etcd-clusters``
     annotation lists. The chart grants serve ``get`` on exactly these Secrets."""
 
+    # --- request bodies and YAML (docs/design-store.md, "Limits") ---------------------------
+
+    max_body_bytes: int = 4 << 20
+    """Largest design body (Deckhand's document put, Shipyard's configdocs), in bytes; a
+    larger one is refused with 413 before it is read. 4 MiB: the 2,000-host design of
+    benchmarks/design_store.py is 1.3 MB, so three times the largest site designs we
+    measured fit; what a put holds in memory grows with it (benchmarks/body_memory.py:
+    raise the chart's memory limit with it). Every other body (JSON requests, design
+    references, a tag's data) is limited to 64 KiB, fixed."""
+
+    max_design_documents: int = 5_000
+    """YAML documents in one design body: 2.5 times the 2,000-host design (one document
+    per host, and its networks and racks); past it, 400 before the rest is read."""
+
+    max_design_values: int = 500_000
+    """YAML values (scalars, lists, mappings) in one design body, each alias counted as a
+    copy of what it names; past it, 400. A site design holds one value per ~9 bytes of
+    YAML (the 2,000-host design: ~150,000), so a realistic body of ``max_body_bytes``
+    (~470,000) fits; dense YAML (``[ab,ab,...]``), which costs ~200 bytes of memory a value,
+    and alias bombs do not."""
+
 
 class ServeSettingsError(ValueError):
     """Settings ``metalmend serve`` cannot start with; the message says which and why."""

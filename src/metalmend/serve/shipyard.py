@@ -31,9 +31,9 @@ from metalmend.design.store import Conflict, DesignStore, StoreError
 from metalmend.log import fields
 from metalmend.policy import deploysite, siteactions
 from metalmend.policy.siteactions import ActionLifecycle, ActionName, Version
-from metalmend.serve import auth, context
-from metalmend.serve.deckhand import checked_name, documents_answer, read_text, run
-from metalmend.serve.status import Message, StatusError, body, documented, errors, notes, read_json
+from metalmend.serve import auth, bodies, context
+from metalmend.serve.deckhand import checked_name, documents_answer, run
+from metalmend.serve.status import Message, StatusError, body, documented, errors, notes
 from metalmend.shipyard import model
 from metalmend.shipyard.store import ActionStore
 from metalmend.shipyard.worker import ActionWorker
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 PREFIX = "/shipyard/api/v1.0"
 GROUP = "shipyard.metalmend.dev"
-MAX_ACTION_BODY = 64 * 1024
 
 CREATE_CONFIGDOCS = auth.Permission("configdocs", "", "create", GROUP)
 GET_CONFIGDOCS = auth.Permission("configdocs", "", "get", GROUP)
@@ -213,12 +212,12 @@ def _site_problems(docs: Sequence[dict[str, Any]], namespaces: Sequence[str]) ->
     description="Query: buffermode=rejectoncontents (default: 409 when the buffer holds"
     " changes)|append|replace (discard the buffer first); empty-collection=true with an"
     " empty body deletes the collection. 201: a Status listing what validation found.",
-    responses=documented((201, "Success"), (409, "Conflict")),
+    responses=documented((201, "Success"), (409, "Conflict"), (413, "RequestEntityTooLarge")),
 )
 async def create_configdocs(
     collection: str, request: Request, credentials: auth.Credentials
 ) -> JSONResponse:
-    await auth.admit(request, credentials, CREATE_CONFIGDOCS, collection[:253])
+    await auth.admit(request, credentials, CREATE_CONFIGDOCS, collection)
     name = checked_name(collection, "collection")
     served = _shipyard(request)
     mode = request.query_params.get("buffermode", "rejectoncontents").lower()
@@ -226,9 +225,16 @@ async def create_configdocs(
         text = f"buffermode must be one of {', '.join(BUFFER_MODES)}"
         raise StatusError(400, "BadRequest", text, errors(text))
     empty = _flag(request, "empty-collection")
-    text = await read_text(request)
+    text = await bodies.read_design(request)
+    async with bodies.design_gate(request):
+        return await _store_configdocs(request, served, name, text, mode, empty)
+
+
+async def _store_configdocs(
+    request: Request, served: Shipyard, name: str, text: str, mode: str, empty: bool
+) -> JSONResponse:
     try:
-        parsed = await asyncio.to_thread(documents.parse, text)
+        parsed = await asyncio.to_thread(documents.parse, text, bodies.limits_of(request).yaml)
     except DocumentsRejected as error:
         what = f"collection {name}: the documents cannot be read; nothing stored"
         raise StatusError(400, "BadRequest", what, errors(*error.problems)) from None
@@ -258,7 +264,7 @@ async def create_configdocs(
 async def get_configdocs(
     collection: str, request: Request, credentials: auth.Credentials
 ) -> Response:
-    await auth.admit(request, credentials, GET_CONFIGDOCS, collection[:253])
+    await auth.admit(request, credentials, GET_CONFIGDOCS, collection)
     name = checked_name(collection, "collection")
     version = _version(request)
 
@@ -271,7 +277,7 @@ async def get_configdocs(
             )
         return found
 
-    return documents_answer(await run(request, read))
+    return await documents_answer(await run(request, read))
 
 
 @router.get(
@@ -351,7 +357,7 @@ async def commit_configdocs(request: Request, credentials: auth.Credentials) -> 
 async def rendered_configdocs(request: Request, credentials: auth.Credentials) -> Response:
     await auth.admit(request, credentials, GET_RENDERED, "")
     version = _version(request)
-    return documents_answer(
+    return await documents_answer(
         await run(request, lambda store: _wire(store, _revision_of(store, version), None))
     )
 
@@ -360,7 +366,7 @@ async def rendered_configdocs(request: Request, credentials: auth.Credentials) -
 
 
 async def _action_body(request: Request) -> tuple[ActionName, dict[str, Any]]:
-    raw = await read_json(request, MAX_ACTION_BODY)
+    raw = await bodies.read_json(request)
     if not isinstance(raw, dict):
         raise StatusError(400, "BadRequest", "the body is not a JSON object")
     try:

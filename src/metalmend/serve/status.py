@@ -10,12 +10,9 @@ message has ``message``, ``error`` and ``kind`` (``SimpleMessage`` unless it car
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from starlette.requests import Request
 
 SIMPLE = "SimpleMessage"
 
@@ -108,16 +105,3 @@ def documented(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
         code: {"description": f"Status body, reason {reason}", "content": {"application/json": {}}}
         for code, reason in [*answers, *COMMON_ANSWERS]
     }
-
-
-async def read_json(request: Request, limit: int) -> Any:
-    """The request's JSON body, read up to ``limit`` bytes: 400 when larger or not JSON."""
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise StatusError(400, "BadRequest", f"the body is larger than {limit} bytes")
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise StatusError(400, "BadRequest", "the body is not a JSON object") from None
