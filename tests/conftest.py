@@ -6,14 +6,15 @@ tests/e2e -> e2e. Only tests that ask for a control-plane fixture start one.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from lightkube import AsyncClient, Client, KubeConfig
+from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace
+from lightkube.resources.core_v1 import ConfigMap, Namespace
 
 from metalmend.kube.crds import install_crds
 from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig
@@ -50,6 +51,23 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         yield plane
     finally:
         plane.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_store_record(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test that starts a ``metalmend serve`` gives it a database of its own, so the
+    record of the store an earlier test's serve kept in the cluster (docs/design-store.md,
+    "When the store is replaced") is removed after each test on the control plane, as an
+    operator would for a deliberately new store. Without it the next serve refuses to
+    start, as it should on a real cluster."""
+    yield
+    if "control_plane" not in request.fixturenames:
+        return
+    plane: ControlPlane = request.getfixturevalue("control_plane")
+    with contextlib.suppress(ApiError):
+        Client(KubeConfig.from_file(plane.kubeconfig)).delete(
+            ConfigMap, "metalmend-serve-store", namespace="metalmend-system"
+        )
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ beyond loopback."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import ssl
@@ -17,22 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from lightkube import ApiError, Client, codecs
-from lightkube.resources.core_v1 import ConfigMap
+from lightkube import Client, codecs
 
 from metalmend.lab.controlplane import ControlPlane, free_port
 
 SERVE_RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "serve.yaml"
-
-
-@pytest.fixture(autouse=True)
-def no_store_record(kube: Client) -> Iterator[None]:
-    """Each test's serve has a database of its own: the record of the store an earlier
-    test's serve kept (docs/design-store.md, "When the store is replaced") is removed, as
-    an operator would for a deliberately new store."""
-    yield
-    with contextlib.suppress(ApiError):
-        kube.delete(ConfigMap, "metalmend-serve-store", namespace="metalmend-system")
 
 
 def metalmend(*args: str) -> subprocess.Popen[str]:
