@@ -22,7 +22,7 @@ from metalmend.clock import SYSTEM_CLOCK
 from metalmend.db import Database
 from metalmend.design.store import DesignStore
 from metalmend.drydock.destroy import DrivePool
-from metalmend.kube import errors
+from metalmend.kube import errors, impersonate
 from metalmend.kube.events import EventRecorder
 from metalmend.log import fields
 from metalmend.policy.destroy import DestroySettings
@@ -35,6 +35,7 @@ from metalmend.serve.kubelet import KubeletShutdown
 from metalmend.serve.nodes import Drainer
 from metalmend.serve.params import RequestRejected
 from metalmend.serve.status import Message, StatusError, body, reason_for
+from metalmend.shipyard.redeploy import FIELD_MANAGER
 from metalmend.shipyard.store import ActionStore
 from metalmend.shipyard.worker import ActionWorker
 
@@ -69,6 +70,7 @@ def create_app(
     destroy: DestroySettings | None = None,
     redeploy: RedeploySettings | None = None,
     site_namespaces: tuple[str, ...] = (),
+    site_label_prefixes: tuple[str, ...] = (),
 ) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -105,7 +107,9 @@ def create_app(
     destroy = destroy or DestroySettings()
     drydock.install(app, client, interlock, database, drives, destroy)
     # Site actions (Shipyard): they need the database and the task worker (destroy).
-    shipyard.install(app, _shipyard(app, teardown, destroy, redeploy, site_namespaces))
+    shipyard.install(
+        app, _shipyard(app, teardown, destroy, redeploy, site_namespaces, site_label_prefixes)
+    )
     app.add_middleware(context.ContextMarker)  # X-Context-Marker: checked, echoed, logged
 
     @app.exception_handler(StatusError)
@@ -171,6 +175,7 @@ def _shipyard(
     destroy: DestroySettings,
     redeploy: RedeploySettings | None,
     namespaces: tuple[str, ...],
+    label_prefixes: tuple[str, ...],
 ) -> shipyard.Shipyard | None:
     """The action store and worker, and what the steps are given (``shipyard.steps``)."""
     services: Services = app.state.services
@@ -183,7 +188,10 @@ def _shipyard(
         events=EventRecorder(services.client, component="metalmend-shipyard"),
         drainer=services.drainer, kubelet=services.kubelet, teardown=teardown,
         clock=SYSTEM_CLOCK, redeploy=redeploy or RedeploySettings(), site_namespaces=namespaces,
+        site_label_prefixes=label_prefixes, gate=services.gate,
+        impersonate=impersonate.impersonator(services.client, FIELD_MANAGER),
     )  # fmt: skip
     store = ActionStore(services.database)
     worker = ActionWorker(store, steps, destroy.lease_seconds)
-    return shipyard.Shipyard(store, worker, namespaces)
+    return shipyard.Shipyard(store, worker, namespaces, label_prefixes=label_prefixes)
+

@@ -42,6 +42,7 @@ async def serve(settings: Settings) -> None:
                     destroy=settings.destroy,
                     redeploy=settings.redeploy,
                     site_namespaces=options.site_namespaces,
+                    site_label_prefixes=options.site_label_prefixes,
                 ),
                 host=options.bind_address,
                 port=options.port,
