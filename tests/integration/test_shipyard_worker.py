@@ -232,3 +232,25 @@ async def test_two_replicas_run_each_action_exactly_once(database: Database) -> 
         for replica in replicas:
             await replica.stop()
     assert steps.runs == {"a": 6, "b": 6}
+
+
+def test_the_store_keeps_who_created_an_action(database: Database) -> None:
+    """Migration 0004_action_caller: the creator's identity (for impersonation and the
+    re-check at start) stored and read back; an action without one reads as None."""
+    store = ActionStore(database)
+    who = {"username": "system:serviceaccount:ops:deployer", "uid": "u-1",
+           "groups": ["system:serviceaccounts", "system:authenticated"],
+           "extra": {"authentication.kubernetes.io/credential-id": ["JTI=abc"]}}  # fmt: skip
+    now = dt.datetime.now(dt.UTC)
+    action = model.Action(
+        id=new_action_id(now, os.urandom(10)), name="deploy_site", parameters={},
+        lifecycle=ActionLifecycle.PENDING, created=now, updated=now, user=who["username"],
+        context_marker=None, committed_rev_id=1, revision=None, allow_intermediate_commits=False,
+        steps=(model.Step("validation", 0),), caller=who,
+    )  # fmt: skip
+    store.create(action)
+    found = store.get(action.id)
+    assert found is not None
+    assert found.caller == who
+    assert "caller" not in found.to_wire("/x")  # never shown
+    assert store.get(new_action(store, ("a",))).caller is None  # type: ignore[union-attr]

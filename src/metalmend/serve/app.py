@@ -194,4 +194,3 @@ def _shipyard(
     store = ActionStore(services.database)
     worker = ActionWorker(store, steps, destroy.lease_seconds)
     return shipyard.Shipyard(store, worker, namespaces, label_prefixes=label_prefixes)
-

@@ -300,7 +300,6 @@ def _shipyards(names: Sequence[str], number: int, doing: str) -> None:
         raise StatusError(403, "Forbidden", text, errors(text))
 
 
-
 @router.post(
     "/revisions/{revision}/tags/{tag}",
     summary="Tag a revision, with an optional YAML mapping as the tag's data (again: replaced)",
