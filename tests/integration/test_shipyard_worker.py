@@ -270,10 +270,19 @@ def test_actions_stored_before_the_caller_column_read_without_one(database_url: 
         with db.begin() as conn:
             conn.execute(
                 actions.insert().values(
-                    action_id="01JOLDACTION0000000000000", name="deploy_site", parameters={},
-                    lifecycle="Pending", created=now, updated=now, user="someone",
-                    context_marker=None, committed_rev_id=1, revision=None,
-                    allow_intermediate_commits=False, notes=[], command_audit=[],
+                    action_id="01JOLDACTION0000000000000",
+                    name="deploy_site",
+                    parameters={},
+                    lifecycle="Pending",
+                    created=now,
+                    updated=now,
+                    user="someone",
+                    context_marker=None,
+                    committed_rev_id=1,
+                    revision=None,
+                    allow_intermediate_commits=False,
+                    notes=[],
+                    command_audit=[],
                 )  # the columns of 0003 only
             )
         migrate.upgrade(db)
