@@ -230,6 +230,8 @@ async def preflight(ctx: StepContext) -> str:
         try:
             await gate.authorize(Caller.of(who), REDEPLOY_NODE, node)
         except StatusError as error:
+            if error.code != 403:
+                raise  # serve could not ask (the API server away): tried again
             raise StepFailed(f"at the action's start: {error.message}") from None
     busy = await asyncio.to_thread(ctx.services.task_store.busy, list(wanted.target_nodes))
     if busy:
