@@ -71,13 +71,16 @@ def host(name: str, annotations: dict[str, str]) -> Any:
 
 
 def refused(attempt: Any, within: float = 30.0) -> ApiError:
-    """The first refusal (the policy takes a moment to be enforced after creation)."""
+    """The first refusal by the policy's own rule (the policy takes a moment to be enforced
+    after creation, and its binding a moment more to see its parameters: until then it
+    refuses with "failed to configure binding", which says nothing of the rule)."""
     deadline = time.monotonic() + within
     while True:
         try:
             attempt()
         except ApiError as error:
-            return error
+            if "failed to configure binding" not in str(error.status.message):
+                return error
         if time.monotonic() > deadline:
             raise AssertionError("never refused")
         time.sleep(0.2)

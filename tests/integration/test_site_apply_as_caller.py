@@ -36,7 +36,8 @@ from lightkube.types import PatchType
 from metalmend.api.resources import BareMetalHost, Machine
 from metalmend.db import Database
 from metalmend.design.store import DesignStore
-from metalmend.lab.controlplane import ControlPlane
+from metalmend.kube.crds import install_crds
+from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig
 from metalmend.policy.destroy import DestroySettings
 from metalmend.policy.siteactions import ActionLifecycle, new_action_id
 from metalmend.serve.app import create_app
@@ -57,6 +58,23 @@ from tests.integration.test_shipyard_api import (
 from tests.support import until
 
 __all__ = ["serve_kubeconfig", "service"]  # fixtures this module uses
+
+
+@pytest.fixture(scope="module")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """This module's own API server (every fixture built on ``control_plane`` uses it).
+    It installs admission policies that take parameters, and kube-apiserver (v1.36) was
+    seen never to find a parameter kind's objects again once every policy of that kind
+    had been removed for a few seconds ("no params found" for 120 s): a policy test of
+    the shared control plane running after this module would never see its ConfigMap."""
+    plane = ControlPlane(ControlPlaneConfig(workdir=tmp_path_factory.mktemp("site-apply-plane")))
+    plane.start()
+    try:
+        install_crds(Client(KubeConfig.from_file(plane.kubeconfig)))
+        yield plane
+    finally:
+        plane.stop()
+
 
 ADDRESS = "redfish://127.0.0.1:8000/redfish/v1/Systems/{}"
 LISTENER = "redfish+https://127.0.0.1:9/redfish/v1/Systems/1"  # someone else's
