@@ -14,6 +14,7 @@ import yaml
 from lightkube import AsyncClient, Client, KubeConfig
 
 from metalmend.db import Database
+from metalmend.design.store import DesignStore
 from metalmend.lab.controlplane import ControlPlane
 from metalmend.serve.app import create_app
 from tests.integration.test_serve_promenade import bearer, lines, serve_kubeconfig, status_of, token
@@ -49,6 +50,13 @@ async def http(serve_kubeconfig: Path, database_url: str) -> AsyncIterator[httpx
 @pytest.fixture
 def admin(control_plane: ControlPlane, kube: Client, namespace: str) -> dict[str, str]:
     return bearer(token(control_plane, kube, namespace, "design-admin", "metalmend-deckhand-admin"))
+
+
+@pytest.fixture
+def editor(control_plane: ControlPlane, kube: Client, namespace: str) -> dict[str, str]:
+    return bearer(
+        token(control_plane, kube, namespace, "design-editor", "metalmend-deckhand-editor")
+    )
 
 
 @pytest.fixture
@@ -142,31 +150,59 @@ async def test_tags_created_listed_read_replaced_and_deleted(
 ) -> None:
     await put(http, admin, "site", doc("a"))
     created = await http.post(
-        "/revisions/1/tags/committed", content="by: alice\n", headers={**admin, **YAML}
+        "/revisions/1/tags/reviewed", content="by: alice\n", headers={**admin, **YAML}
     )
     assert (created.status_code, yaml.safe_load(created.text)) == (
         201,
-        {"committed": {"by": "alice"}},
+        {"reviewed": {"by": "alice"}},
     )
-    await http.post("/revisions/1/tags/committed", content="by: bob\n", headers={**admin, **YAML})
-    await http.post("/revisions/1/tags/site-action-success", headers=admin)
+    await http.post("/revisions/1/tags/reviewed", content="by: bob\n", headers={**admin, **YAML})
+    await http.post("/revisions/1/tags/approved", headers=admin)
     listed = yaml.safe_load((await http.get("/revisions/1/tags", headers=admin)).text)
-    assert listed == {"committed": {"by": "bob"}, "site-action-success": {}}
-    one = await http.get("/revisions/1/tags/committed", headers=admin)
-    assert yaml.safe_load(one.text) == {"committed": {"by": "bob"}}
+    assert listed == {"reviewed": {"by": "bob"}, "approved": {}}
+    one = await http.get("/revisions/1/tags/reviewed", headers=admin)
+    assert yaml.safe_load(one.text) == {"reviewed": {"by": "bob"}}
     revision = yaml.safe_load((await http.get("/revisions/1", headers=admin)).text)
     assert revision["tags"] == listed
     assert revision["url"].endswith(f"{DECKHAND}/revisions/1")
     tagged = yaml.safe_load(
-        (await http.get("/revisions", params={"tag": "committed"}, headers=admin)).text
+        (await http.get("/revisions", params={"tag": "reviewed"}, headers=admin)).text
     )
     assert [r["id"] for r in tagged["results"]] == [1]
-    assert (await http.delete("/revisions/1/tags/committed", headers=admin)).status_code == 204
-    status_of(await http.get("/revisions/1/tags/committed", headers=admin), 404, "NotFound")
+    assert (await http.delete("/revisions/1/tags/reviewed", headers=admin)).status_code == 204
+    status_of(await http.get("/revisions/1/tags/reviewed", headers=admin), 404, "NotFound")
     assert (await http.delete("/revisions/1/tags", headers=admin)).status_code == 204
     assert yaml.safe_load((await http.get("/revisions/1/tags", headers=admin)).text) == {}
     bad = await http.post("/revisions/1/tags/x", content="- a list\n", headers={**admin, **YAML})
     status_of(bad, 400, "BadRequest")
+
+
+async def test_shipyards_tags_are_not_set_or_removed_through_deckhand(
+    http: httpx.AsyncClient, admin: dict[str, str], editor: dict[str, str], database_url: str
+) -> None:
+    # An editor may tag revisions, but not with the tags Shipyard's rules read: set by
+    # hand, "committed" would commit past validation and "site-action-success" would be
+    # the revision redeploy_server deploys by default.
+    await put(http, admin, "site", doc("a"))
+    for tag in ("committed", "rollback_commit", "site-action-success", "site-action-failure"):
+        for who in (editor, admin):
+            refused = status_of(
+                await http.post(f"/revisions/1/tags/{tag}", headers=who), 403, "Forbidden"
+            )
+            assert f"tag(s) {tag} of revision 1 are Shipyard's" in refused["message"]
+            gone = await http.delete(f"/revisions/1/tags/{tag}", headers=who)
+            assert "cannot be removed" in status_of(gone, 403, "Forbidden")["message"]
+    assert yaml.safe_load((await http.get("/revisions/1/tags", headers=admin)).text) == {}
+    # Shipyard's own commit tagged it: Deckhand's "remove every tag" leaves it alone
+    database = Database.open(database_url)
+    DesignStore(database).tag(1, "committed", {})
+    database.dispose()
+    await http.post("/revisions/1/tags/reviewed", headers=editor)
+    every = await http.delete("/revisions/1/tags", headers=editor)
+    assert "committed" in status_of(every, 403, "Forbidden")["message"]
+    assert set(yaml.safe_load((await http.get("/revisions/1/tags", headers=admin)).text)) == {
+        "committed", "reviewed"
+    }  # fmt: skip
 
 
 async def test_diff_rollback_and_deleting_every_revision(

@@ -109,13 +109,13 @@ def test_put_revisions_documents_tag_and_diff_from_the_command_line(
     site.write_text(SITE.replace("tag: one", "tag: two"))
     assert "revision 2" in run("put", "site", str(site)).stdout
 
-    tagged = run("tag", "1", "committed", "--data", "by=alice", "--data", "ticket=42")
+    tagged = run("tag", "1", "reviewed", "--data", "by=alice", "--data", "ticket=42")
     assert tagged.returncode == 0, tagged.stderr
-    assert "revision 1 tagged committed" in tagged.stdout
+    assert "revision 1 tagged reviewed" in tagged.stdout
     listed = run("revisions")
-    assert "committed" in listed.stdout
+    assert "reviewed" in listed.stdout
     assert "2 revision(s)" in listed.stdout
-    only = run("revisions", "--tag", "committed")
+    only = run("revisions", "--tag", "reviewed")
     assert "1 revision(s)" in only.stdout
 
     documents = run("documents", "2", "--schema", "promenade")

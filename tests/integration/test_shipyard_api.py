@@ -18,11 +18,11 @@ import httpx
 import pytest
 import yaml
 from lightkube import AsyncClient, Client, KubeConfig
-from lightkube.models.core_v1 import NodeCondition
+from lightkube.models.core_v1 import NodeCondition, NodeSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import RoleRef, Subject
 from lightkube.resources.core_v1 import Event, Node, Secret
-from lightkube.resources.rbac_authorization_v1 import RoleBinding
+from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding, RoleBinding
 from lightkube.types import PatchType
 
 from metalmend.api.resources import BareMetalHost
@@ -91,9 +91,24 @@ def service(
     return Service(serve_kubeconfig, f"sqlite:///{tmp_path / 'serve.sqlite'}", namespace)
 
 
+def also(kube: Client, namespace: str, account: str, role: str) -> None:
+    """Bind ServiceAccount ``namespace/account`` to ClusterRole ``role`` too."""
+    kube.create(
+        ClusterRoleBinding(
+            metadata=ObjectMeta(name=f"{namespace}-{account}-{role}"),
+            roleRef=RoleRef(apiGroup="rbac.authorization.k8s.io", kind="ClusterRole", name=role),
+            subjects=[Subject(kind="ServiceAccount", name=account, namespace=namespace)],
+        )
+    )
+
+
 @pytest.fixture
 def admin(control_plane: ControlPlane, kube: Client, namespace: str) -> dict[str, str]:
-    return bearer(token(control_plane, kube, namespace, "site-admin", "metalmend-shipyard-admin"))
+    # A site's deployer: Shipyard's admin, and the Kubernetes writes of a design (applied
+    # as the caller: docs/site-actions.md, "Whose permissions apply a design").
+    found = bearer(token(control_plane, kube, namespace, "site-admin", "metalmend-shipyard-admin"))
+    also(kube, namespace, "site-admin", "metalmend-site-writer")
+    return found
 
 
 @pytest.fixture
@@ -301,8 +316,14 @@ def host_up(kube: Client, namespace: str, name: str) -> None:
     )  # fmt: skip
 
 
-def node_up(kube: Client, name: str) -> None:
-    kube.create(Node(metadata=ObjectMeta(name=name, labels={"kubernetes.io/hostname": name})))
+def node_up(kube: Client, name: str, namespace: str) -> None:
+    """The host's Node, registered by its kubelet: its providerID names the host."""
+    kube.create(
+        Node(
+            metadata=ObjectMeta(name=name, labels={"kubernetes.io/hostname": name}),
+            spec=NodeSpec(providerID=f"metal3://{namespace}/{name}"),
+        )
+    )
     now = dt.datetime.now(dt.UTC)
     ready = NodeCondition(
         type="Ready", status="True", lastHeartbeatTime=now, lastTransitionTime=now
@@ -333,7 +354,7 @@ async def test_deploy_site_to_its_tag_across_a_restart_and_the_guard(
             assert found.spec["online"] is True
             assert found.metadata.labels == {"site": "lab"}
             host_up(kube, namespace, name)
-            node_up(kube, name)
+            node_up(kube, name, namespace)
         async with service.running() as http:
             done = await wait_for(http, admin, action_id)
             assert done["action_lifecycle"] == "Complete", done

@@ -334,3 +334,62 @@ async def test_an_action_stopped_while_its_replica_was_down_stays_stopped(
         assert store.get(action_id) == done, "a finished action is not taken again"
     finally:
         await third.stop()
+
+
+def test_the_store_keeps_who_created_an_action(database: Database) -> None:
+    """Migration 0005_action_caller: the creator's identity (for impersonation and the
+    re-check at start) stored and read back; an action without one reads as None."""
+    store = ActionStore(database)
+    who = {"username": "system:serviceaccount:ops:deployer", "uid": "u-1",
+           "groups": ["system:serviceaccounts", "system:authenticated"],
+           "extra": {"authentication.kubernetes.io/credential-id": ["JTI=abc"]}}  # fmt: skip
+    now = dt.datetime.now(dt.UTC)
+    action = model.Action(
+        id=new_action_id(now, os.urandom(10)), name="deploy_site", parameters={},
+        lifecycle=ActionLifecycle.PENDING, created=now, updated=now, user=who["username"],
+        context_marker=None, committed_rev_id=1, revision=None, allow_intermediate_commits=False,
+        steps=(model.Step("validation", 0),), caller=who,
+    )  # fmt: skip
+    store.create(action)
+    found = store.get(action.id)
+    assert found is not None
+    assert found.caller == who
+    assert "caller" not in found.to_wire("/x")  # never shown
+    assert store.get(new_action(store, ("a",))).caller is None  # type: ignore[union-attr]
+
+
+def test_actions_stored_before_the_caller_column_read_without_one(database_url: str) -> None:
+    """An action stored at migration 0003 reads back, after 0005_action_caller, with no
+    caller: its steps then fail rather than run as serve (tests/integration/
+    test_site_apply_as_caller.py)."""
+    from metalmend.db import migrate
+    from metalmend.shipyard.tables import actions
+
+    db = Database.open(database_url)
+    try:
+        migrate.upgrade(db, "0003_actions")
+        now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        with db.begin() as conn:
+            conn.execute(
+                actions.insert().values(
+                    action_id="01JOLDACTION0000000000000",
+                    name="deploy_site",
+                    parameters={},
+                    lifecycle="Pending",
+                    created=now,
+                    updated=now,
+                    user="someone",
+                    context_marker=None,
+                    committed_rev_id=1,
+                    revision=None,
+                    allow_intermediate_commits=False,
+                    notes=[],
+                    command_audit=[],
+                )  # the columns of 0003 only
+            )
+        migrate.upgrade(db)
+        found = ActionStore(db).get("01JOLDACTION0000000000000")
+        assert found is not None
+        assert (found.user, found.caller) == ("someone", None)
+    finally:
+        db.dispose()

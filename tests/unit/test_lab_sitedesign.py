@@ -11,6 +11,7 @@ from metalmend.design.documents import dump_all, parse
 from metalmend.etcd.design import from_documents
 from metalmend.lab import drives, sitedesign, siteetcd
 from metalmend.lab.inventory import HostSpec
+from metalmend.policy.deploysite import read_site, redeploy_problems
 from metalmend.policy.redeploy import KUBERNETES_OBJECT, host_documents
 
 
@@ -21,7 +22,7 @@ def hosts(count: int = 3) -> list[HostSpec]:
             internal_port=8000, username=f"admin-worker-{i}", password=f"secret-{i}",
             provider_id=f"metal3://metalmend-lab/worker-{i}", kubeconfig="/nowhere",
             system_id=f"sys-{i}",
-            labels={"metalmend.dev/lab-host": f"worker-{i}", "kubernetes.io/hostname": f"worker-{i}"},
+            labels={sitedesign.HOST_LABEL: f"worker-{i}", "kubernetes.io/hostname": f"worker-{i}"},
             drives=drives.plan(f"worker-{i}", i),
         )
         for i in range(count)
@@ -68,10 +69,14 @@ def test_redeploy_finds_each_hosts_objects_and_labels(tmp_path: Path) -> None:
     assert found.machine["spec"] == {
         "clusterName": "lab", "providerID": "metal3://metalmend-lab/worker-1"
     }  # fmt: skip
-    assert found.labels == {
-        "kubernetes.io/hostname": "worker-1", "kubernetes.io/os": "linux",
-        "kubernetes.io/arch": "amd64", "metalmend.dev/lab-host": "worker-1",
-    }  # fmt: skip
+    # the kubelet's own labels (kubernetes.io) are the kubelet's to set, not the design's
+    assert found.labels == {"metalmend-lab/host": "worker-1"}
+
+
+def test_the_design_passes_what_site_actions_check(tmp_path: Path) -> None:
+    found = read_site(site_documents(tmp_path), ["metalmend-lab"])
+    assert found.problems == ()
+    assert redeploy_problems(found, ["worker-0", "worker-1", "worker-2"]) == []
 
 
 def test_the_objects_carry_nothing_the_api_server_sets_and_no_secret(tmp_path: Path) -> None:

@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from metalmend.policy.deploysite import HostSeen, progress, read_site
+from metalmend.policy.deploysite import (
+    HostSeen,
+    host_named,
+    progress,
+    read_site,
+    redeploy_problems,
+)
 from metalmend.policy.siteactions import ActionName, Running, collision
 
 NS = ("site",)
@@ -64,11 +70,13 @@ def test_a_good_design_applies_hosts_before_machines_and_keeps_node_labels() -> 
         pytest.param(host(namespace="kube-system"), "namespace 'kube-system' is not one",
                      id="another tenant's namespace"),
         pytest.param(host(metadata={"annotations": {"reboot.metal3.io": ""}}),
-                     "would power or claim a host", id="a reboot annotation"),
+                     "annotation 'reboot.metal3.io' would power", id="a reboot annotation"),
         pytest.param(host(metadata={"annotations": {"reboot.metal3.io/x": "{}"}}),
-                     "would power or claim a host", id="a keyed reboot annotation"),
+                     "annotation 'reboot.metal3.io/x' would power",
+                     id="a keyed reboot annotation"),
         pytest.param(host(metadata={"annotations": {"metalmend.dev/teardown": "{}"}}),
-                     "would power or claim a host", id="a teardown claim"),
+                     "annotation 'metalmend.dev/teardown' is metalmend's own",
+                     id="a teardown claim"),
         pytest.param(host(metadata={"ownerReferences": []}),
                      "metadata.ownerReferences cannot be set", id="owner references"),
         pytest.param(host(status={"poweredOn": True}), "status is the controllers'",
@@ -95,12 +103,116 @@ def test_what_a_design_cannot_hold(document: dict[str, Any], problem: str) -> No
     assert found.objects == ()
 
 
+def machine_with(**meta: Any) -> dict[str, Any]:
+    return obj({"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine",
+                "metadata": {"name": "m1", "namespace": "site"} | meta,
+                "spec": {"clusterName": "c"}}, name="machine.site.m1")  # fmt: skip
+
+
+def labelled(labels: dict[str, str]) -> dict[str, Any]:
+    return obj({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "worker-1", "labels": labels}}, name="node.worker-1")  # fmt: skip
+
+
+# What makes a controller act on a server, on any object of the design; and the
+# Kubernetes label domains. Each refusal names the document and the key.
+@pytest.mark.parametrize(
+    ("document", "problem"),
+    [
+        pytest.param(machine_with(annotations={"host.metal3.io/external-remediation": ""}),
+                     "document 'machine.site.m1': annotation"
+                     " 'host.metal3.io/external-remediation' would power, fence",
+                     id="the remediation request on a Machine"),
+        pytest.param(machine_with(annotations={"cluster.x-k8s.io/remediate-machine": ""}),
+                     "annotation 'cluster.x-k8s.io/remediate-machine' would power",
+                     id="a manual remediation request"),
+        pytest.param(machine_with(annotations={"remediation.metal3.io/node-labels-backup": "{}"}),
+                     "annotation 'remediation.metal3.io/node-labels-backup' would power",
+                     id="a remediation's backup"),
+        pytest.param(machine_with(annotations={"reboot.metal3.io/machine-remediation": ""}),
+                     "annotation 'reboot.metal3.io/machine-remediation' would power",
+                     id="machine-remediation's reboot"),
+        pytest.param(machine_with(annotations={"metalmend.dev/remediation-ended-at": "x"}),
+                     "annotation 'metalmend.dev/remediation-ended-at' is metalmend's own",
+                     id="metalmend's stamp"),
+        pytest.param(machine_with(labels={"shipyard.metalmend.dev/x": "y"}),
+                     "label 'shipyard.metalmend.dev/x' is metalmend's own",
+                     id="a subdomain of metalmend's"),
+        pytest.param(labelled({"promenade-decomission": "enabled"}),
+                     "document 'node.worker-1': label 'promenade-decomission' would power,"
+                     " fence, remediate or stop", id="the teardown label"),
+        pytest.param(labelled({"promenade-decomission": ""}),
+                     "label 'promenade-decomission' would", id="the teardown label, empty"),
+        pytest.param(labelled({"metalmend.dev/lab-host": "x"}),
+                     "label 'metalmend.dev/lab-host' is metalmend's own", id="metalmend's label"),
+        pytest.param(labelled({"node-role.kubernetes.io/control-plane": ""}),
+                     "label 'node-role.kubernetes.io/control-plane' is in a Kubernetes domain",
+                     id="a node role, not allowed"),
+        pytest.param(labelled({"kubernetes.io/hostname": "x"}),
+                     "label 'kubernetes.io/hostname' is in a Kubernetes domain",
+                     id="the kubelet's label"),
+        pytest.param(labelled({"node-restriction.kubernetes.io/x": "y"}),
+                     "label 'node-restriction.kubernetes.io/x' is in a Kubernetes domain",
+                     id="node-restriction"),
+        pytest.param(labelled({"topology.k8s.io/zone": "a"}),
+                     "label 'topology.k8s.io/zone' is in a Kubernetes domain", id="k8s.io"),
+        pytest.param(obj({"apiVersion": "v1", "kind": "Node",
+                          "metadata": {"name": "worker-9", "labels": {"a": "b"}}},
+                         name="node.worker-9"),
+                     "document 'node.worker-9': Node 'worker-9' is not a Node of the design's"
+                     " hosts", id="another server's Node"),
+    ],
+)  # fmt: skip
+def test_what_would_act_on_a_server_is_refused(document: dict[str, Any], problem: str) -> None:
+    found = read_site([host(), document], NS)
+    assert len(found.problems) == 1, found.problems
+    assert problem in found.problems[0]
+    assert found.node_labels == {}
+
+
+@pytest.mark.parametrize(
+    ("labels", "allowed", "refused"),
+    [
+        ({"node-role.kubernetes.io/worker": ""}, ("node-role.kubernetes.io/",), False),
+        ({"node-role.kubernetes.io/worker": ""}, ("node-role.kubernetes.io/w",), False),
+        ({"kubernetes.io/hostname": "x"}, ("node-role.kubernetes.io/",), True),
+        ({"cluster.x-k8s.io/cluster-name": "c"}, (), False),  # x-k8s.io is not k8s.io
+        ({"example.com/kubernetes.io": "x"}, (), False),
+        ({"role": "worker", "rack": "r1"}, (), False),
+    ],
+)  # fmt: skip
+def test_kubernetes_label_domains_only_under_the_allowed_prefixes(
+    labels: dict[str, str], allowed: tuple[str, ...], refused: bool
+) -> None:
+    found = read_site([host(), labelled(labels)], NS, allowed)
+    assert bool(found.problems) is refused, found.problems
+    assert found.node_labels == ({} if refused else {"worker-1": labels})
+
+
+def test_redeploy_reads_the_design_with_the_same_rules() -> None:
+    image = {"image": {"url": "u", "checksum": "c"}}
+    good = read_site([host(spec=image), node()], NS)
+    assert redeploy_problems(good, ["worker-1"]) == []
+    assert host_named(good, "worker-1") is not None
+    bad = read_site([host(spec=image), labelled({"promenade-decomission": "enabled"})], NS)
+    assert "label 'promenade-decomission'" in redeploy_problems(bad, ["worker-1"])[0]
+    assert redeploy_problems(good, ["worker-2"]) == ["the design has no BareMetalHost 'worker-2'"]
+    no_image = read_site([host()], NS)
+    assert "has no spec.image" in redeploy_problems(no_image, ["worker-1"])[0]
+    two = read_site([host(spec=image), host(namespace="other", spec=image)], ("site", "other"))
+    assert "2 BareMetalHosts named 'worker-1'" in redeploy_problems(two, ["worker-1"])[0]
+    assert host_named(two, "worker-1") is None
+    outside = read_site([host(namespace="kube-system", spec=image)], NS)
+    assert "namespace 'kube-system' is not one" in redeploy_problems(outside, ["worker-1"])[0]
+
+
 def test_an_object_twice_and_an_empty_namespace_list_are_refused() -> None:
     twice = read_site([host(), host()], NS)
     assert "is in the design twice" in twice.problems[0]
     nowhere = read_site([host()], ())
     assert "serve.site_namespaces is empty" in nowhere.problems[0]
-    assert read_site([node()], ()).problems == ()  # labels only: no namespace needed
+    # a Node's labels need no namespace; but a Node is labelled only for the design's hosts
+    assert "not a Node of the design's hosts" in read_site([node()], ()).problems[0]
 
 
 def seen(key: str = "h", **changes: Any) -> HostSeen:

@@ -86,7 +86,7 @@ def plan(
                 system_id=str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{name}.metalmend.lab")),
                 boot_delay=boot_delay,
                 power_delay=power_delay,
-                labels={"metalmend.dev/lab-host": name, "kubernetes.io/hostname": name},
+                labels={sitedesign.HOST_LABEL: name, "kubernetes.io/hostname": name},
                 drives=drives.plan(name, index),
             )
         )

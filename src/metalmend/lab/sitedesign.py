@@ -23,7 +23,8 @@ KUBERNETES_OBJECT = "metalmend/KubernetesObject/v1"  # policy.redeploy's design 
 BMH_API = "metal3.io/v1alpha1"
 MACHINE_API = "cluster.x-k8s.io/v1beta1"
 CLUSTER = "lab"  # the Machines' clusterName
-HOST_LABEL = "metalmend.dev/lab-host"
+# Not under metalmend.dev: a design never carries metalmend's own keys (policy.deploysite).
+HOST_LABEL = "metalmend-lab/host"
 
 # The OS every lab host runs. Nothing serves it: the lab's provisioner writes the OS it
 # names without fetching anything (loopback only, as everything in the lab).
@@ -103,12 +104,23 @@ def machine_object(host: HostSpec) -> dict[str, Any]:
     }
 
 
+def design_node_labels(host: HostSpec) -> dict[str, str]:
+    """The Node's labels as the design gives them: the kubelet's own (``kubernetes.io``:
+    hostname, os, arch) are its to set, and a design does not carry them
+    (policy.deploysite refuses the Kubernetes label domains)."""
+    return {
+        k: v
+        for k, v in node_labels(host).items()
+        if not k.partition("/")[0].endswith(("kubernetes.io", "k8s.io"))
+    }
+
+
 def node_object(host: HostSpec) -> dict[str, Any]:
     """Only what the design says of a Node: its name and labels (the kubelet creates it)."""
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": host.name, "labels": node_labels(host)},
+        "metadata": {"name": host.name, "labels": design_node_labels(host)},
     }
 
 

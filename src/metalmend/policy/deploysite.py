@@ -11,12 +11,24 @@ only what a site deployment needs is accepted:
   only say how it is labelled);
 - namespaced objects only in the namespaces the service is configured for
   (``serve.site_namespaces``): a design cannot reach into another tenant's hosts;
-- metadata: name, namespace, labels, annotations, and no annotation that asks for power
-  (``reboot.metal3.io``) or claims a host for teardown (``metalmend.dev/``): a design
-  must not fence or power-cycle a server by being applied;
+- metadata: name, namespace, labels, annotations, and no key that would make a
+  controller act on a server: no annotation that asks for power (``reboot.metal3.io``)
+  or remediation (``host.metal3.io/external-remediation``,
+  ``cluster.x-k8s.io/remediate-machine``, ``remediation.metal3.io/``), no key of
+  metalmend's own (``metalmend.dev``, its subdomains: the teardown claim among them), no
+  teardown label (``promenade-decomission``, which stops a Node's kubelet): a design must
+  not fence, power-cycle or stop a server by being applied;
+- no label key of the ``kubernetes.io`` and ``k8s.io`` domains (and subdomains: the
+  kubelet's and the control plane's own), but those under a prefix the operator allows
+  (``serve.site_label_prefixes``, say ``node-role.kubernetes.io/``);
+- a Node document only for a Node of the design's own hosts (a BareMetalHost of that
+  name in the design; the step checks the Node in the cluster is that host's);
 - no ``status`` (the controllers' own), no two objects of one kind, namespace and name;
 - a BareMetalHost names its BMC credentials (``spec.bmc.credentialsName``): the Secret is
   referenced, never carried in the design, and must exist (checked by the step).
+
+Each problem names the document and the key. ``read_site`` is the one function
+deploy_site, update_site, redeploy_server and the configdocs commit check a design with.
 """
 
 from __future__ import annotations
@@ -26,15 +38,29 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from metalmend.api.names import REBOOT, REBOOT_PREFIX
+from metalmend.api.names import (
+    EXTERNAL_REMEDIATION,
+    REBOOT,
+    REBOOT_PREFIX,
+    REMEDIATE_MACHINE,
+    REMEDIATION_FINALIZER,
+)
 from metalmend.policy import redeploy as policy_redeploy
 from metalmend.policy.redeploy import HOST_KINDS, KUBERNETES_OBJECT, HostError, fails_wait
+from metalmend.policy.teardown import DECOMMISSION_LABEL
 
 MAX_OBJECTS = 20_000  # far beyond a site; a bound on what one action writes
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _METADATA = frozenset({"name", "namespace", "labels", "annotations"})
 _NODE_METADATA = frozenset({"name", "labels"})
-_FORBIDDEN_ANNOTATIONS = ("metalmend.dev/",)
+# Keys a design never carries (labels and annotations alike): each makes a controller act
+# on a server (power, remediation, teardown) or is metalmend's own bookkeeping.
+_POWER_KEYS = frozenset({REBOOT, EXTERNAL_REMEDIATION, REMEDIATE_MACHINE, DECOMMISSION_LABEL})
+_POWER_PREFIXES = (REBOOT_PREFIX, f"{REMEDIATION_FINALIZER}/")
+_OWN_DOMAIN = "metalmend.dev"
+# The Kubernetes project's label domains: the kubelet's and the control plane's labels
+# (node-role, node-restriction, topology, the kubelet's hostname/os/arch...).
+_KUBERNETES_DOMAINS = ("kubernetes.io", "k8s.io")
 APPLY_ORDER = ("BareMetalHost", "Machine")  # a Machine's host exists before it
 
 
@@ -68,19 +94,25 @@ class SiteDesign:
         return tuple(o for o in self.objects if o.kind == "BareMetalHost")
 
 
-def read_site(documents: Iterable[Any], namespaces: Iterable[str]) -> SiteDesign:
+def read_site(
+    documents: Iterable[Any], namespaces: Iterable[str], label_prefixes: Iterable[str] = ()
+) -> SiteDesign:
+    """The design's objects and every problem in it (``label_prefixes``: the
+    ``kubernetes.io``/``k8s.io`` label prefixes the operator allows)."""
     allowed = frozenset(namespaces)
+    keys = _Keys(tuple(label_prefixes))
     objects: list[SiteObject] = []
     labels: dict[str, Mapping[str, str]] = {}
     problems: list[str] = []
     seen: set[str] = set()
+    nodes: dict[str, str] = {}  # Node name -> its document
     count = 0
     for where, data in _kubernetes_objects(documents, problems):
         count += 1
         if count > MAX_OBJECTS:
             problems.append(f"more than {MAX_OBJECTS} Kubernetes objects in the design")
             break
-        found = _object(where, data, allowed, problems)
+        found = _object(where, data, allowed, keys, problems)
         if found is None:
             continue
         if found.key in seen:
@@ -89,9 +121,18 @@ def read_site(documents: Iterable[Any], namespaces: Iterable[str]) -> SiteDesign
         seen.add(found.key)
         if found.kind == "Node":
             labels[found.name] = dict(found.body["metadata"].get("labels") or {})
+            nodes[found.name] = where
         else:
             objects.append(found)
     objects.sort(key=lambda o: APPLY_ORDER.index(o.kind))
+    host_names = {o.name for o in objects if o.kind == "BareMetalHost"}
+    for name, where in sorted(nodes.items()):
+        if name not in host_names:
+            problems.append(
+                f"{where}: Node {name!r} is not a Node of the design's hosts (no"
+                f" BareMetalHost {name!r} in the design): a design labels its own Nodes only"
+            )
+            del labels[name]
     if not allowed and objects:
         problems.append(
             "metalmend serve applies no namespaced object: serve.site_namespaces is empty"
@@ -117,7 +158,11 @@ def _kubernetes_objects(
 
 
 def _object(
-    where: str, data: Mapping[str, Any], allowed: frozenset[str], problems: list[str]
+    where: str,
+    data: Mapping[str, Any],
+    allowed: frozenset[str],
+    keys: _Keys,
+    problems: list[str],
 ) -> SiteObject | None:
     kind, version = data.get("kind"), data.get("apiVersion")
     if not isinstance(kind, str) or HOST_KINDS.get(kind) != version:
@@ -137,17 +182,17 @@ def _object(
         return None
     before = len(problems)
     if kind == "Node":
-        _node_problems(where, data, meta, problems)
+        _node_problems(where, data, meta, keys, problems)
         namespace = ""
     else:
-        _namespaced_problems(where, kind, data, meta, namespace, allowed, problems)
+        _namespaced_problems(where, kind, data, meta, namespace, allowed, keys, problems)
     if len(problems) > before:
         return None
     return SiteObject(kind, str(namespace or ""), name, data)
 
 
 def _node_problems(
-    where: str, data: Mapping[str, Any], meta: Mapping[str, Any], problems: list[str]
+    where: str, data: Mapping[str, Any], meta: Mapping[str, Any], keys: _Keys, problems: list[str]
 ) -> None:
     extra = sorted(str(k) for k in data if k not in ("apiVersion", "kind", "metadata"))
     extra += sorted(f"metadata.{k}" for k in meta if k not in _NODE_METADATA)
@@ -155,7 +200,7 @@ def _node_problems(
         problems.append(
             f"{where}: a Node in the design may carry only its labels, not {', '.join(extra)}"
         )
-    _label_problems(where, meta.get("labels"), problems)
+    _label_problems(where, meta.get("labels"), keys, problems)
 
 
 def _namespaced_problems(
@@ -165,6 +210,7 @@ def _namespaced_problems(
     meta: Mapping[str, Any],
     namespace: object,
     allowed: frozenset[str],
+    keys: _Keys,
     problems: list[str],
 ) -> None:
     if not isinstance(namespace, str) or not namespace:
@@ -179,35 +225,76 @@ def _namespaced_problems(
     extra = sorted(f"metadata.{k}" for k in meta if k not in _METADATA)
     if extra:
         problems.append(f"{where}: {', '.join(extra)} cannot be set by the design")
-    _label_problems(where, meta.get("labels"), problems)
-    _annotation_problems(where, meta.get("annotations"), problems)
+    _label_problems(where, meta.get("labels"), keys, problems)
+    _annotation_problems(where, meta.get("annotations"), keys, problems)
     if kind == "BareMetalHost":
         _host_problems(where, data.get("spec"), problems)
 
 
-def _label_problems(where: str, labels: object, problems: list[str]) -> None:
+def _domain(key: str) -> str:
+    """The prefix of a label or annotation key (``node-role.kubernetes.io``), "" if none."""
+    prefix, slash, _ = key.partition("/")
+    return prefix.lower() if slash else ""
+
+
+def _in_domain(domain: str, parent: str) -> bool:
+    return domain == parent or domain.endswith("." + parent)
+
+
+@dataclass(frozen=True)
+class _Keys:
+    label_prefixes: tuple[str, ...]  # kubernetes.io / k8s.io prefixes the operator allows
+
+    def refused(self, key: str, label: bool) -> str | None:
+        """Why a design cannot carry ``key`` (None: it can)."""
+        domain = _domain(key)
+        if key in _POWER_KEYS or key.startswith(_POWER_PREFIXES):
+            return "would power, fence, remediate or stop a server"
+        if _in_domain(domain, _OWN_DOMAIN):
+            return f"is metalmend's own ({_OWN_DOMAIN}: claims and bookkeeping)"
+        if (
+            label
+            and any(_in_domain(domain, d) for d in _KUBERNETES_DOMAINS)
+            and not key.startswith(self.label_prefixes)
+        ):
+            allowed = ", ".join(self.label_prefixes) or "none"
+            return (
+                "is in a Kubernetes domain (the kubelet's and the control plane's); an"
+                f" operator allows prefixes in serve.site_label_prefixes (allowed: {allowed})"
+            )
+        return None
+
+
+def _strings(raw: object) -> bool:
+    return isinstance(raw, Mapping) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+    )
+
+
+def _label_problems(where: str, labels: object, keys: _Keys, problems: list[str]) -> None:
     if labels is None:
         return
-    if not isinstance(labels, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
-    ):
+    if not _strings(labels):
         problems.append(f"{where}: labels must map strings to strings")
+        return
+    assert isinstance(labels, Mapping)
+    for key in labels:
+        why = keys.refused(key, label=True)
+        if why:
+            problems.append(f"{where}: label {_shown(key)} {why}; a design cannot carry it")
 
 
-def _annotation_problems(where: str, annotations: object, problems: list[str]) -> None:
+def _annotation_problems(where: str, annotations: object, keys: _Keys, problems: list[str]) -> None:
     if annotations is None:
         return
-    if not isinstance(annotations, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
-    ):
+    if not _strings(annotations):
         problems.append(f"{where}: annotations must map strings to strings")
         return
+    assert isinstance(annotations, Mapping)
     for key in annotations:
-        if key == REBOOT or key.startswith(REBOOT_PREFIX) or key.startswith(_FORBIDDEN_ANNOTATIONS):
-            problems.append(
-                f"{where}: annotation {_shown(key)} would power or claim a host; a design"
-                " cannot carry it"
-            )
+        why = keys.refused(key, label=False)
+        if why:
+            problems.append(f"{where}: annotation {_shown(key)} {why}; a design cannot carry it")
 
 
 def _host_problems(where: str, spec: object, problems: list[str]) -> None:
@@ -307,3 +394,34 @@ def still_known(known: Mapping[str, str], hosts: Iterable[HostSeen]) -> dict[str
     new, even should it read the same."""
     troubled = {h.key for h in hosts if h.trouble is not None}
     return {k: v for k, v in known.items() if k in troubled}
+
+
+# ---- redeploy_server: one server of the design ---------------------------------------------
+
+
+def redeploy_problems(design: SiteDesign, nodes: Iterable[str]) -> list[str]:
+    """What redeploy_server refuses in a design revision: everything deploy_site refuses
+    (the whole revision is read by ``read_site``: what redeploy applies is the design's,
+    and a revision deploy_site would refuse is not deployed server by server either),
+    then, per target node, exactly one BareMetalHost of its name, with an image to
+    deploy. Whether the Node in the cluster is that host's is the step's check."""
+    problems = list(design.problems)
+    for node in nodes:
+        named = [h for h in design.hosts if h.name == node]
+        if not named:
+            problems.append(f"the design has no BareMetalHost {node!r}")
+        elif len(named) > 1:
+            where = ", ".join(h.namespace for h in named)
+            problems.append(
+                f"the design has {len(named)} BareMetalHosts named {node!r} (in {where}):"
+                " which one is the Node's cannot be told"
+            )
+        elif not isinstance((named[0].body.get("spec") or {}).get("image"), Mapping):
+            problems.append(f"{named[0].key} in the design has no spec.image to deploy")
+    return problems
+
+
+def host_named(design: SiteDesign, node: str) -> SiteObject | None:
+    """The design's one BareMetalHost of ``node``'s name (None: none, or more than one)."""
+    named = [h for h in design.hosts if h.name == node]
+    return named[0] if len(named) == 1 else None

@@ -29,7 +29,7 @@ from metalmend.clock import SYSTEM_CLOCK
 from metalmend.db import Database, DatabaseUnavailable
 from metalmend.design.store import DesignStore
 from metalmend.drydock.destroy import DrivePool
-from metalmend.kube import errors
+from metalmend.kube import errors, impersonate
 from metalmend.kube.events import EventRecorder
 from metalmend.log import fields
 from metalmend.policy.destroy import DestroySettings
@@ -52,6 +52,7 @@ from metalmend.serve.kubelet import KubeletShutdown
 from metalmend.serve.nodes import Drainer
 from metalmend.serve.params import RequestRejected
 from metalmend.serve.status import Message, StatusError, body, reason_for
+from metalmend.shipyard.redeploy import FIELD_MANAGER
 from metalmend.shipyard.store import ActionStore
 from metalmend.shipyard.worker import ActionWorker
 
@@ -97,6 +98,7 @@ def create_app(
     limits: auth.Limits | None = None,
     etcd_access: etcd.EtcdAccess | None = None,
     bodies: BodyLimits | None = None,
+    site_label_prefixes: tuple[str, ...] = (),
 ) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -139,7 +141,9 @@ def create_app(
     destroy = destroy or DestroySettings()
     drydock.install(app, client, interlock, database, drives, destroy)
     # Site actions (Shipyard): they need the database and the task worker (destroy).
-    shipyard.install(app, _shipyard(app, teardown, destroy, redeploy, site_namespaces))
+    shipyard.install(
+        app, _shipyard(app, teardown, destroy, redeploy, site_namespaces, site_label_prefixes)
+    )
     app.add_middleware(context.ContextMarker)  # X-Context-Marker: checked, echoed, logged
 
     @app.get("/healthz", include_in_schema=False)
@@ -221,6 +225,7 @@ def _shipyard(
     destroy: DestroySettings,
     redeploy: RedeploySettings | None,
     namespaces: tuple[str, ...],
+    label_prefixes: tuple[str, ...],
 ) -> shipyard.Shipyard | None:
     """The action store and worker, and what the steps are given (``shipyard.steps``)."""
     services: Services = app.state.services
@@ -234,7 +239,9 @@ def _shipyard(
         drainer=services.drainer, kubelet=services.kubelet, teardown=teardown,
         clock=SYSTEM_CLOCK, redeploy=redeploy or RedeploySettings(), site_namespaces=namespaces,
         etcd_credentials_secrets=etcd.access_of_app(app).etcd_credentials_secrets,
+        site_label_prefixes=label_prefixes, gate=services.gate,
+        impersonate=impersonate.impersonator(services.client, FIELD_MANAGER),
     )  # fmt: skip
     store = ActionStore(services.database)
     worker = ActionWorker(store, steps, destroy.lease_seconds)
-    return shipyard.Shipyard(store, worker, namespaces)
+    return shipyard.Shipyard(store, worker, namespaces, label_prefixes=label_prefixes)

@@ -41,6 +41,7 @@ from lightkube.resources.authentication_v1 import TokenReview
 from lightkube.resources.authorization_v1 import SubjectAccessReview
 
 from metalmend.kube import errors
+from metalmend.kube.impersonate import Who
 from metalmend.log import fields
 from metalmend.serve.status import StatusError
 
@@ -80,6 +81,16 @@ class Caller:
     uid: str
     groups: tuple[str, ...]
     extra: dict[str, list[str]]
+
+    def who(self) -> Who:
+        """The caller as impersonation names them (kube.impersonate)."""
+        return Who(
+            self.username, self.uid, self.groups, {k: tuple(v) for k, v in self.extra.items()}
+        )
+
+    @classmethod
+    def of(cls, who: Who) -> Caller:
+        return cls(who.username, who.uid, who.groups, {k: list(v) for k, v in who.extra.items()})
 
 
 def _unauthorized(detail: str) -> StatusError:

@@ -10,6 +10,11 @@ Each endpoint's permission is a verb on a resource of the API group
 bucket, ``get``/``list`` ``revisions`` to read, ``create``/``delete`` ``revisions/tags``,
 ``create revisions/rollback``, ``deletecollection revisions``.
 
+The tags Shipyard's rules read (``committed``, ``rollback_commit``,
+``site-action-success``, ``site-action-failure``: which revision is committed, which one
+redeploy_server deploys) are written by Shipyard only, through its commit and its
+actions: this API refuses to set or remove them (403), whoever asks.
+
 The store is synchronous (SQLAlchemy): every call runs in a worker thread.
 """
 
@@ -26,6 +31,7 @@ from metalmend.db import Database
 from metalmend.design import documents, rules
 from metalmend.design.documents import DocumentsRejected
 from metalmend.design.store import DesignStore, StoreError
+from metalmend.policy import siteactions
 from metalmend.serve import auth, bodies
 from metalmend.serve.status import StatusError, documented, errors
 
@@ -261,6 +267,21 @@ async def rollback(revision: str, request: Request, credentials: auth.Credential
 
 # --- tags --------------------------------------------------------------------------------
 
+SHIPYARD_TAGS = siteactions.COMMIT_TAGS | siteactions.SITE_ACTION_TAGS
+
+
+def _shipyards(names: Sequence[str], number: int, doing: str) -> None:
+    """403 for a tag Shipyard's rules read: set by hand, it would commit a revision past
+    validation or make redeploy_server deploy it."""
+    reserved = sorted(set(names) & SHIPYARD_TAGS)
+    if reserved:
+        text = (
+            f"tag(s) {', '.join(reserved)} of revision {number} are Shipyard's (which revision"
+            f" is committed, which one a site action deployed): they cannot be {doing} through"
+            " Deckhand's API; commit with Shipyard (commitconfigdocs), or run a site action"
+        )
+        raise StatusError(403, "Forbidden", text, errors(text))
+
 
 @router.post(
     "/revisions/{revision}/tags/{tag}",
@@ -272,6 +293,7 @@ async def create_tag(
 ) -> Response:
     await auth.admit(request, credentials, CREATE_TAG, revision)
     number, name = revision_id(revision), checked_name(tag, "tag")
+    _shipyards([name], number, "set")
     try:
         text = await bodies.read_text(request, bodies.SMALL_BODY)
         data = documents.tag_data(text, bodies.SMALL_YAML)
@@ -318,6 +340,7 @@ async def delete_tag(
 ) -> Response:
     await auth.admit(request, credentials, DELETE_TAG, revision)
     number, name = revision_id(revision), checked_name(tag, "tag")
+    _shipyards([name], number, "removed")
     await run(request, lambda store: store.delete_tag(number, name))
     return Response(status_code=204)
 
@@ -330,5 +353,6 @@ async def delete_tag(
 async def delete_tags(revision: str, request: Request, credentials: auth.Credentials) -> Response:
     await auth.admit(request, credentials, DELETE_TAG, revision)
     number = revision_id(revision)
+    _shipyards(list(await run(request, lambda store: store.tags(number))), number, "removed")
     await run(request, lambda store: store.delete_tags(number))
     return Response(status_code=204)

@@ -107,6 +107,7 @@ async def serve(settings: Settings) -> None:
                 options.design_ca_bundle,
             ),
             bodies=bodies,
+            site_label_prefixes=options.site_label_prefixes,
         )
         listening = uvicorn.Config(
             app,

@@ -131,6 +131,14 @@ class ServeSettings:
     (~470,000) fits; dense YAML (``[ab,ab,...]``), which costs ~200 bytes of memory a value,
     and alias bombs do not."""
 
+    # ---- site designs (deploy_site, update_site, redeploy_server): what a design may hold
+    site_label_prefixes: tuple[str, ...] = ()
+    """Label key prefixes of the ``kubernetes.io`` and ``k8s.io`` domains a site design may
+    set, say ``node-role.kubernetes.io/`` (docs/site-actions.md, "What a design may hold").
+    None by default: those domains are the kubelet's and the control plane's (its
+    hostname, node-restriction, topology), and a label there moves workloads or makes a
+    Node pass for another; an operator allows only the prefixes their site uses."""
+
 
 class ServeSettingsError(ValueError):
     """Settings ``metalmend serve`` cannot start with; the message says which and why."""

@@ -7,6 +7,10 @@ Configdocs answer YAML as Shipyard does; everything else JSON; errors are Status
 Each endpoint's permission is a verb on a resource of ``shipyard.metalmend.dev``
 (deploy/rbac/serve.yaml); creating an action is ``create actions`` on the action's NAME,
 so RBAC ``resourceNames`` can let an operator redeploy servers without deploying sites.
+A redeploy_server is also ``create nodes/redeploy`` on each target node (checked again
+when the action starts), and a commit with ``force=true`` is ``create
+configdocs/commit-force``. The action keeps who created it: its design is applied as
+that caller (docs/site-actions.md, "Whose permissions apply a design").
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from metalmend.policy.siteactions import ActionLifecycle, ActionName, Version
 from metalmend.serve import auth, bodies, context
 from metalmend.serve.deckhand import checked_name, documents_answer, run
 from metalmend.serve.status import Message, StatusError, body, documented, errors, notes
-from metalmend.shipyard import model
+from metalmend.shipyard import model, redeploy
 from metalmend.shipyard.store import ActionStore
 from metalmend.shipyard.worker import ActionWorker
 
@@ -52,6 +56,13 @@ CREATE_ACTION = auth.Permission("actions", "", "create", GROUP)
 LIST_ACTIONS = auth.Permission("actions", "", "list", GROUP)
 GET_ACTION = auth.Permission("actions", "", "get", GROUP)
 CONTROL_ACTION = auth.Permission("actions", "control", "create", GROUP)
+# A commit past validation: its own permission, since it lets a design no action would
+# accept be committed (and redeploy_server's default revision be one).
+FORCE_COMMIT = auth.Permission("configdocs", "commit-force", "create", GROUP)
+# redeploy_server wipes the target's drives (destroy) and stops its kubelet (decommission):
+# per node, as Drydock's nodes/destroy and Promenade's per-node permissions are
+# (shipyard.redeploy asks it again when the action starts).
+REDEPLOY_NODE = redeploy.REDEPLOY_NODE
 
 VERSION_QUERY = "Query: version=buffer (default)|committed|last_site_action|successful_site_action."
 BUFFER_MODES = ("rejectoncontents", "append", "replace")
@@ -64,6 +75,7 @@ class Shipyard:
     worker: ActionWorker
     namespaces: tuple[str, ...]
     clock: Clock = SYSTEM_CLOCK
+    label_prefixes: tuple[str, ...] = ()  # serve.site_label_prefixes
 
 
 def install(app: FastAPI, served: Shipyard | None) -> None:
@@ -191,12 +203,12 @@ def _put_unlocked(store: DesignStore, name: str, docs: Sequence[Document], mode:
     return result.revision
 
 
-def _site_problems(docs: Sequence[dict[str, Any]], namespaces: Sequence[str]) -> list[str]:
+def _site_problems(docs: Sequence[dict[str, Any]], served: Shipyard) -> list[str]:
     """What a site action would refuse in these documents (the design's own checks: the
     cluster-side ones, Secrets and held hosts, wait for the action)."""
     from metalmend.etcd import design as etcd_design
 
-    problems = list(deploysite.read_site(docs, namespaces).problems)
+    problems = list(deploysite.read_site(docs, served.namespaces, served.label_prefixes).problems)
     try:
         etcd_design.from_documents(docs, "the buffer")
     except etcd_design.DesignError as error:
@@ -247,7 +259,7 @@ async def _store_configdocs(
         raise StatusError(400, "BadRequest", problem, errors(problem))
     revision = await run(request, lambda store: _put_in_buffer(store, name, parsed, mode))
     buffer = await run(request, lambda store: _wire(store, revision, None))
-    problems = _site_problems(buffer, served.namespaces)
+    problems = _site_problems(buffer, served)
     log.info("shipyard: configdocs put", extra=fields(collection=name, revision=revision))
     message = f"collection {name} is in the buffer (design revision {revision})"
     lines = [Message(p, True, "ValidationMessage") for p in problems]
@@ -321,6 +333,9 @@ async def commit_configdocs(request: Request, credentials: auth.Credentials) -> 
     await auth.admit(request, credentials, COMMIT_CONFIGDOCS, "")
     served = _shipyard(request)
     force, dryrun = _flag(request, "force"), _flag(request, "dryrun")
+    if force and not dryrun:
+        gate: auth.Gate = request.app.state.services.gate
+        await gate.authorize(request.state.caller, FORCE_COMMIT, "")
 
     def buffered(store: DesignStore) -> tuple[int, list[dict[str, Any]]]:
         history = _history(store)
@@ -331,7 +346,7 @@ async def commit_configdocs(request: Request, credentials: auth.Credentials) -> 
         return revision, _wire(store, revision, None)
 
     revision, docs = await run(request, buffered)
-    problems = _site_problems(docs, served.namespaces)
+    problems = _site_problems(docs, served)
     lines = [Message(p, True, "ValidationMessage") for p in problems]
     if problems and not force:
         text = f"the buffer (revision {revision}) does not validate; nothing committed"
@@ -413,12 +428,14 @@ async def create_action(request: Request, credentials: auth.Credentials) -> JSON
     served = _shipyard(request)
     allow = _flag(request, "allow-intermediate-commits")
     targets = _targets(name, parameters)
+    for node in targets:  # each target node: nodes/redeploy (checked again at the start)
+        await gate.authorize(caller, REDEPLOY_NODE, node)
     committed, skipped = await run(request, lambda store: _admitted(store, name, allow))
     running = await asyncio.to_thread(served.store.unfinished)
     collides = siteactions.collision(name, targets, [_running(a) for a in running])
     if collides:
         raise StatusError(409, "Conflict", collides, errors(collides))
-    action = _new_action(served, name, parameters, caller.username, committed, allow, request)
+    action = _new_action(served, name, parameters, caller, committed, allow, request)
     if skipped:
         log.warning(skipped, extra=fields(action=action.id))
         action = replace(action, notes=(model.Note(action.created, skipped),))
@@ -460,7 +477,7 @@ def _new_action(
     served: Shipyard,
     name: ActionName,
     parameters: dict[str, Any],
-    user: str,
+    caller: auth.Caller,
     committed: int | None,
     allow: bool,
     request: Request,
@@ -468,12 +485,13 @@ def _new_action(
     now = served.clock.now()
     action_id = siteactions.new_action_id(now, os.urandom(10))
     steps = tuple(model.Step(p.name, i) for i, p in enumerate(served.worker.plans[name]))
+    user = caller.username
     audit = {"action_id": action_id, "datetime": model.iso(now), "user": user, "command": "invoke"}
     return model.Action(
         id=action_id, name=str(name), parameters=parameters, lifecycle=ActionLifecycle.PENDING,
         created=now, updated=now, user=user, context_marker=context.of(request.scope),
         committed_rev_id=committed, revision=None, allow_intermediate_commits=allow,
-        steps=steps, command_audit=(audit,),
+        steps=steps, command_audit=(audit,), caller=caller.who().to_wire(),
     )  # fmt: skip
 
 

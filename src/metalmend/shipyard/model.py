@@ -115,6 +115,10 @@ class Action:
     notes: tuple[Note, ...] = ()
     command_audit: tuple[Mapping[str, Any], ...] = ()
     stop_requested: str | None = None
+    # Who created it, as the TokenReview answered (``kube.impersonate.Who.to_wire``); kept
+    # for impersonation and the re-check at start, never shown (groups and extras are the
+    # caller's own business).
+    caller: Mapping[str, Any] | None = None
 
     @property
     def finished(self) -> bool:

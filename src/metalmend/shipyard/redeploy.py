@@ -18,10 +18,11 @@ peer URLs. The rules are ``metalmend.policy.redeploy``'s and ``policy.etcd.decid
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -34,13 +35,15 @@ from metalmend.drydock.store import NodesBusy
 from metalmend.etcd import access, members
 from metalmend.etcd import design as designs
 from metalmend.kube import errors, writes
+from metalmend.kube.impersonate import Who
 from metalmend.policy import decommission as decommissioning
+from metalmend.policy import deploysite, siteactions
 from metalmend.policy import interlock as claims
 from metalmend.policy import redeploy as policy
-from metalmend.policy import siteactions
 from metalmend.policy.destroy import NodeState, ResultStatus, TaskStatus, task_result
 from metalmend.serve import etcd as serve_etcd
 from metalmend.serve import nodes, params
+from metalmend.serve.auth import Caller, Permission
 from metalmend.serve.decommission import Decommission
 from metalmend.serve.status import StatusError
 from metalmend.shipyard.steps import MissingPrecondition, StepContext, StepFailed, StepRunner
@@ -48,6 +51,8 @@ from metalmend.shipyard.steps import MissingPrecondition, StepContext, StepFaile
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "metalmend-shipyard"
+# serve.shipyard's REDEPLOY_NODE (asked at creation, and again here at the start)
+REDEPLOY_NODE = Permission("nodes", "redeploy", "create", "shipyard.metalmend.dev")
 DESIGN_HREF = "deckhand+https://metalmend-serve/deckhand/api/v1.0/revisions/{}/rendered-documents"
 
 
@@ -145,13 +150,90 @@ def _by(ctx: StepContext) -> str:
     return f"shipyard action {ctx.action.id} ({ctx.action.user})"
 
 
+# ---- acting as the caller ------------------------------------------------------------------
+
+
+def caller(ctx: StepContext) -> Who:
+    """Who created the action: the design is applied as them. An action stored before
+    metalmend kept it has none, and fails rather than act as metalmend serve."""
+    who = ctx.action.caller
+    if who is None:
+        raise StepFailed(
+            f"action {ctx.action.id} does not record who created it (it was stored by an"
+            " older metalmend): it is not run with metalmend serve's own permissions;"
+            " create it again"
+        )
+    return who
+
+
+@contextlib.asynccontextmanager
+async def as_caller(ctx: StepContext, dry_run: bool = False) -> AsyncIterator[AsyncClient]:
+    """An API client acting as the action's caller (``kube.impersonate``): RBAC and every
+    admission policy judge the caller's writes, not serve's."""
+    client: AsyncClient = ctx.services.impersonate(caller(ctx), dry_run=dry_run)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+def refused(error: ApiError, what: str, ctx: StepContext) -> StepFailed | None:
+    """A write the API server refused for the caller (RBAC, an admission policy, a bad
+    object): the step fails at once with the server's own words. None for what may pass
+    (the server away, throttled): the worker tries again."""
+    code = errors.code(error)
+    if 400 <= code < 500 and code != 429:
+        who = ctx.action.caller.username if ctx.action.caller else "?"
+        return StepFailed(f"{what}: the API server refused it for {who}: {error.status.message}")
+    return None
+
+
+async def apply_as_caller(
+    ctx: StepContext, client: AsyncClient, obj: Any, what: str, **options: Any
+) -> Any:
+    try:
+        return await client.apply(obj, field_manager=FIELD_MANAGER, force=True, **options)
+    except ApiError as error:
+        failed = refused(error, what, ctx)
+        if failed is None:
+            raise
+        raise failed from None
+
+
+async def node_host_problem(ctx: StepContext, node: Node, host: tuple[str, str]) -> str | None:
+    """Whether ``node`` in the cluster is the server of the design's host ``host``
+    (namespace, name): the host its providerID names, or the one its Machine names
+    (``Interlock.host_keys``, as a teardown finds it). A design acts on its own Nodes only."""
+    name = str(node.metadata.name) if node.metadata else "?"
+    keys = await ctx.services.interlock.host_keys(node)
+    wanted = f"{host[0]}/{host[1]}"
+    if keys == [wanted]:
+        return None
+    found = ", ".join(keys) if keys else "no BareMetalHost (not a metal3 server)"
+    return (
+        f"Node {name} in the cluster is the server of {found}, not of the design's"
+        f" BareMetalHost {wanted}: a design acts on its own hosts' Nodes only"
+    )
+
+
 # ---- preflight, design lookup, validation ---------------------------------------------------
 
 
 async def preflight(ctx: StepContext) -> str:
-    """The parameters read again, and no Drydock task destroying a target node already
-    (two destroys of one node would race on its host)."""
+    """The parameters read again; the caller's ``nodes/redeploy`` on each target node
+    asked again (a binding revoked since the action was created stops it here); and no
+    Drydock task destroying a target node already (two destroys of one node would race
+    on its host)."""
     wanted = parameters(ctx)
+    who = caller(ctx)
+    gate = ctx.services.gate
+    for node in wanted.target_nodes:
+        try:
+            await gate.authorize(Caller.of(who), REDEPLOY_NODE, node)
+        except StatusError as error:
+            if error.code != 403:
+                raise  # serve could not ask (the API server away): tried again
+            raise StepFailed(f"at the action's start: {error.message}") from None
     busy = await asyncio.to_thread(ctx.services.task_store.busy, list(wanted.target_nodes))
     if busy:
         raise StepFailed(
@@ -181,21 +263,36 @@ async def design_lookup(ctx: StepContext) -> str:
     return f"design revision {found} ({wanted.target_revision})"
 
 
+def site_design(ctx: StepContext, docs: list[Any]) -> deploysite.SiteDesign:
+    """The revision read by the one set of rules every site action uses
+    (``policy.deploysite.read_site``)."""
+    namespaces = tuple(getattr(ctx.services, "site_namespaces", ()) or ())
+    prefixes = tuple(getattr(ctx.services, "site_label_prefixes", ()) or ())
+    return deploysite.read_site(docs, namespaces, prefixes)
+
+
 async def validation(ctx: StepContext) -> str:
-    """Each target node has its BareMetalHost (with an image) in the revision, and the
-    revision's EtcdClusters, if any, reads."""
+    """The revision holds nothing deploy_site would refuse (``policy.deploysite``, the same
+    rules); each target node has exactly one BareMetalHost in it, with an image; the Node
+    in the cluster is that host's server; the caller may write the host's documents (a
+    server-side dry run as the caller: RBAC and admission policies, the ``spec.bmc`` one
+    included, judge them before anything is written); the revision's EtcdClusters, if
+    any, reads."""
     wanted = parameters(ctx)
     docs = await documents(ctx)
-    problems = []
-    for node in wanted.target_nodes:
-        found = policy.host_documents(docs, node)
-        spec = found.host.get("spec") if found.host else None
-        if found.host is None:
-            problems.append(f"design revision {revision(ctx)} has no BareMetalHost {node}")
-        elif not isinstance(spec, Mapping) or not isinstance(spec.get("image"), Mapping):
-            problems.append(f"BareMetalHost {node} in the design has no spec.image to deploy")
+    design = site_design(ctx, docs)
+    problems = deploysite.redeploy_problems(design, wanted.target_nodes)
+    if not problems:
+        for node in wanted.target_nodes:
+            problems += await _ownership(ctx, node, design)
+    if not problems:
+        async with as_caller(ctx, dry_run=True) as client:
+            for node in wanted.target_nodes:
+                for obj in policy.host_documents(docs, node).objects:
+                    what = f"{obj.get('kind')} {_named(obj)} of the design (dry run)"
+                    await apply_as_caller(ctx, client, _applied(obj), what)
     if problems:
-        raise StepFailed("; ".join(problems))
+        raise StepFailed(f"design revision {revision(ctx)}: " + "; ".join(problems[:20]))
     etcd = await etcd_design(ctx)
     clusters = sorted(
         {c.name for n in wanted.target_nodes for c in (etcd.clusters_on(n) if etcd else [])}
@@ -204,6 +301,24 @@ async def validation(ctx: StepContext) -> str:
         f"design revision {revision(ctx)}: {len(wanted.target_nodes)} host(s) found;"
         f" etcd member(s) in {', '.join(clusters) or 'no cluster'}"
     )
+
+
+def _named(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+async def _ownership(ctx: StepContext, node: str, design: deploysite.SiteDesign) -> list[str]:
+    host = deploysite.host_named(design, node)
+    assert host is not None  # redeploy_problems found exactly one
+    found = await node_named(ctx.services.client, node)
+    if found is None:
+        return [
+            f"Node {node} is not in the cluster: which server it is cannot be confirmed"
+            " (redeploy_server redeploys a registered Node's own host)"
+        ]
+    problem = await node_host_problem(ctx, found, (host.namespace, host.name))
+    return [problem] if problem else []
 
 
 # ---- decommission, destroy, remove from cluster ----------------------------------------------
@@ -463,8 +578,10 @@ class ServerDeploy:
     async def act(self, action: Any, host: Any, found: Node | None) -> str | None:
         match action:
             case policy.ApplyHostDocuments():
-                for obj in self.wanted.objects:
-                    await self.client.apply(_applied(obj), field_manager=FIELD_MANAGER, force=True)
+                async with as_caller(self.ctx) as acting:
+                    for obj in self.wanted.objects:
+                        what = f"{obj.get('kind')} {_named(obj)} of the design"
+                        await apply_as_caller(self.ctx, acting, _applied(obj), what)
                 applied = await host_of(self.client, self.wanted.host_key)
                 if applied is not None:
                     await event(
@@ -473,7 +590,8 @@ class ServerDeploy:
             case policy.ApplyNodeLabels(keys=keys):
                 labels = {k: self.wanted.labels[k] for k in keys}
                 patch = Node(metadata=ObjectMeta(name=self.node, labels=labels))
-                await self.client.apply(patch, field_manager=FIELD_MANAGER, force=True)
+                async with as_caller(self.ctx) as acting:
+                    await apply_as_caller(self.ctx, acting, patch, f"labels of Node {self.node}")
                 if found is not None:
                     await event(self.ctx, found, f"the design's labels applied: {', '.join(keys)}")
             case policy.BringEtcdBack():

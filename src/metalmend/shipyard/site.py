@@ -2,12 +2,17 @@
 the cluster to the committed design revision, then tag it.
 
 Steps: ``validation`` (the revision's documents, ``policy.deploysite``; each host's BMC
-address and credentials Secret; no host held by a teardown or a power request),
-``apply`` (server-side apply of the BareMetalHosts, then the Machines, field manager
-``metalmend-shipyard``), ``wait`` (hosts on and provisioned, the design's Nodes Ready with
-their labels), and ``create_action_tag``, which runs even after a failure: the revision is
-tagged ``site-action-success``, or ``site-action-failure`` once validation had passed.
-The guard against intermediate commits ran when the action was created (``serve.shipyard``).
+address and credentials Secret; no host held by a teardown or a power request; each
+design Node already registered is its design host's server; then every object applied
+as a server-side dry run as the caller, so that RBAC and the admission policies refuse
+before anything is written), ``apply`` (server-side apply of the BareMetalHosts, then
+the Machines, field manager ``metalmend-shipyard``, as the caller who created the action:
+docs/site-actions.md, "Whose permissions apply a design"; a refusal fails the step at
+once with the API server's message), ``wait`` (hosts on and provisioned, the design's
+Nodes Ready with their labels), and ``create_action_tag``, which runs even after a
+failure: the revision is tagged ``site-action-success``, or ``site-action-failure`` once
+validation had passed. The guard against intermediate commits ran when the action was
+created (``serve.shipyard``).
 
 Every step is idempotent: apply again writes nothing new; the wait keeps its start in its
 record so its timeout survives restarts; tagging again replaces the tag's data.
@@ -21,8 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightkube import ApiError
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Secret
-from lightkube.types import PatchType
 
 from metalmend.api.resources import BareMetalHost, Machine
 from metalmend.bmc import address as bmc_address
@@ -32,7 +37,17 @@ from metalmend.policy import siteactions
 from metalmend.policy.interlock import TEARDOWN_ANNOTATION
 from metalmend.policy.redeploy import RedeploySettings
 from metalmend.shipyard import redeploy
-from metalmend.shipyard.redeploy import FIELD_MANAGER, documents, event, node_named, revision
+from metalmend.shipyard.redeploy import (
+    FIELD_MANAGER,
+    apply_as_caller,
+    as_caller,
+    caller,
+    documents,
+    event,
+    node_host_problem,
+    node_named,
+    revision,
+)
 from metalmend.shipyard.steps import Planned, StepContext, StepFailed
 
 VALIDATION = "validation"
@@ -47,22 +62,25 @@ def _namespaces(ctx: StepContext) -> tuple[str, ...]:
 
 
 async def site_design(ctx: StepContext) -> policy.SiteDesign:
-    return policy.read_site(await documents(ctx), _namespaces(ctx))
+    return redeploy.site_design(ctx, await documents(ctx))
 
 
 # ---- validation ---------------------------------------------------------------------------
 
 
 async def validation(ctx: StepContext) -> str:
+    caller(ctx)  # an action without its creator's identity is not run as serve
     design = await site_design(ctx)
     problems = list(design.problems)
     if not problems:
         problems += _address_problems(design)
         problems += await _secret_problems(ctx, design)
         problems += await _held_problems(ctx, design)
+        problems += await _node_problems(ctx, design)
     etcd = await redeploy.etcd_design(ctx)  # a design that declares etcd must read
     if problems:
         raise StepFailed(f"design revision {revision(ctx)}: " + "; ".join(problems[:20]))
+    await _dry_run(ctx, design)
     clusters = f", {len(etcd.clusters)} etcd cluster(s)" if etcd is not None else ""
     return (
         f"design revision {revision(ctx)}: {len(design.hosts)} host(s),"
@@ -118,6 +136,37 @@ async def _held_problems(ctx: StepContext, design: policy.SiteDesign) -> list[st
     return problems
 
 
+async def _node_problems(ctx: StepContext, design: policy.SiteDesign) -> list[str]:
+    """A design Node already registered must be its design host's server (a Node that
+    registers later is checked before its labels are applied)."""
+    problems = []
+    for name in design.node_labels:
+        node = await node_named(ctx.services.client, name)
+        host = policy.host_named(design, name)
+        if node is not None and host is not None:
+            problem = await node_host_problem(ctx, node, (host.namespace, host.name))
+            if problem:
+                problems.append(problem)
+    return problems
+
+
+async def _dry_run(ctx: StepContext, design: policy.SiteDesign) -> None:
+    """Every write the action would make, as a server-side dry run as the caller: what
+    RBAC or an admission policy refuses (a ``spec.bmc`` change the caller may not make,
+    an object in a namespace they may not write) fails validation, nothing written."""
+    async with as_caller(ctx, dry_run=True) as client:
+        for obj in design.objects:
+            what = f"{obj.key} of the design (dry run)"
+            await apply_as_caller(ctx, client, _body(obj), what, namespace=obj.namespace)
+        for name, labels in design.node_labels.items():
+            if labels and await node_named(ctx.services.client, name) is not None:
+                await apply_as_caller(ctx, client, _labels(name, labels), f"labels of Node {name}")
+
+
+def _labels(name: str, labels: Mapping[str, str]) -> Node:
+    return Node(metadata=ObjectMeta(name=name, labels=dict(labels)))
+
+
 # ---- apply --------------------------------------------------------------------------------
 
 
@@ -132,13 +181,13 @@ def _body(obj: policy.SiteObject) -> Any:
 
 async def apply(ctx: StepContext) -> str:
     design = await site_design(ctx)
-    client = ctx.services.client
-    for obj in design.objects:
-        applied = await client.apply(
-            _body(obj), field_manager=FIELD_MANAGER, force=True, namespace=obj.namespace
-        )
-        if obj.kind == "BareMetalHost":
-            await event(ctx, applied, f"applied from design revision {revision(ctx)}")
+    async with as_caller(ctx) as client:
+        for obj in design.objects:
+            applied = await apply_as_caller(
+                ctx, client, _body(obj), obj.key, namespace=obj.namespace
+            )
+            if obj.kind == "BareMetalHost":
+                await event(ctx, applied, f"applied from design revision {revision(ctx)}")
     await ctx.note(f"applied {len(design.objects)} object(s)")
     return f"{len(design.objects)} object(s) applied (server-side apply, {FIELD_MANAGER})"
 
@@ -164,7 +213,9 @@ async def wait(ctx: StepContext) -> str:
         elif (still := policy.still_known(known, seen)) != known:
             known = still
             await ctx.save({"since": since.isoformat(), "known_errors": known})
-        ready = {n: await _node_ready(ctx, n, labels) for n, labels in design.node_labels.items()}
+        ready = {
+            n: await _node_ready(ctx, design, n, labels) for n, labels in design.node_labels.items()
+        }
         found = policy.progress(seen, ready, known)
         if found.failed:
             raise StepFailed("; ".join(found.failed))
@@ -204,22 +255,25 @@ async def _host_seen(ctx: StepContext, obj: policy.SiteObject) -> policy.HostSee
     )  # fmt: skip
 
 
-async def _node_ready(ctx: StepContext, name: str, labels: Mapping[str, str]) -> bool | None:
-    """The Node's Ready; its design labels applied first, once it exists."""
-    client = ctx.services.client
-    node = await node_named(client, name)
+async def _node_ready(
+    ctx: StepContext, design: policy.SiteDesign, name: str, labels: Mapping[str, str]
+) -> bool | None:
+    """The Node's Ready; its design labels applied first (as the caller), once it exists
+    and is found to be its design host's server."""
+    node = await node_named(ctx.services.client, name)
     if node is None:
         return None
     present = dict(node.metadata.labels or {}) if node.metadata else {}
     if any(present.get(k) != v for k, v in labels.items()):
-        body = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": name, "labels": dict(labels)},
-        }
-        node = await client.patch(
-            Node, name, body, patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True
-        )
+        host = policy.host_named(design, name)
+        assert host is not None  # read_site keeps only the Nodes of its hosts
+        problem = await node_host_problem(ctx, node, (host.namespace, host.name))
+        if problem:
+            raise StepFailed(problem)
+        async with as_caller(ctx) as client:
+            node = await apply_as_caller(
+                ctx, client, _labels(name, labels), f"labels of Node {name}"
+            )
         await event(ctx, node, f"labels of design revision {revision(ctx)} applied")
     return bool(redeploy.node_ready(node))
 

@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from metalmend.kube.impersonate import Who
+
 # What the worker gives every step (the API client, the design and task stores, the
 # interlock, the Event recorder, the drainer, the kubelet shutdown, the teardown and action
 # settings, the clock), read by attribute.
@@ -38,6 +40,7 @@ class Action:
     revision: int | None = None  # the design revision the action uses (design_lookup's)
     allow_intermediate_commits: bool = False
     states: Mapping[str, str] = field(default_factory=dict)  # step -> its state, when started
+    caller: Who | None = None  # who created it (None: an action stored before this was kept)
 
 
 async def _sleep(seconds: float) -> None:

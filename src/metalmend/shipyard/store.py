@@ -53,6 +53,7 @@ class ActionStore:
                     allow_intermediate_commits=action.allow_intermediate_commits,
                     notes=[n.to_wire() for n in action.notes],
                     command_audit=[dict(c) for c in action.command_audit],
+                    caller=dict(action.caller) if action.caller is not None else None,
                 )
             )
             for step in action.steps:
@@ -235,4 +236,5 @@ def _action(row: Mapping[Any, Any], steps: tuple[Step, ...]) -> Action:
         notes=tuple(Note.from_wire(n) for n in row["notes"] or ()),
         command_audit=tuple(row["command_audit"] or ()),
         stop_requested=row["stop_requested"],
+        caller=row["caller"] if isinstance(row["caller"], Mapping) else None,
     )

@@ -1,5 +1,5 @@
 """The action store's tables (declared on ``metalmend.db.metadata``; migration
-``0003_actions``).
+``0003_actions``, ``0005_action_caller``).
 
 One row per action, with the lease of the replica running it (``metalmend.db.lease``);
 one row per (action, step), with the step's record (what it saved to resume after a
@@ -41,6 +41,10 @@ actions = Table(
     Column("notes", JSON, nullable=False),  # the action's own notes
     Column("command_audit", JSON, nullable=False),  # invoke, stop: who and when
     Column("stop_requested", Text, nullable=True),  # who asked to stop it, or NULL
+    # who created it, as the TokenReview answered (username, uid, groups, extra): its
+    # design is applied as them, and its per-node permissions checked again at its start
+    # (migration 0005_action_caller; NULL for actions created before it: never run as serve)
+    Column("caller", JSON, nullable=True),
     *lease_columns(),  # the replica running it and until when (metalmend.db.lease)
 )
 Index("ix_shipyard_actions_lifecycle", actions.c.lifecycle)

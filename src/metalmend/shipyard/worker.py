@@ -32,6 +32,7 @@ from typing import Any
 from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.db import DatabaseUnavailable
 from metalmend.db.lease import LeaseLost
+from metalmend.kube.impersonate import Who
 from metalmend.log import fields
 from metalmend.policy.siteactions import SITE_ACTIONS, ActionLifecycle, ActionName
 from metalmend.serve.leased import LeasedWorker
@@ -81,6 +82,7 @@ def step_view(action: model.Action) -> Action:
         context_marker=action.context_marker, revision=revision,
         allow_intermediate_commits=action.allow_intermediate_commits,
         states={s.name: str(s.state) for s in action.steps},
+        caller=Who.from_wire(action.caller),
     )  # fmt: skip
 
 
