@@ -1,7 +1,7 @@
-"""Which Machine events wake the health checks (controllers.healthcheck.machine_changed):
-whatever a check reads of a Machine, never the check's own condition writes coming back
-(each woke the check for a full evaluation of every Machine it selects, deciding
-nothing: docs/scale.md)."""
+"""Which Machine and check events wake the health checks (controllers.healthcheck
+``machine_changed``, ``check_changed``): whatever a check reads, never the check's own
+writes coming back (each woke the check for a full evaluation of every Machine it
+selects, deciding nothing: docs/scale.md)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from metalmend.api.resources import Machine
-from metalmend.controllers.healthcheck import machine_changed
+from metalmend.api.resources import Machine, MachineHealthCheck
+from metalmend.controllers.healthcheck import PAUSE_FACTOR, check_changed, machine_changed, pause
 
 T0 = "2026-11-26T12:00:00Z"
 T1 = "2026-11-26T12:05:00Z"
@@ -83,3 +83,51 @@ def test_a_machine_event_wakes_the_check_only_when_what_it_reads_changed(
     old: Any, new: Any, wakes: bool
 ) -> None:
     assert machine_changed(old, new) is wakes
+
+
+def check(version: str = "1", status: dict[str, Any] | None = None, **more: Any) -> Any:
+    metadata = {"name": "workers", "namespace": "lab", "uid": "c1", "resourceVersion": version,
+                "generation": 1, **more}  # fmt: skip
+    spec = {"clusterName": "lab", "selector": {"matchLabels": {"role": "worker"}}}
+    return MachineHealthCheck.from_dict(
+        {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachineHealthCheck",
+         "metadata": metadata, "spec": spec, "status": status or {}}
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "wakes"),
+    [
+        pytest.param(check(), check("2", {"expectedMachines": 3, "currentHealthy": 3}), False,
+                     id="its own status written: nothing to evaluate"),
+        pytest.param(check(), check("2", generation=2), True, id="its spec changed"),
+        pytest.param(
+            check(), check("2", annotations={"metalmend.dev/request-remediation-by": "annotation"}),
+            True, id="an annotation (how it asks for remediation)",
+        ),
+        pytest.param(None, check(), True, id="created"),
+        pytest.param(check(), None, True, id="deleted"),
+    ],
+)  # fmt: skip
+def test_a_check_event_wakes_the_check_unless_only_its_status_changed(
+    old: Any, new: Any, wakes: bool
+) -> None:
+    assert check_changed(old, new) is wakes
+
+
+@pytest.mark.parametrize(
+    ("ended", "took", "now", "wait"),
+    [
+        pytest.param(100.0, 0.8, 100.0, PAUSE_FACTOR * 0.8,
+                     id="right after a long evaluation: PAUSE_FACTOR times its length"),
+        pytest.param(100.0, 0.8, 101.0, PAUSE_FACTOR * 0.8 - 1.0, id="part of it passed"),
+        pytest.param(100.0, 0.8, 110.0, 0.0, id="long after: at once"),
+        pytest.param(0.0, 0.0, 5.0, 0.0, id="never evaluated: at once"),
+        pytest.param(100.0, 0.001, 100.0, PAUSE_FACTOR * 0.001,
+                     id="a small check: a few milliseconds"),
+    ],
+)  # fmt: skip
+def test_a_machine_change_waits_a_multiple_of_the_last_evaluation(
+    ended: float, took: float, now: float, wait: float
+) -> None:
+    assert pause(ended, took, now) == pytest.approx(wait)
