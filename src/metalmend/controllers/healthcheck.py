@@ -385,10 +385,10 @@ class HealthCheckController:
         """Each Machine's conditions, up to WRITES_IN_FLIGHT writes at a time, before any
         other action (the facts before the remediation they explain; each Machine's later
         writes carry the version this one left). One write at a time, the first verdicts
-        of a check over 5,000 Machines took 5,000 round trips: at 200 ms each under the
-        scale lab's load, 17 minutes of writes after every host was reconciled
-        (docs/scale.md). A write that fails does not stop the others; the first failure
-        is raised once all are done (a conflict: the check is evaluated again)."""
+        of a check over 5,000 Machines were 5,000 round trips in a row: minutes of writes
+        after every Machine had its Node when the API server answers in 200 ms
+        (docs/scale.md, fix 11). A write that fails does not stop the others; the first
+        failure is raised once all are done (a conflict: the check is evaluated again)."""
         slots = asyncio.Semaphore(WRITES_IN_FLIGHT)
 
         async def one(action: policy.SetMachineConditions) -> None:
