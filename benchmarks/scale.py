@@ -22,7 +22,8 @@ the lab's 5 s. Printed, per lab size:
 
 - start to every host reconciled: from `metalmend run` started until every host has
   ``lastPoweredOn`` (host-power read its BMC and wrote it) and every Machine its
-  ``nodeRef`` (node-link);
+  ``nodeRef`` (node-link) and the check's verdict (``HealthCheckSucceeded``, the health
+  check: its first verdicts are writes of the start, not of the steady state);
 - steady state, a WINDOW s window once metalmend has not written for QUIET s: metalmend's
   API requests and writes per second (audit log; target 0 writes), every identity's
   requests per second (``apiserver_request_total``: kwok's Leases are most of them), BMC
@@ -307,7 +308,8 @@ class Progress:
     """When each host was first seen reconciled, from two watches started before
     `metalmend run` (a list of every host every few seconds cost the API server more than
     metalmend did at 5,000 hosts): its BareMetalHost has ``lastPoweredOn``, its Machine a
-    ``nodeRef``. Daemon threads: they end with the benchmark."""
+    ``nodeRef`` and a ``HealthCheckSucceeded`` condition. Daemon threads: they end with the
+    benchmark."""
 
     def __init__(self, kubeconfig: Path, hosts: int) -> None:
         self.hosts = hosts
@@ -315,7 +317,7 @@ class Progress:
         self.linked: dict[str, float] = {}
         for resource, seen, done in (
             (BareMetalHost, self.powered, has_powered_on),
-            (Machine, self.linked, has_node_ref),
+            (Machine, self.linked, linked_and_checked),
         ):
             args = (kubeconfig, resource, seen, done)
             threading.Thread(target=self._watch, args=args, daemon=True).start()
@@ -342,8 +344,11 @@ def has_powered_on(host: Any) -> bool:
     return bool(((host.get("status") or {}).get("provisioning") or {}).get("lastPoweredOn"))
 
 
-def has_node_ref(machine: Any) -> bool:
-    return bool((machine.get("status") or {}).get("nodeRef"))
+def linked_and_checked(machine: Any) -> bool:
+    """node-link gave the Machine its ``nodeRef`` and the health check its verdict."""
+    status = machine.get("status") or {}
+    checked = any(c.get("type") == "HealthCheckSucceeded" for c in status.get("conditions") or [])
+    return bool(status.get("nodeRef")) and checked
 
 
 def wait_for(

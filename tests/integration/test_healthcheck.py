@@ -27,9 +27,10 @@ from metalmend.api.resources import (
     Metal3Remediation,
     Metal3RemediationTemplate,
 )
-from metalmend.controllers.healthcheck import setup
+from metalmend.controllers.healthcheck import WRITES_IN_FLIGHT, setup
 from metalmend.kube.crds import FIELD_MANAGER, install_crds, wait_established
 from metalmend.kube.manager import Manager
+from metalmend.lab.controlplane import ControlPlane
 from metalmend.settings import RuntimeSettings, Settings
 from tests.support import reconciles, until
 
@@ -595,3 +596,50 @@ async def test_node_heartbeats_do_not_wake_the_check_but_a_condition_does(
     assert reconciles("machine-health-check") == before
     await pool.health("m1", healthy=False)  # a condition that changed: evaluated, in time
     await until(lambda: _status_is(aclient, namespace, currentHealthy=0), 15)
+
+
+class CountingClient(AsyncClient):
+    """The real client, counting the Machine status writes in flight at once."""
+
+    def __init__(self, config: KubeConfig) -> None:
+        super().__init__(config, field_manager="metalmend-tests")
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def patch(self, res: Any, *args: Any, **kwargs: Any) -> Any:
+        if res is not Machine.Status:
+            return await super().patch(res, *args, **kwargs)
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            return await super().patch(res, *args, **kwargs)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_a_checks_verdicts_on_many_machines_are_written_several_at_a_time(
+    aclient: AsyncClient, namespace: str, pool: Pool, control_plane: ControlPlane
+) -> None:
+    """One Machine status write at a time, the first verdicts of a check over 5,000
+    Machines were still being written minutes after every host was reconciled
+    (docs/scale.md): now up to WRITES_IN_FLIGHT at once."""
+    count = WRITES_IN_FLIGHT + 4
+    for i in range(count):
+        await pool.machine(f"m{i}")
+    await health_check(aclient, namespace)
+    client = CountingClient(KubeConfig.from_file(control_plane.kubeconfig))
+    manager = Manager(client)
+    setup(manager, Settings(runtime=RuntimeSettings(namespace=namespace)))
+    task = asyncio.create_task(manager.run())
+    try:
+
+        async def all_checked() -> bool:
+            found = [await conditions(aclient, Machine, f"m{i}", namespace) for i in range(count)]
+            return all(c.get("HealthCheckSucceeded", {}).get("status") == "True" for c in found)
+
+        await until(all_checked, within=30)
+        assert client.most_in_flight == WRITES_IN_FLIGHT
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.close()

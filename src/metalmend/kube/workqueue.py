@@ -55,6 +55,11 @@ class WorkQueue:
     def scheduled(self) -> int:
         return len(self._timers)
 
+    @property
+    def in_progress(self) -> int:
+        """Keys handed out and not done yet (being reconciled)."""
+        return len(self._processing)
+
     def add(self, key: str) -> None:
         """Hand ``key`` out as soon as a worker is free, before background keys."""
         if self._shutting_down or key in self._asked:
