@@ -6,9 +6,10 @@
 - Before a driver is created the address passes ``address.check_allowed`` (cleartext
   HTTP, allowed BMC networks): on refusal nothing is sent.
 - Slots: at most one call in flight per BMC endpoint (BMCs are small computers that
-  mishandle concurrent sessions), at most ``max_in_flight_per_namespace`` per namespace
-  (one tenant's broken or hostile BMCs cannot take every slot) and ``max_in_flight``
-  overall.
+  mishandle concurrent sessions), taken by namespaces in turn when several wait for it
+  (bmc/turns.py: a host waits behind at most one call per other namespace), at most
+  ``max_in_flight_per_namespace`` per namespace (one tenant's broken or hostile BMCs
+  cannot take every slot) and ``max_in_flight`` overall.
 - No head-of-line blocking: a call that cannot get its slots within ``SLOT_WAIT`` raises
   ``Busy`` with a ``retry_after`` instead of waiting, so the caller requeues the host and
   serves other hosts meanwhile; a worker never sits behind a stuck BMC.
@@ -40,6 +41,7 @@ from metalmend.bmc.ipmi import IpmiDriver, IpmiWorkers
 from metalmend.bmc.redfish import RedfishDriver
 from metalmend.bmc.settings import BmcSettings
 from metalmend.bmc.storage import EraseStatus, StorageDriver
+from metalmend.bmc.turns import TURN_HOLD, Turns
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,10 @@ class BmcTarget:
     namespace: str = ""
     """The host's namespace: the tenant whose share of the BMC slots the call takes. Tools
     and tests that act for no tenant share the tenant ""."""
+    waiter: str = ""
+    """Who asks (the host's key): a call turned away from a busy endpoint keeps its place
+    in its namespace's line under this name, and is woken (``BmcPool.wake``) when its
+    namespace's turn comes. "": not kept in line (it still respects the turns)."""
 
 
 DriverFactory = Callable[[BmcTarget, str | None], PowerDriver]
@@ -91,6 +97,7 @@ and the connection)."""
 class _Call:
     endpoint: str
     namespace: str
+    waiter: str
     driver_key: tuple[str, ...]
     started: float
     deadline: float
@@ -115,6 +122,10 @@ class BmcPool:
         self._freed = asyncio.Event()  # set (and replaced) whenever a call ends
         self._closing: set[asyncio.Task[None]] = set()
         self._erase_monitors: dict[tuple[str, str], str] = {}  # (system, drive) -> monitor
+        self.turns = Turns()
+        self.wake: Callable[[str], None] | None = None
+        """Called with a waiter (``BmcTarget.waiter``) whose namespace's turn at an
+        endpoint has come: the controller hands that host out again at once."""
 
     async def power_state(self, target: BmcTarget, *, background: bool = False) -> PowerState:
         """``background``: a routine poll, which leaves BACKGROUND_RESERVE slots (of the
@@ -289,27 +300,42 @@ class BmcPool:
         while (blocker := self._blocker(endpoint, namespace, background)) is not None:
             left = give_up - loop.time()
             if left <= 0:
-                why, busy = blocker
+                why, busy, at_endpoint = blocker
                 now = time.monotonic()
-                retry_after = min(c.retry_after(now) for c in busy)
-                raise Busy(f"{target.address}: {why}; trying again shortly", retry_after)
+                retry_after = min((c.retry_after(now) for c in busy), default=TURN_HOLD)
+                if at_endpoint and target.waiter:
+                    self.turns.wait(endpoint, namespace, target.waiter, now, retry_after)
+                others = self._others(endpoint, namespace, now) if at_endpoint else 0
+                raise Busy(f"{target.address}: {why}; trying again shortly", retry_after, others)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
                     await self._freed.wait()
         now = time.monotonic()
-        call = _Call(endpoint, namespace, key, now, now + self.settings.timeout)
+        call = _Call(endpoint, namespace, target.waiter, key, now, now + self.settings.timeout)
         self._calls.append(call)
+        self.turns.started(endpoint, namespace, target.waiter)
         metrics.IN_FLIGHT.inc()
         return call
 
     def _blocker(
         self, endpoint: str, namespace: str, background: bool = False
-    ) -> tuple[str, list[_Call]] | None:
-        """Why a call for ``endpoint`` in ``namespace`` cannot start now, and the calls
-        it waits for; None when it can."""
+    ) -> tuple[str, list[_Call], bool] | None:
+        """Why a call for ``endpoint`` in ``namespace`` cannot start now, the calls it
+        waits for, and whether it waits for the endpoint itself; None when it can."""
+        now = time.monotonic()
         same_bmc = [c for c in self._calls if c.endpoint == endpoint]
         if same_bmc:
-            return "its BMC is busy with another call", same_bmc
+            others = self._others(endpoint, namespace, now)
+            return f"waiting for BMC endpoint {endpoint}, {_busy_with(others)}", same_bmc, True
+        turn = self.turns.turn(endpoint, namespace, now)
+        if turn is not None and turn != namespace:
+            others = self._others(endpoint, namespace, now)
+            return (
+                f"waiting for BMC endpoint {endpoint}: namespace {turn!r} has the turn,"
+                f" {_busy_with(others)}",
+                [],
+                True,
+            )
         reserve = BACKGROUND_RESERVE if background else 0
         same_tenant = [c for c in self._calls if c.namespace == namespace]
         if len(same_tenant) >= self.settings.max_in_flight_per_namespace - reserve:
@@ -317,10 +343,21 @@ class BmcPool:
                 f"namespace {namespace!r} already has"
                 f" {len(same_tenant)} BMC calls in flight, its share",
                 same_tenant,
+                False,
             )
         if len(self._calls) >= self.settings.max_in_flight - reserve:
-            return f"all {len(self._calls)} BMC call slots are in use", list(self._calls)
+            return f"all {len(self._calls)} BMC call slots are in use", list(self._calls), False
         return None
+
+    def _others(self, endpoint: str, namespace: str, now: float) -> int:
+        """Calls of other namespaces a call of ``namespace`` waits behind at ``endpoint``:
+        the one under way (if another namespace's) and one per other namespace in line."""
+        running = sum(1 for c in self._calls if c.endpoint == endpoint and c.namespace != namespace)
+        return running + self.turns.ahead(endpoint, namespace, now)
+
+    def waiting_samples(self) -> dict[str, int]:
+        """Calls waiting in line for a busy BMC endpoint, by namespace (for /metrics)."""
+        return dict(self.turns.waiting_by_namespace(time.monotonic()))
 
     def _release(self, call: _Call) -> None:
         # Synchronous: a cancellation arriving now cannot leave the slot taken.
@@ -328,6 +365,14 @@ class BmcPool:
         metrics.IN_FLIGHT.dec()
         freed, self._freed = self._freed, asyncio.Event()
         freed.set()
+        if any(c.endpoint == call.endpoint for c in self._calls):
+            return
+        waiter = self.turns.freed(call.endpoint, time.monotonic())
+        if waiter is not None and self.wake is not None:
+            try:
+                self.wake(waiter)
+            except Exception:  # a waker must not keep the slot taken; the waiter retries
+                log.exception("waking a BMC waiter failed")
 
     # -- dropping drivers -------------------------------------------------------------
 
@@ -381,6 +426,12 @@ def _storage(driver: PowerDriver, target: BmcTarget) -> StorageDriver:
     if not isinstance(driver, StorageDriver):
         raise Unsupported(f"{target.address}: this BMC's driver cannot list or erase drives")
     return driver
+
+
+def _busy_with(others: int) -> str:
+    if not others:
+        return "busy with another call of this namespace"
+    return f"busy with {others} call{'s' if others != 1 else ''} of other namespaces"
 
 
 def _driver_key(target: BmcTarget) -> tuple[str, ...]:
