@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import replace
 
 import pytest
@@ -85,7 +86,9 @@ def redfish(system: str, namespace: str = "tenant-a") -> BmcTarget:
 
 
 def pool_with(drivers: Drivers, **settings: float) -> BmcPool:
-    return BmcPool(BmcSettings(**settings), driver_factory=drivers)  # type: ignore[arg-type]
+    # (a CA bundle: Redfish targets need something to check certificates against)
+    chosen = {"ca_bundle": "/etc/bmc-ca.crt", **settings}
+    return BmcPool(BmcSettings(**chosen), driver_factory=drivers)  # type: ignore[arg-type]
 
 
 async def started(pool: BmcPool, drivers: Drivers, target: BmcTarget) -> asyncio.Task[PowerState]:
@@ -221,6 +224,45 @@ async def test_a_refused_address_never_gets_a_driver() -> None:
     with pytest.raises(Refused):
         await pool.power_state(cleartext)
     assert drivers.made == []
+    await pool.close()
+
+
+@pytest.mark.parametrize(
+    ("case", "target", "says"),
+    [
+        (
+            "'*' without allowed networks",
+            BmcTarget(parse("ipmi://127.0.0.1:623"), Credentials("u", "p", every_host=True)),
+            "none are set",
+        ),
+        (
+            "'*' asking for no certificate check",
+            BmcTarget(
+                parse("redfish+https://127.0.0.1:8443/redfish/v1/Systems/1"),
+                Credentials("u", "p", every_host=True),
+                verify_certificates=False,
+            ),
+            "never honoured",
+        ),
+        (
+            "by name, asking for no certificate check (not allowed by default)",
+            BmcTarget(
+                parse("redfish+https://127.0.0.1:8443/redfish/v1/Systems/1"),
+                Credentials("u", "p"),
+                verify_certificates=False,
+            ),
+            "--bmc-allow-disable-certificate-verification",
+        ),
+    ],
+)
+async def test_what_a_binding_does_not_trust_never_gets_a_driver(
+    case: str, target: BmcTarget, says: str
+) -> None:
+    drivers = Drivers()
+    pool = pool_with(drivers)
+    with pytest.raises(Refused, match=re.escape(says)):
+        await pool.power_state(target)
+    assert drivers.made == [], case
     await pool.close()
 
 

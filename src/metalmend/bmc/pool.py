@@ -69,6 +69,10 @@ answering must not delay the error the host is waiting for)."""
 class Credentials:
     username: str
     password: str = field(repr=False)
+    every_host: bool = False
+    """The Secret is bound with ``*`` (every host of its namespace may use it): it then
+    goes only to BMCs inside the allowed networks, with certificates checked against the
+    operator's CA bundle only (``address.check_trust``)."""
 
 
 @dataclass(frozen=True)
@@ -274,7 +278,13 @@ class BmcPool:
 
     async def _new_driver(self, target: BmcTarget) -> PowerDriver:
         # Refused raises here, before anything is sent to the address.
-        vetted = await bmc_address.check_allowed(target.address, self.settings)
+        every_host = target.credentials.every_host
+        bmc_address.check_trust(
+            target.address, target.verify_certificates, every_host, self.settings
+        )
+        vetted = await bmc_address.check_allowed(
+            target.address, self.settings, every_host=every_host
+        )
         return self._make_driver(target, vetted)
 
     def _driver_for(self, target: BmcTarget, vetted_ip: str | None) -> PowerDriver:
@@ -284,10 +294,15 @@ class BmcPool:
                 target.address, creds.username, creds.password, settings, self.ipmi_workers,
                 vetted_ip,
             )  # fmt: skip
-        verify: bool | str = target.verify_certificates and (settings.ca_bundle or True)
-        return RedfishDriver(
-            target.address, creds.username, creds.password, verify, settings, vetted_ip
+        trust = bmc_address.check_trust(
+            target.address, target.verify_certificates, creds.every_host, settings
         )
+        verify: bool | str = trust is not None and (trust.ca_bundle or True)
+        system_cas = trust is not None and trust.system_cas
+        return RedfishDriver(
+            target.address, creds.username, creds.password, verify, settings, vetted_ip,
+            system_cas=system_cas,
+        )  # fmt: skip
 
     # -- slots ------------------------------------------------------------------------
 
@@ -438,5 +453,7 @@ def _driver_key(target: BmcTarget) -> tuple[str, ...]:
     """One driver per endpoint, system, credentials and certificate check. The credentials
     enter as a digest so that the password is not kept as a dictionary key."""
     creds = target.credentials
-    material = f"{creds.username}\0{creds.password}\0{target.verify_certificates}"
+    material = (
+        f"{creds.username}\0{creds.password}\0{target.verify_certificates}\0{creds.every_host}"
+    )
     return (target.address.system_key, hashlib.sha256(material.encode()).hexdigest())
