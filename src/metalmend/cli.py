@@ -251,6 +251,11 @@ RUN_FLAGS: dict[str, tuple[str, str]] = {
     "bmc_timeout": ("bmc", "timeout"),
     "bmc_allow_insecure_http": ("bmc", "allow_insecure_http"),
     "bmc_allowed_network": ("bmc", "allowed_networks"),
+    "bmc_allow_disable_certificate_verification": (
+        "bmc",
+        "allow_disable_certificate_verification",
+    ),
+    "bmc_trust_system_cas": ("bmc", "trust_system_cas"),
     "soft_power_off_timeout": ("power", "soft_timeout"),
     "power_poll_interval": ("power", "poll_interval"),
     "fence": ("remediation", "fence"),
@@ -301,7 +306,10 @@ def run_command(
         settings_.LogLevel, typer.Option(case_sensitive=False, help="How much to log.")
     ] = DEFAULTS.runtime.log_level,
     bmc_ca_bundle: Annotated[
-        Path | None, typer.Option(help="CA bundle trusted for Redfish BMCs (besides the system's).")
+        Path | None,
+        typer.Option(
+            help="CA bundle trusted for Redfish BMCs' certificates (the only one by default)."
+        ),
     ] = None,
     bmc_timeout: Annotated[
         float, typer.Option(help="Seconds allowed for one BMC call.")
@@ -317,9 +325,25 @@ def run_command(
         list[str] | None,
         typer.Option(
             help="A network (CIDR) BMC addresses must lie in, host names resolved; repeat"
-            " for several (default: any address)."
+            " for several (default: any address). Secrets bound with '*' are used only"
+            " inside these networks."
         ),
     ] = None,
+    bmc_allow_disable_certificate_verification: Annotated[
+        bool,
+        typer.Option(
+            help="Honour spec.bmc.disableCertificateVerification on hosts whose Secret binds"
+            " them by name: their creators may then send its password to any TLS listener."
+            " Never for Secrets bound with '*'."
+        ),
+    ] = DEFAULTS.bmc.allow_disable_certificate_verification,
+    bmc_trust_system_cas: Annotated[
+        bool,
+        typer.Option(
+            help="Trust the system's CAs for BMC certificates besides --bmc-ca-bundle (never"
+            " for Secrets bound with '*')."
+        ),
+    ] = DEFAULTS.bmc.trust_system_cas,
     soft_power_off_timeout: Annotated[
         float, typer.Option(help="Seconds a soft power-off may take before it is made hard.")
     ] = DEFAULTS.power.soft_timeout,

@@ -21,7 +21,7 @@ from metalmend import heap
 from metalmend.api.names import REBOOT_PREFIX
 from metalmend.api.resources import BareMetalHost
 from metalmend.controllers.registry import CONTROLLERS
-from metalmend.kube import errors, served_schema
+from metalmend.kube import admission, errors, served_schema
 from metalmend.kube.client import ClusterUnavailable, async_client, load_config, whoami
 from metalmend.kube.health import serving
 from metalmend.kube.leader import LeaseTiming
@@ -74,10 +74,18 @@ async def run(config: RunConfig) -> None:
     manager = Manager(client, leader_election=election)
     for name in controllers:
         CONTROLLERS[name](manager, config.settings)
+    policy_check: asyncio.Task[None] | None = None
     if "host-power" in controllers:
         problem = await check_reboot_annotation_writes(client, runtime.namespace)
         if problem:
             log.warning("start-up check failed: %s", problem)
+        # The spec.bmc admission policy, which the bindings of BMC Secrets rely on: said
+        # (log, Event, metric) when missing, never a readiness failure (kube/admission.py).
+        own = runtime.leader_election_namespace or default_lease_namespace()
+        told = await admission.check(client, manager.events, own)
+        policy_check = asyncio.create_task(
+            admission.keep_checking(client, manager.events, own, told), name="admission"
+        )
     heap.tune(asyncio.get_running_loop())
     # A signal sets an Event; only the manager's task is cancelled, never this one, so
     # that shutting down (health server, client) runs as ordinary code.
@@ -98,6 +106,8 @@ async def run(config: RunConfig) -> None:
         freezing = asyncio.create_task(freeze_when_synced(manager), name="heap")
         done, _ = await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
         freezing.cancel()
+        if policy_check is not None:
+            policy_check.cancel()
         if running in done:
             stopping.cancel()
             running.result()  # LeadershipLost, or a bug, ends the process

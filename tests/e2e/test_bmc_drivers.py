@@ -10,6 +10,7 @@ import contextlib
 import shutil
 import socket
 import subprocess
+import threading
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -201,28 +202,81 @@ async def test_wrong_ipmi_users_on_one_bmc_do_not_leave_it_busy(hosts_lab: lab.R
         await bmcs.close()
 
 
+@contextlib.contextmanager
+def answers_only_the_probe() -> Iterator[int]:
+    """A UDP port that answers the first packet (the driver's preflight) and no other:
+    pyghmi's login there does not end before the call's deadline."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    done = threading.Event()
+
+    def serve() -> None:
+        answered = False
+        while not done.is_set():
+            try:
+                _, sender = server.recvfrom(512)
+            except TimeoutError:
+                continue
+            if not answered:
+                server.sendto(b"\x06\x00\xff\x07", sender)
+                answered = True
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        done.set()
+        thread.join()
+        server.close()
+
+
+async def test_unknown_users_and_wrong_passwords_are_refused_logins_and_the_host_goes_on(
+    hosts_lab: lab.RunningLab,
+) -> None:
+    """Hosts of another tenant naming this BMC with a user it does not know, or with the
+    right user and a wrong password, one after the other with the BMC's own host: each is
+    a refused login at once (was: "did not answer", each holding the BMC until the
+    deadline), and the own host is served every time (was: its call timed out after a
+    wrong password for its user, pyghmi handing it a dead session)."""
+    spec = host(hosts_lab, "ipmi")
+    bmcs = BmcPool(BmcSettings(timeout=5))
+    own = target(spec)
+    try:
+        for round_ in range(3):
+            for user, password in (("nobody-here", spec.password), (spec.username, "Wr0ng")):
+                wrong = BmcTarget(parse(spec.address), Credentials(user, password), namespace="t2")
+                with pytest.raises(AuthenticationFailed, match="refused the login"):
+                    await bmcs.power_state(wrong)
+                assert await bmcs.power_state(own) == PowerState.ON, f"round {round_}"
+    finally:
+        await bmcs.close()
+
+
 async def test_a_cancelled_ipmi_call_ends_its_worker(hosts_lab: lab.RunningLab) -> None:
     spec = host(hosts_lab, "ipmi")
     bmcs = BmcPool(BmcSettings(timeout=60))
     try:
-        wrong = BmcTarget(parse(spec.address), Credentials("intruder", spec.password))
-        call = asyncio.create_task(bmcs.power_state(wrong))  # a login that does not end
+        with answers_only_the_probe() as port:
+            mute = BmcTarget(parse(f"ipmi://127.0.0.1:{port}"), Credentials("u", "p"))
+            call = asyncio.create_task(bmcs.power_state(mute))  # a login that does not end
 
-        async def in_a_worker() -> bool:
-            return bool(bmcs.ipmi_workers.pids())
+            async def in_a_worker() -> bool:
+                return bool(bmcs.ipmi_workers.pids())
 
-        await until(in_a_worker, within=10)
-        (pid,) = bmcs.ipmi_workers.pids()
-        await asyncio.sleep(0.5)  # let the login get under way inside pyghmi
-        call.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await call
+            await until(in_a_worker, within=10)
+            (pid,) = bmcs.ipmi_workers.pids()
+            await asyncio.sleep(0.5)  # let the login get under way inside pyghmi
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
 
-        async def ended() -> bool:
-            return not alive(pid)
+            async def ended() -> bool:
+                return not alive(pid)
 
-        await until(ended, within=5)
-        assert await bmcs.power_state(target(spec)) == PowerState.ON  # on a fresh worker
-        assert pid not in bmcs.ipmi_workers.pids()
+            await until(ended, within=5)
+            assert await bmcs.power_state(target(spec)) == PowerState.ON  # on a fresh worker
+            assert pid not in bmcs.ipmi_workers.pids()
     finally:
         await bmcs.close()

@@ -4,13 +4,15 @@ as a real process (so that it can be killed at any moment)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from lightkube import AsyncClient, KubeConfig
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.resources.admissionregistration_v1 import ValidatingAdmissionPolicyBinding
 from lightkube.resources.core_v1 import Event
 from lightkube.types import PatchType
 
@@ -20,6 +22,7 @@ from metalmend.api.stamps import parse_stamp, stamp
 from metalmend.bmc import BmcPool, PowerState
 from metalmend.bmc.settings import BmcSettings
 from metalmend.lab import lab
+from metalmend.lab import policies as lab_policies
 from metalmend.lab.hosts import NAMESPACE
 from metalmend.lab.inventory import HostSpec
 from tests.e2e.conftest import Metalmend, host, target
@@ -218,11 +221,29 @@ async def _pending(kube: AsyncClient, name: str, asked: dt.datetime) -> bool:
 async def test_malformed_values_warn_and_still_reboot(
     hosts_lab: lab.RunningLab, controller: Metalmend, kube: AsyncClient, bmcs: BmcPool
 ) -> None:
+    """The lab installs the chart's admission policies, which refuse a malformed value;
+    host-power still copes with one stored where they are not installed (here: the
+    binding removed for the test)."""
     spec = host(hosts_lab, "ipmi")
     asked = await settled(kube, spec, bmcs)
-    await annotate(kube, spec.name, {REBOOT: "{mode: hard"})
-    await until(lambda: rebooted_after(kube, spec.name, asked), within=15)
-    await until(lambda: has_reason(kube, spec.name, "InvalidRebootAnnotation"), within=10)
+    with pytest.raises(ApiError, match="malformed reboot annotation value"):
+        await annotate(kube, spec.name, {REBOOT: "{mode: hard"})
+    binding = "metalmend-reboot-annotation-values"
+    admin = hosts_lab.client()
+    admin.delete(ValidatingAdmissionPolicyBinding, binding)
+    try:
+
+        async def stored() -> bool:
+            with contextlib.suppress(ApiError):  # the removal takes a moment to be seen
+                await annotate(kube, spec.name, {REBOOT: "{mode: hard"})
+                return True
+            return False
+
+        await until(stored, within=30)
+        await until(lambda: rebooted_after(kube, spec.name, asked), within=15)
+        await until(lambda: has_reason(kube, spec.name, "InvalidRebootAnnotation"), within=10)
+    finally:
+        lab_policies.install(admin)
 
 
 async def test_bmc_failure_is_reported_in_status_and_cleared_when_it_answers(

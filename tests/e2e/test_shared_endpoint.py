@@ -81,7 +81,8 @@ def shared_hosts(chassis_lab: lab.RunningLab) -> dict[str, str]:
             metadata=ObjectMeta(
                 name="chassis-bmc",
                 labels={SECRET_LABEL: SECRET_LABEL_VALUE},
-                annotations={HOSTS_ANNOTATION: "*"},
+                # (by name: a '*' Secret goes only inside allowed BMC networks)
+                annotations={HOSTS_ANNOTATION: ",".join(addresses)},
             ),
             stringData={"username": a.username, "password": a.password},
         ),

@@ -221,6 +221,23 @@ def test_controller_deployment_leads_probes_and_requests(
     assert run["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
+def test_the_bmc_ca_bundle_comes_from_a_configmap(
+    helm: Path, rendered: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    (plain,) = rendered[("Deployment", "metalmend")]["spec"]["template"]["spec"]["containers"]
+    assert not any(a.startswith("--bmc-ca-bundle") for a in plain["args"])
+    result = render(helm, *VALUES, "--set", "run.bmcCaBundle.configMap=bmc-ca")
+    assert result.returncode == 0, result.stderr
+    run = by_kind_and_name(objects(result.stdout))[("Deployment", "metalmend")]["spec"]
+    pod = run["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "--bmc-ca-bundle=/etc/metalmend/bmc-ca/ca.crt" in container["args"]
+    assert {"name": "bmc-ca", "mountPath": "/etc/metalmend/bmc-ca", "readOnly": True} in (
+        container["volumeMounts"]
+    )
+    assert {"name": "bmc-ca", "configMap": {"name": "bmc-ca"}} in pod["volumes"]
+
+
 def test_serve_takes_tls_from_a_secret_or_cert_manager(helm: Path) -> None:
     result = render(
         helm, *VALUES, "--set", "serve.tls.certManager.enabled=true",

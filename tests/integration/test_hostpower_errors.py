@@ -17,9 +17,12 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Secret
 from lightkube.types import PatchType
 
+from metalmend.api.power import PowerState
 from metalmend.api.resources import BareMetalHost
+from metalmend.bmc import BmcPool, BmcTarget, Credentials, parse
 from metalmend.bmc.credentials import EVERY_HOST, HOSTS_ANNOTATION, SECRET_LABEL
 from metalmend.controllers import hostpower as hostpower_controller
+from metalmend.controllers import metrics as hostpower_metrics
 from metalmend.kube import metrics
 from metalmend.kube.events import EventRecorder
 from metalmend.kube.manager import Manager
@@ -208,3 +211,86 @@ async def test_events_are_rate_limited_like_client_go(aclient: AsyncClient, name
     await recorder.warning(host, "BMCError", "after five minutes")
     events = [e async for e in aclient.list(Event, namespace=namespace)]
     assert len(events) == 1 + 23 + 1
+
+
+class StuckDriver:
+    """A BMC call that does not end until ``gate`` opens; ``started`` once it is under way."""
+
+    def __init__(self, gate: asyncio.Event, started: asyncio.Event) -> None:
+        self.gate, self.started = gate, started
+
+    async def power_state(self) -> PowerState:
+        self.started.set()
+        await self.gate.wait()
+        return PowerState.ON
+
+    async def act(self, action: object) -> None:
+        await self.power_state()
+
+    async def close(self) -> None:
+        return None
+
+    def hang_up(self) -> None:
+        return None
+
+
+async def test_a_host_waiting_for_an_endpoint_busy_with_other_namespaces_says_so(
+    aclient: AsyncClient, namespace: str
+) -> None:
+    """Another namespace's call holds the host's BMC endpoint: the host's reconcile is
+    turned away (nothing sent), says so in an Event, and its namespace is counted in
+    metalmend_bmc_waiting_calls; it is handed out again the moment the endpoint frees."""
+    address = f"ipmi://127.0.0.1:{free_port()}"
+    await aclient.create(
+        Secret(
+            metadata=ObjectMeta(
+                name="bmc", labels={SECRET_LABEL: "true"}, annotations={HOSTS_ANNOTATION: "w1"}
+            ),
+            stringData={"username": "admin", "password": "secret"},
+        ),
+        namespace=namespace,
+    )
+    await aclient.create(
+        BareMetalHost(
+            metadata=ObjectMeta(name="w1"),
+            spec={"online": True, "bmc": {"address": address, "credentialsName": "bmc"}},
+        ),
+        namespace=namespace,
+    )
+    manager = Manager(aclient)
+    gate, started = asyncio.Event(), asyncio.Event()
+    pool = BmcPool(
+        BmcSettings(timeout=30), driver_factory=lambda target, ip: StuckDriver(gate, started)
+    )
+    controller = hostpower_controller.HostPowerController(manager, settings(namespace), bmcs=pool)
+    woken: list[str] = []
+    pool.wake = woken.append
+    running = asyncio.create_task(manager.run())
+    other = BmcTarget(parse(address), Credentials("x", "y"), namespace="t2", waiter="t2/h")
+    holding = asyncio.create_task(pool.power_state(other))
+    key = f"{namespace}/w1"
+    try:
+        await manager.wait_synced()
+        await asyncio.wait_for(started.wait(), 10)  # t2's call is under way
+        assert (await controller.reconcile(key)).outcome == "busy"
+
+        async def told() -> list[str]:
+            return [
+                str(e.message)
+                async for e in aclient.list(Event, namespace=namespace)
+                if e.reason == "WaitingForBMC" and e.involvedObject.name == "w1"
+            ]
+
+        await until(told, within=10)
+        (message,) = await told()
+        assert "busy with 1 call of other namespaces" in message, message
+        samples = hostpower_metrics.bmc_waiting_samples(pool.waiting_samples())
+        assert (hostpower_metrics.BMC_WAITING.name, (namespace,), 1) in samples
+        gate.set()
+        assert await holding == PowerState.ON
+        assert woken == [key], "handed out again as the endpoint frees"
+    finally:
+        gate.set()
+        running.cancel()
+        await asyncio.gather(running, holding, return_exceptions=True)
+        await pool.close()

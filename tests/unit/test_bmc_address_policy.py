@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from metalmend.bmc.address import check_allowed, parse, redfish_path_problem
+from metalmend.bmc.address import Trust, check_allowed, check_trust, parse, redfish_path_problem
 from metalmend.bmc.errors import REGISTRATION_ERROR, Refused, Unreachable
 from metalmend.bmc.settings import BmcSettings
 
@@ -139,3 +139,83 @@ async def test_cleartext_is_refused_before_anything_is_resolved() -> None:
 )
 def test_links_followed_are_plain_paths_under_the_service_root(path: str, usable: bool) -> None:
     assert (redfish_path_problem(path) is None) == usable
+
+
+# ---- what each binding trusts (check_trust, and check_allowed for '*') -------------------
+
+BUNDLE = "/etc/metalmend/bmc-ca.crt"
+HTTPS = parse("redfish+https://10.20.0.5/redfish/v1/Systems/1")
+
+
+@pytest.mark.parametrize(
+    ("case", "verify", "every_host", "settings", "expected"),
+    [
+        ("by name, bundle", True, False, BmcSettings(ca_bundle=BUNDLE), Trust(BUNDLE, False)),
+        (
+            "by name, bundle and system CAs allowed",
+            True, False, BmcSettings(ca_bundle=BUNDLE, trust_system_cas=True), Trust(BUNDLE, True),
+        ),
+        ("by name, system CAs only", True, False, BmcSettings(trust_system_cas=True),
+         Trust(None, True)),
+        ("'*', bundle", True, True, BmcSettings(ca_bundle=BUNDLE), Trust(BUNDLE, False)),
+        (
+            "'*', system CAs allowed: never for '*'",
+            True, True, BmcSettings(ca_bundle=BUNDLE, trust_system_cas=True), Trust(BUNDLE, False),
+        ),
+        (
+            "by name, no check, allowed",
+            False, False, BmcSettings(allow_disable_certificate_verification=True), None,
+        ),
+    ],
+)  # fmt: skip
+def test_what_proves_a_bmc_certificate(
+    case: str, verify: bool, every_host: bool, settings: BmcSettings, expected: Trust | None
+) -> None:
+    assert check_trust(HTTPS, verify, every_host, settings) == expected, case
+
+
+@pytest.mark.parametrize(
+    ("case", "verify", "every_host", "settings", "says"),
+    [
+        (
+            "no check asked, not allowed",
+            False, False, BmcSettings(ca_bundle=BUNDLE),
+            "--bmc-allow-disable-certificate-verification",
+        ),
+        (
+            "no check asked with '*', even where allowed",
+            False, True, BmcSettings(allow_disable_certificate_verification=True),
+            "never honoured for a Secret bound to every host",
+        ),
+        ("nothing trusted (the default)", True, False, BmcSettings(), "--bmc-ca-bundle"),
+        (
+            "'*' with the system CAs only",
+            True, True, BmcSettings(trust_system_cas=True), "trusts the BMC CA bundle only",
+        ),
+    ],
+)  # fmt: skip
+def test_certificates_nothing_the_operator_trusts_could_prove_are_refused(
+    case: str, verify: bool, every_host: bool, settings: BmcSettings, says: str
+) -> None:
+    with pytest.raises(Refused, match=re.escape(says)) as caught:
+        check_trust(HTTPS, verify, every_host, settings)
+    assert "Nothing was sent" in str(caught.value), case
+    assert caught.value.error_type == REGISTRATION_ERROR
+
+
+@pytest.mark.parametrize("address", ["ipmi://10.20.0.5", "redfish+http://10.20.0.5/"])
+def test_no_tls_no_certificate_question(address: str) -> None:
+    assert check_trust(parse(address), False, True, BmcSettings()) is None
+
+
+async def test_a_secret_bound_to_every_host_goes_only_inside_the_allowed_networks() -> None:
+    for address in ("ipmi://10.20.0.5", "redfish://10.20.0.5/redfish/v1/Systems/1"):
+        with pytest.raises(Refused, match="none are set"):
+            await check_allowed(parse(address), BmcSettings(), NO_DNS, every_host=True)
+        assert await check_allowed(parse(address), RESTRICTED, NO_DNS, every_host=True) == (
+            "10.20.0.5"
+        )
+    with pytest.raises(Refused, match="outside the allowed BMC networks"):
+        await check_allowed(parse("ipmi://192.0.2.7"), RESTRICTED, NO_DNS, every_host=True)
+    # bound by name: as before, anywhere unless the operator restricts the networks
+    assert await check_allowed(parse("ipmi://192.0.2.7"), BmcSettings(), NO_DNS) is None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import re
+from dataclasses import replace
 
 import pytest
 
@@ -84,7 +86,9 @@ def redfish(system: str, namespace: str = "tenant-a") -> BmcTarget:
 
 
 def pool_with(drivers: Drivers, **settings: float) -> BmcPool:
-    return BmcPool(BmcSettings(**settings), driver_factory=drivers)  # type: ignore[arg-type]
+    # (a CA bundle: Redfish targets need something to check certificates against)
+    chosen = {"ca_bundle": "/etc/bmc-ca.crt", **settings}
+    return BmcPool(BmcSettings(**chosen), driver_factory=drivers)  # type: ignore[arg-type]
 
 
 async def started(pool: BmcPool, drivers: Drivers, target: BmcTarget) -> asyncio.Task[PowerState]:
@@ -102,7 +106,7 @@ async def test_a_busy_bmc_answers_busy_at_once_and_other_bmcs_go_ahead() -> None
     drivers = Drivers()
     pool = pool_with(drivers)
     stuck = await started(pool, drivers, ipmi(1))
-    with pytest.raises(Busy, match="its BMC is busy") as busy:
+    with pytest.raises(Busy, match="waiting for BMC endpoint") as busy:
         await pool.power_off(ipmi(1), hard=True)  # same BMC: not queued behind the stuck call
     assert busy.value.retry_after > 0
     assert await pool.power_state(ipmi(2)) == PowerState.ON  # another BMC is served
@@ -220,6 +224,45 @@ async def test_a_refused_address_never_gets_a_driver() -> None:
     with pytest.raises(Refused):
         await pool.power_state(cleartext)
     assert drivers.made == []
+    await pool.close()
+
+
+@pytest.mark.parametrize(
+    ("case", "target", "says"),
+    [
+        (
+            "'*' without allowed networks",
+            BmcTarget(parse("ipmi://127.0.0.1:623"), Credentials("u", "p", every_host=True)),
+            "none are set",
+        ),
+        (
+            "'*' asking for no certificate check",
+            BmcTarget(
+                parse("redfish+https://127.0.0.1:8443/redfish/v1/Systems/1"),
+                Credentials("u", "p", every_host=True),
+                verify_certificates=False,
+            ),
+            "never honoured",
+        ),
+        (
+            "by name, asking for no certificate check (not allowed by default)",
+            BmcTarget(
+                parse("redfish+https://127.0.0.1:8443/redfish/v1/Systems/1"),
+                Credentials("u", "p"),
+                verify_certificates=False,
+            ),
+            "--bmc-allow-disable-certificate-verification",
+        ),
+    ],
+)
+async def test_what_a_binding_does_not_trust_never_gets_a_driver(
+    case: str, target: BmcTarget, says: str
+) -> None:
+    drivers = Drivers()
+    pool = pool_with(drivers)
+    with pytest.raises(Refused, match=re.escape(says)):
+        await pool.power_state(target)
+    assert drivers.made == [], case
     await pool.close()
 
 
@@ -345,4 +388,34 @@ async def test_a_background_poll_hangs_up_and_a_call_for_a_change_keeps_the_line
     with pytest.raises(BmcError):
         await pool.power_state(ipmi(1), background=True)
     assert driver.hung_up == 1, "a failed poll drops the driver instead"
+    await pool.close()
+
+
+async def test_a_host_waits_behind_one_call_of_another_namespace_not_all_of_them() -> None:
+    """Twelve hosts of namespace t2 name worker-1's endpoint: once the t2 call under way
+    ends, worker-1 (woken at once) has the endpoint, and a t2 host asking first is turned
+    away; the message says what worker-1 waited for."""
+    drivers = Drivers()
+    pool = pool_with(drivers)
+    woken: list[str] = []
+    pool.wake = woken.append
+    running = await started(pool, drivers, replace(ipmi(1, "t2"), waiter="t2/h0"))
+    for i in range(1, 13):
+        with pytest.raises(Busy):
+            await pool.power_state(replace(ipmi(1, "t2"), waiter=f"t2/h{i}"))
+    worker_1 = replace(ipmi(1, "default"), waiter="default/worker-1")
+    with pytest.raises(Busy, match="busy with 1 call of other namespaces") as busy:
+        await pool.power_off(worker_1, hard=True)
+    assert busy.value.others == 1
+    assert pool.waiting_samples() == {"t2": 12, "default": 1}
+    drivers.stuck.clear()
+    drivers.of(replace(ipmi(1, "t2"), waiter="t2/h0"))[0].gate.set()
+    assert await running == PowerState.ON
+    assert woken == ["default/worker-1"]
+    with pytest.raises(Busy, match="namespace 'default' has the turn"):
+        await pool.power_state(replace(ipmi(1, "t2"), waiter="t2/h1"))
+    await pool.power_off(worker_1, hard=True)
+    assert [a for d in drivers.made for a in d.actions] == [PowerAction.HARD_OFF]
+    assert woken == ["default/worker-1", "t2/h1"], "then t2's oldest waiter"
+    assert await pool.power_state(replace(ipmi(1, "t2"), waiter="t2/h1")) == PowerState.ON
     await pool.close()

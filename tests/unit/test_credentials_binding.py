@@ -91,7 +91,12 @@ def test_a_secret_is_used_by_the_hosts_it_names_and_no_other() -> None:
 
 
 def test_star_binds_every_host_of_the_namespace() -> None:
-    assert store(secret("bmc", hosts="*")).lookup("t1", "anyone", "bmc").username == "admin"
+    creds = store(secret("bmc", hosts="*")).lookup("t1", "anyone", "bmc")
+    assert creds.username == "admin"
+    assert creds.every_host, "the pool then trusts less (bmc/address.py check_trust)"
+    named = store(secret("bmc", hosts="worker-0,*")).lookup("t1", "worker-0", "bmc")
+    assert named.every_host, "'*' anywhere in the list binds every host"
+    assert not store(secret("bmc", hosts="worker-0")).lookup("t1", "worker-0", "bmc").every_host
 
 
 @pytest.mark.parametrize(

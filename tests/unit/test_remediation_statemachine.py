@@ -101,6 +101,7 @@ from metalmend.bmc import BmcPool, BmcTarget, parse
 from metalmend.bmc.credentials import HOSTS_ANNOTATION
 from metalmend.bmc.driver import PowerAction, PowerDriver, PowerState
 from metalmend.bmc.errors import BadAddress, Unreachable
+from metalmend.bmc.settings import BmcSettings
 from metalmend.controllers import hostpower as hostpower_controller
 from metalmend.controllers import machineremediation as mr_controller
 from metalmend.controllers import remediation as m3_controller
@@ -481,7 +482,10 @@ class RemediationWorld(RuleBasedStateMachine):
         self.reached: list[tuple[tuple[str, str], str]] = []  # what BMC calls reached
         self.landing_delays: tuple[float, float] = (0, 0)  # of the command being sent
         self.loop = asyncio.new_event_loop()
-        self.pool = CheckedPool(self, driver_factory=self.driver_for)
+        # (a CA bundle: the Redfish hosts need something to check certificates against;
+        # the simulated drivers never read it)
+        bmc_settings = BmcSettings(ca_bundle="/simulated/bmc-ca.crt")
+        self.pool = CheckedPool(self, settings=bmc_settings, driver_factory=self.driver_for)
         self.writer = WorldWriter(self)
         self.acting: Reconcile | None = None  # the reconcile whose step is running
         self.inflight: dict[str, list[Step]] = {}
@@ -528,7 +532,8 @@ class RemediationWorld(RuleBasedStateMachine):
         self.machines: Store = stores[Machine]
         self.rems: Store = stores[Metal3Remediation]
         self.nodes: Store = stores[Node]
-        secret = Obj("bmc-admin", "uid-secret", annotations={HOSTS_ANNOTATION: "*"})
+        # Bound by name: a '*' Secret goes only inside allowed BMC networks (none here).
+        secret = Obj("bmc-admin", "uid-secret", annotations={HOSTS_ANNOTATION: ",".join(HOSTS)})
         secret.data = {"username": "YWRtaW4=", "password": "cHc="}  # type: ignore[attr-defined]
         self.put(stores[Secret], secret)
         hosts = HOSTS if two_hosts else HOSTS[:1]

@@ -33,6 +33,7 @@ REASON_INVALID_REBOOT = "InvalidRebootAnnotation"
 REASON_SOFT_TIMEOUT = "SoftPowerOffTimedOut"
 REASON_BMC_ERROR = "BMCError"
 REASON_BMC_RECOVERED = "BMCRecovered"
+REASON_BMC_WAITING = "WaitingForBMC"  # the host's BMC endpoint serves other namespaces' calls
 REASON_WRITE_REFUSED = "WriteRefused"  # the API server refused one of our writes
 
 # MachineHealthCheck (Cluster API v1beta1, its machine health checking proposal)

@@ -24,7 +24,15 @@ Where credentials may go (``check_allowed``, called before any driver is made):
   cracked offline, so an IPMI address pointing at an impostor leaks the password without
   any cleartext. A host name is resolved once, every address it resolves to must be
   allowed, and the driver then connects to the vetted address itself, so a DNS answer
-  changed between the check and the connection (DNS rebinding) cannot redirect it.
+  changed between the check and the connection (DNS rebinding) cannot redirect it;
+- a Secret bound with ``*`` (every host of its namespace) only to addresses inside the
+  allowed BMC networks, and refused when none are set: with ``*``, whoever may create a
+  host in the namespace chooses where that password goes.
+
+Which certificates prove a Redfish BMC (``check_trust``, before any driver is made):
+the operator's CA bundle; the system's CAs only where the operator allows them; no check
+at all (``spec.bmc.disableCertificateVerification``) only where the operator allows it.
+For a Secret bound with ``*``, the CA bundle only, and never no check.
 """
 
 from __future__ import annotations
@@ -165,15 +173,27 @@ async def resolve_host(host: str, port: int) -> list[str]:
 
 
 async def check_allowed(
-    address: BmcAddress, settings: BmcSettings, resolve: Resolver = resolve_host
+    address: BmcAddress,
+    settings: BmcSettings,
+    resolve: Resolver = resolve_host,
+    *,
+    every_host: bool = False,
 ) -> str | None:
     """Refuse (``Refused``) an address metalmend must not send credentials to; nothing is
     sent by this check but a DNS query for a host name when networks are restricted.
+    ``every_host``: the credentials come from a Secret bound with ``*``.
 
     Returns the vetted IP address the driver must connect to when the BMC networks are
     restricted (the host's IP literal, or the address its name resolved to), or None when
     they are not (the driver connects to the address as written)."""
     refuse_cleartext(address, settings)
+    if every_host and not settings.allowed_networks:
+        raise Refused(
+            f"{address}: the host's Secret is bound to every host of its namespace"
+            f" ({EVERY_HOST_NOTE}), which metalmend honours only for BMC addresses inside the"
+            " allowed BMC networks, and none are set (--bmc-allowed-network); bind the"
+            " Secret to its hosts by name. Nothing was sent"
+        )
     if not settings.allowed_networks:
         return None
     literal = ip_literal(address.host)
@@ -185,6 +205,56 @@ async def check_allowed(
         why = error.strerror or type(error).__name__
         raise Unreachable(f"{address}: cannot resolve {address.host}: {why}") from None
     return vetted_ip(address, resolved, settings.allowed_networks)
+
+
+EVERY_HOST_NOTE = "metalmend.dev/bmc-hosts: '*'"
+
+
+@dataclass(frozen=True)
+class Trust:
+    """What proves a Redfish BMC's certificate: the CA bundle and/or the system's CAs."""
+
+    ca_bundle: str | None
+    system_cas: bool
+
+
+def check_trust(
+    address: BmcAddress, verify_certificates: bool, every_host: bool, settings: BmcSettings
+) -> Trust | None:
+    """What the BMC's certificate is checked against (None: not checked, as the host asks
+    and the operator allows), or ``Refused`` when nothing the operator trusts could prove
+    it. Pure; nothing is sent. Not TLS (IPMI, cleartext Redfish): None."""
+    if address.protocol != "redfish" or address.scheme != "https":
+        return None
+    if not verify_certificates:
+        if every_host:
+            raise Refused(
+                f"{address}: spec.bmc.disableCertificateVerification is never honoured for a"
+                f" Secret bound to every host of its namespace ({EVERY_HOST_NOTE}): anyone"
+                " who may create a host there could receive its password. Bind the Secret to"
+                " this host by name, or give the BMC a certificate of the operator's CA."
+                " Nothing was sent"
+            )
+        if not settings.allow_disable_certificate_verification:
+            raise Refused(
+                f"{address}: spec.bmc.disableCertificateVerification is set, and the operator"
+                " does not allow BMC certificates to go unchecked"
+                " (--bmc-allow-disable-certificate-verification); give the BMC a certificate"
+                " of the BMC CA bundle. Nothing was sent"
+            )
+        return None
+    system_cas = settings.trust_system_cas and not every_host
+    if settings.ca_bundle is None and not system_cas:
+        why = (
+            f"a Secret bound to every host ({EVERY_HOST_NOTE}) trusts the BMC CA bundle only"
+            if every_host and settings.trust_system_cas
+            else "no BMC CA bundle is set (--bmc-ca-bundle) and the system CAs are not trusted"
+            " (--bmc-trust-system-cas)"
+        )
+        raise Refused(
+            f"{address}: nothing could prove the BMC's certificate: {why}. Nothing was sent"
+        )
+    return Trust(settings.ca_bundle, system_cas)
 
 
 def refuse_cleartext(address: BmcAddress, settings: BmcSettings) -> None:

@@ -14,6 +14,9 @@ The security model (docs/security.md, "Security model: BMC credentials"):
   The binding lives on the Secret, so only those who can already read the password can
   widen it; anything a tenant controls on the host (labels, spec) could not be trusted.
 - A host names a Secret of its own namespace only.
+- A Secret bound with ``*`` trusts whoever may create a host in its namespace to name
+  the BMC: it is sent only inside the allowed BMC networks, to a certificate of the
+  operator's CA bundle, never without a certificate check (bmc/address.py).
 
 None of the messages here carries a password, and none echoes a Secret's data.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -147,4 +151,9 @@ class CredentialStore:
                 f" (metalmend reads only Secrets so labelled; see {SECURITY_DOC})"
             )
         check_bound(secret.metadata.annotations, where, host)
-        return from_secret_data(secret.data, where)
+        credentials = from_secret_data(secret.data, where)
+        if EVERY_HOST in bound_hosts(secret.metadata.annotations):
+            # Bound with '*': the pool sends it only inside the allowed BMC networks, to
+            # certificates of the operator's CA bundle (bmc/address.py check_trust).
+            return dataclasses.replace(credentials, every_host=True)
+        return credentials

@@ -82,6 +82,10 @@ class Busy(Exception):
     ``retry_after`` seconds instead of waiting, so a busy BMC never blocks a worker that
     could serve another BMC."""
 
-    def __init__(self, message: str, retry_after: float) -> None:
+    def __init__(self, message: str, retry_after: float, others: int = 0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.others = others
+        """Calls of other namespaces the call waits behind at its BMC endpoint (the one
+        under way and one per namespace in line before it): 0 when it waits for its own
+        namespace only, or for a share of slots."""

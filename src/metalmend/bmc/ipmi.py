@@ -240,7 +240,11 @@ class IpmiDriver:
     def _error(self, kind: str, message: str) -> BmcError:
         said = cap(message, self._settings.max_message_chars)
         if kind == "auth":
-            return AuthenticationFailed(f"{self.address} refused the credentials: {said}")
+            # An unknown user ("Unauthorized name in RAKP2", status 0x0D) or a wrong
+            # password ("Incorrect password provided"): backed off as a refused login.
+            return AuthenticationFailed(
+                f"{self.address} refused the credentials: the BMC refused the login ({said})"
+            )
         if kind == "timeout":
             return TimedOut(f"{self.address} did not answer: {said}")
         if kind == "unsupported":

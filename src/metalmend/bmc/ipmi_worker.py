@@ -107,16 +107,17 @@ def _patch_pyghmi() -> None:
     ipmi_wakeup.install()
 
 
+def _key(request: dict[str, Any]) -> tuple[str, int, str, str]:
+    """(BMC, port, user, digest of the password): the password is not kept as a key."""
+    digest = hashlib.sha256(str(request["password"]).encode()).hexdigest()
+    return (request["host"], int(request["port"]), request["username"], digest)
+
+
 def _command(request: dict[str, Any]) -> Any:
     """A logged-in Command for (BMC, user), reused while its session lives: pyghmi would
     block a second Command on a session that is still logging in."""
     password: str = request["password"]
-    key = (
-        request["host"],
-        int(request["port"]),
-        request["username"],
-        hashlib.sha256(password.encode()).hexdigest(),
-    )
+    key = _key(request)
     with _commands_lock:
         command = _commands.get(key)
     session = getattr(command, "ipmi_session", None)
@@ -142,10 +143,19 @@ def _chassis_control(command: Any, code: int) -> None:
 
 
 def _forget(request: dict[str, Any]) -> None:
+    """Drop what this (BMC, user, password) left in this process after a failure, and
+    only that: another password of the same user (the BMC's real one, used by the host
+    that owns it) keeps its logged-in session."""
     with _commands_lock:
-        for key in [k for k in _commands if k[:3] == (request["host"], request["port"],
-                                                       request["username"])]:  # fmt: skip
-            del _commands[key]
+        _commands.pop(_key(request), None)
+    # pyghmi keeps a session that is logging in under (bmc, user, password, port, kg) as
+    # given, and drops it after the login under the same names as bytes: never found, so
+    # the session stays there, failed or logged in. A later Command for these names is
+    # handed that session and waits for a login that never comes, to the deadline (a
+    # host with a wrong password made the next call of the BMC's own host time out).
+    initting = ipmi_session.Session.initting_sessions
+    initting.pop((request["host"], request["username"], request["password"],
+                  int(request["port"]), None), None)  # fmt: skip
 
 
 def handle(request: dict[str, Any]) -> dict[str, Any]:

@@ -6,9 +6,10 @@
 - Before a driver is created the address passes ``address.check_allowed`` (cleartext
   HTTP, allowed BMC networks): on refusal nothing is sent.
 - Slots: at most one call in flight per BMC endpoint (BMCs are small computers that
-  mishandle concurrent sessions), at most ``max_in_flight_per_namespace`` per namespace
-  (one tenant's broken or hostile BMCs cannot take every slot) and ``max_in_flight``
-  overall.
+  mishandle concurrent sessions), taken by namespaces in turn when several wait for it
+  (bmc/turns.py: a host waits behind at most one call per other namespace), at most
+  ``max_in_flight_per_namespace`` per namespace (one tenant's broken or hostile BMCs
+  cannot take every slot) and ``max_in_flight`` overall.
 - No head-of-line blocking: a call that cannot get its slots within ``SLOT_WAIT`` raises
   ``Busy`` with a ``retry_after`` instead of waiting, so the caller requeues the host and
   serves other hosts meanwhile; a worker never sits behind a stuck BMC.
@@ -40,6 +41,7 @@ from metalmend.bmc.ipmi import IpmiDriver, IpmiWorkers
 from metalmend.bmc.redfish import RedfishDriver
 from metalmend.bmc.settings import BmcSettings
 from metalmend.bmc.storage import EraseStatus, StorageDriver
+from metalmend.bmc.turns import TURN_HOLD, Turns
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,10 @@ answering must not delay the error the host is waiting for)."""
 class Credentials:
     username: str
     password: str = field(repr=False)
+    every_host: bool = False
+    """The Secret is bound with ``*`` (every host of its namespace may use it): it then
+    goes only to BMCs inside the allowed networks, with certificates checked against the
+    operator's CA bundle only (``address.check_trust``)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,10 @@ class BmcTarget:
     namespace: str = ""
     """The host's namespace: the tenant whose share of the BMC slots the call takes. Tools
     and tests that act for no tenant share the tenant ""."""
+    waiter: str = ""
+    """Who asks (the host's key): a call turned away from a busy endpoint keeps its place
+    in its namespace's line under this name, and is woken (``BmcPool.wake``) when its
+    namespace's turn comes. "": not kept in line (it still respects the turns)."""
 
 
 DriverFactory = Callable[[BmcTarget, str | None], PowerDriver]
@@ -91,6 +101,7 @@ and the connection)."""
 class _Call:
     endpoint: str
     namespace: str
+    waiter: str
     driver_key: tuple[str, ...]
     started: float
     deadline: float
@@ -115,6 +126,10 @@ class BmcPool:
         self._freed = asyncio.Event()  # set (and replaced) whenever a call ends
         self._closing: set[asyncio.Task[None]] = set()
         self._erase_monitors: dict[tuple[str, str], str] = {}  # (system, drive) -> monitor
+        self.turns = Turns()
+        self.wake: Callable[[str], None] | None = None
+        """Called with a waiter (``BmcTarget.waiter``) whose namespace's turn at an
+        endpoint has come: the controller hands that host out again at once."""
 
     async def power_state(self, target: BmcTarget, *, background: bool = False) -> PowerState:
         """``background``: a routine poll, which leaves BACKGROUND_RESERVE slots (of the
@@ -263,7 +278,13 @@ class BmcPool:
 
     async def _new_driver(self, target: BmcTarget) -> PowerDriver:
         # Refused raises here, before anything is sent to the address.
-        vetted = await bmc_address.check_allowed(target.address, self.settings)
+        every_host = target.credentials.every_host
+        bmc_address.check_trust(
+            target.address, target.verify_certificates, every_host, self.settings
+        )
+        vetted = await bmc_address.check_allowed(
+            target.address, self.settings, every_host=every_host
+        )
         return self._make_driver(target, vetted)
 
     def _driver_for(self, target: BmcTarget, vetted_ip: str | None) -> PowerDriver:
@@ -273,10 +294,15 @@ class BmcPool:
                 target.address, creds.username, creds.password, settings, self.ipmi_workers,
                 vetted_ip,
             )  # fmt: skip
-        verify: bool | str = target.verify_certificates and (settings.ca_bundle or True)
-        return RedfishDriver(
-            target.address, creds.username, creds.password, verify, settings, vetted_ip
+        trust = bmc_address.check_trust(
+            target.address, target.verify_certificates, creds.every_host, settings
         )
+        verify: bool | str = trust is not None and (trust.ca_bundle or True)
+        system_cas = trust is not None and trust.system_cas
+        return RedfishDriver(
+            target.address, creds.username, creds.password, verify, settings, vetted_ip,
+            system_cas=system_cas,
+        )  # fmt: skip
 
     # -- slots ------------------------------------------------------------------------
 
@@ -289,27 +315,42 @@ class BmcPool:
         while (blocker := self._blocker(endpoint, namespace, background)) is not None:
             left = give_up - loop.time()
             if left <= 0:
-                why, busy = blocker
+                why, busy, at_endpoint = blocker
                 now = time.monotonic()
-                retry_after = min(c.retry_after(now) for c in busy)
-                raise Busy(f"{target.address}: {why}; trying again shortly", retry_after)
+                retry_after = min((c.retry_after(now) for c in busy), default=TURN_HOLD)
+                if at_endpoint and target.waiter:
+                    self.turns.wait(endpoint, namespace, target.waiter, now, retry_after)
+                others = self._others(endpoint, namespace, now) if at_endpoint else 0
+                raise Busy(f"{target.address}: {why}; trying again shortly", retry_after, others)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
                     await self._freed.wait()
         now = time.monotonic()
-        call = _Call(endpoint, namespace, key, now, now + self.settings.timeout)
+        call = _Call(endpoint, namespace, target.waiter, key, now, now + self.settings.timeout)
         self._calls.append(call)
+        self.turns.started(endpoint, namespace, target.waiter)
         metrics.IN_FLIGHT.inc()
         return call
 
     def _blocker(
         self, endpoint: str, namespace: str, background: bool = False
-    ) -> tuple[str, list[_Call]] | None:
-        """Why a call for ``endpoint`` in ``namespace`` cannot start now, and the calls
-        it waits for; None when it can."""
+    ) -> tuple[str, list[_Call], bool] | None:
+        """Why a call for ``endpoint`` in ``namespace`` cannot start now, the calls it
+        waits for, and whether it waits for the endpoint itself; None when it can."""
+        now = time.monotonic()
         same_bmc = [c for c in self._calls if c.endpoint == endpoint]
         if same_bmc:
-            return "its BMC is busy with another call", same_bmc
+            others = self._others(endpoint, namespace, now)
+            return f"waiting for BMC endpoint {endpoint}, {_busy_with(others)}", same_bmc, True
+        turn = self.turns.turn(endpoint, namespace, now)
+        if turn is not None and turn != namespace:
+            others = self._others(endpoint, namespace, now)
+            return (
+                f"waiting for BMC endpoint {endpoint}: namespace {turn!r} has the turn,"
+                f" {_busy_with(others)}",
+                [],
+                True,
+            )
         reserve = BACKGROUND_RESERVE if background else 0
         same_tenant = [c for c in self._calls if c.namespace == namespace]
         if len(same_tenant) >= self.settings.max_in_flight_per_namespace - reserve:
@@ -317,10 +358,21 @@ class BmcPool:
                 f"namespace {namespace!r} already has"
                 f" {len(same_tenant)} BMC calls in flight, its share",
                 same_tenant,
+                False,
             )
         if len(self._calls) >= self.settings.max_in_flight - reserve:
-            return f"all {len(self._calls)} BMC call slots are in use", list(self._calls)
+            return f"all {len(self._calls)} BMC call slots are in use", list(self._calls), False
         return None
+
+    def _others(self, endpoint: str, namespace: str, now: float) -> int:
+        """Calls of other namespaces a call of ``namespace`` waits behind at ``endpoint``:
+        the one under way (if another namespace's) and one per other namespace in line."""
+        running = sum(1 for c in self._calls if c.endpoint == endpoint and c.namespace != namespace)
+        return running + self.turns.ahead(endpoint, namespace, now)
+
+    def waiting_samples(self) -> dict[str, int]:
+        """Calls waiting in line for a busy BMC endpoint, by namespace (for /metrics)."""
+        return dict(self.turns.waiting_by_namespace(time.monotonic()))
 
     def _release(self, call: _Call) -> None:
         # Synchronous: a cancellation arriving now cannot leave the slot taken.
@@ -328,6 +380,14 @@ class BmcPool:
         metrics.IN_FLIGHT.dec()
         freed, self._freed = self._freed, asyncio.Event()
         freed.set()
+        if any(c.endpoint == call.endpoint for c in self._calls):
+            return
+        waiter = self.turns.freed(call.endpoint, time.monotonic())
+        if waiter is not None and self.wake is not None:
+            try:
+                self.wake(waiter)
+            except Exception:  # a waker must not keep the slot taken; the waiter retries
+                log.exception("waking a BMC waiter failed")
 
     # -- dropping drivers -------------------------------------------------------------
 
@@ -383,9 +443,17 @@ def _storage(driver: PowerDriver, target: BmcTarget) -> StorageDriver:
     return driver
 
 
+def _busy_with(others: int) -> str:
+    if not others:
+        return "busy with another call of this namespace"
+    return f"busy with {others} call{'s' if others != 1 else ''} of other namespaces"
+
+
 def _driver_key(target: BmcTarget) -> tuple[str, ...]:
     """One driver per endpoint, system, credentials and certificate check. The credentials
     enter as a digest so that the password is not kept as a dictionary key."""
     creds = target.credentials
-    material = f"{creds.username}\0{creds.password}\0{target.verify_certificates}"
+    material = (
+        f"{creds.username}\0{creds.password}\0{target.verify_certificates}\0{creds.every_host}"
+    )
     return (target.address.system_key, hashlib.sha256(material.encode()).hexdigest())

@@ -127,8 +127,9 @@ class Answer:
 class RedfishDriver:
     """Power of the one ComputerSystem the address names, through its BMC's Redfish
     service. ``verify`` is False (no certificate check: the host's
-    ``disableCertificateVerification``), True (the system's CAs) or the path of a CA bundle
-    trusted besides them. ``connect_to`` is the IP address vetted by
+    ``disableCertificateVerification``), True (the system's CAs) or the path of a CA bundle,
+    trusted besides the system's CAs when ``system_cas`` (the pool passes what
+    ``address.check_trust`` allows). ``connect_to`` is the IP address vetted by
     ``address.check_allowed``: when given, the driver connects there (TLS still checks the
     certificate against the host name of the address)."""
 
@@ -140,10 +141,13 @@ class RedfishDriver:
         verify: bool | str,
         settings: BmcSettings,
         connect_to: str | None = None,
+        *,
+        system_cas: bool = True,
     ) -> None:
         self.address = address
         self._auth = httpx.BasicAuth(username, password)
         self._verify = verify
+        self._system_cas = system_cas or verify is True
         self._settings = settings
         self._connect_to = connect_to
         self._client: httpx.AsyncClient | None = None
@@ -642,7 +646,8 @@ class RedfishDriver:
     def _tls(self) -> ssl.SSLContext | bool:
         if self._verify is False:
             return False
-        return tls_context(self._verify if isinstance(self._verify, str) else None)
+        bundle = self._verify if isinstance(self._verify, str) else None
+        return tls_context(bundle, system_cas=self._system_cas)
 
     async def _send(self, method: str, path: str, payload: Any = None) -> Answer:
         """One request; the answer read as a stream, at most ``max_response_bytes``."""
@@ -748,8 +753,8 @@ class RedfishDriver:
         if isinstance(cause, ssl.SSLCertVerificationError):
             return BmcError(
                 self._with_bmc_text(
-                    f"{self.address}: the BMC's TLS certificate is not trusted (give its CA"
-                    " in the BMC CA bundle, or set spec.bmc.disableCertificateVerification): ",
+                    f"{self.address}: the BMC's TLS certificate is not trusted (give the BMC a"
+                    " certificate of the BMC CA bundle): ",
                     cause.verify_message or str(cause),
                 )
             )
@@ -802,8 +807,9 @@ class RedfishDriver:
         await asyncio.shield(task)
 
 
-def tls_context(ca_bundle: str | None) -> ssl.SSLContext:
-    """The certificate check of every driver trusting ``ca_bundle`` (and the system's CAs):
+def tls_context(ca_bundle: str | None, *, system_cas: bool = True) -> ssl.SSLContext:
+    """The certificate check of every driver trusting ``ca_bundle`` (and, when
+    ``system_cas``, the system's CAs):
     one context, shared. Each context loads the system's CA store, which costs milliseconds
     of CPU and about a MiB of memory: one per driver was most of the controller's start-up
     CPU and its memory at a thousand hosts (benchmarks/scale.py). The bundle's identity on
@@ -816,13 +822,19 @@ def tls_context(ca_bundle: str | None) -> ssl.SSLContext:
         except OSError as error:
             raise BmcError(f"cannot load the BMC CA bundle {ca_bundle}: {error.strerror}") from None
         stamp = (found.st_ino, found.st_mtime_ns, found.st_size)
-    return _shared_context(ca_bundle, stamp)
+    return _shared_context(ca_bundle, stamp, system_cas or ca_bundle is None)
 
 
 @functools.lru_cache(maxsize=8)
-def _shared_context(ca_bundle: str | None, stamp: tuple[int, int, int] | None) -> ssl.SSLContext:
-    """(``stamp`` only keys the cache.) A failure is raised, not cached."""
-    context = ssl.create_default_context()
+def _shared_context(
+    ca_bundle: str | None, stamp: tuple[int, int, int] | None, system_cas: bool
+) -> ssl.SSLContext:
+    """(``stamp`` only keys the cache.) A failure is raised, not cached. Without the
+    system's CAs: a client context that checks certificates and host names, trusting
+    the bundle only."""
+    context = (
+        ssl.create_default_context() if system_cas else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    )
     if ca_bundle is not None:
         try:
             context.load_verify_locations(cafile=ca_bundle)

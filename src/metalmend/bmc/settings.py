@@ -42,3 +42,19 @@ class BmcSettings:
 
     max_message_chars: int = 500
     """Longest BMC-provided text kept in an error message, status or Event (its start)."""
+
+    # -- which BMC certificates are trusted, and for which bindings (docs/security.md) --
+    allow_disable_certificate_verification: bool = False
+    """Honour ``spec.bmc.disableCertificateVerification`` on hosts whose Secret binds them
+    by name. Off: such a host is refused before anything is sent. Without a certificate
+    check, whoever may create or edit a host bound to a Secret can name a listener of
+    theirs with a self-signed certificate and receive that Secret's password; allow it
+    only where every such person may know the password anyway. Never honoured for a
+    Secret bound with ``*``."""
+
+    trust_system_cas: bool = False
+    """Trust the system's CA store for BMC certificates, besides ``ca_bundle``. Off: only
+    ``ca_bundle``. A public CA vouches only that someone owns a name; anyone who may create
+    a host could name a server of theirs with such a certificate and receive a password.
+    Turn it on only when the BMCs carry certificates of public CAs and the hosts' creators
+    are trusted. Never used for a Secret bound with ``*``."""

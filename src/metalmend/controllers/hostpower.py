@@ -111,6 +111,7 @@ class HostPowerController:
         self._schedules: dict[str, policy.Schedule] = {}  # failing hosts, by key
         self._sent: dict[str, policy.LastCommand] = {}  # the power command this process sent
         self._reported: set[tuple[str, ...]] = set()  # ReportOnce topics already told
+        self._waiting: set[str] = set()  # hosts told they wait for other namespaces' calls
         self.runner: Controller | None = None  # set by setup: its queue knows background keys
 
     def reset_backoff(self, key: str) -> None:
@@ -164,14 +165,19 @@ class HostPowerController:
             if schedule.unwritten is not None:  # the failure's status write lost a race
                 await self._write_error(key, host, schedule)
             return Result.at(schedule.next_attempt, OUTCOME_BACKOFF)
+        background = self._background(key)
         try:
             target = self._target(host)
-            power = await self.bmcs.power_state(target, background=self._background(key))
+            power = await self.bmcs.power_state(target, background=background)
         except Busy as busy:
+            if not background:
+                await self._report_waiting(key, host, busy)
             # Nothing read, nothing done: a poll stays a background poll (kube.controller)
             return dataclasses.replace(self._busy(key, busy, now), same_priority=True)
         except BmcError as error:
+            self._waiting.discard(key)
             return await self._failed(key, host, error, now)
+        self._waiting.discard(key)
         view = self.observe(key, host, power)
         return Attempt(key, host, target, now), policy.decide(view, now, self.settings)
 
@@ -226,14 +232,17 @@ class HostPowerController:
             await self.writer.power(attempt.target, command.action)
         except Busy as busy:
             # Recorded, not sent: unconfirmed, so the next attempt sends it at once.
+            await self._report_waiting(attempt.key, attempt.host, busy)
             attempt.ended = self._busy(attempt.key, busy, attempt.now)
             return
         except BmcError as error:
+            self._waiting.discard(attempt.key)
             forget = policy.forget_refused_command(command.action, isinstance(error, TimedOut))
             attempt.ended = await self._failed(
                 attempt.key, attempt.host, error, attempt.now, forget_command=forget
             )
             return
+        self._waiting.discard(attempt.key)
         self._sent[attempt.key] = command
 
     def succeeded(self, attempt: Attempt, decision: policy.Decision) -> Result:
@@ -250,7 +259,10 @@ class HostPowerController:
         namespace, name = str(host.metadata.namespace), str(host.metadata.name)
         creds = self.credentials.lookup(namespace, name, bmc.get("credentialsName"))
         verify = not bmc.get("disableCertificateVerification", False)
-        return BmcTarget(address, creds, verify_certificates=verify, namespace=namespace)
+        return BmcTarget(
+            address, creds, verify_certificates=verify, namespace=namespace,
+            waiter=f"{namespace}/{name}",
+        )  # fmt: skip
 
     def _hosts_naming_secret(self, old: Any | None, new: Any | None) -> list[str]:
         """A BMC Secret's data or binding changed, or it appeared: its hosts run again at
@@ -265,6 +277,15 @@ class HostPowerController:
             for key in keys:
                 self.reset_backoff(key)
         return keys
+
+    async def _report_waiting(self, key: str, host: Any, busy: Busy) -> None:
+        """A host whose command waits for a BMC endpoint busy with other namespaces' calls
+        says so, once per wait (an Event: the wait is short-lived by design, and status
+        is the BMC's outcome, not its queue)."""
+        if busy.others == 0 or key in self._waiting:
+            return
+        self._waiting.add(key)
+        await self.writer.record_event(host, "Normal", names.REASON_BMC_WAITING, str(busy))
 
     def _busy(self, key: str, busy: Busy, now: dt.datetime) -> Result:
         """Not the BMC's failure, and no attempt: nothing written, nothing counted, and no
@@ -399,6 +420,11 @@ def setup(manager: Manager, settings: Settings) -> None:
     runner = manager.add(Controller("host-power", controller.reconcile, workers=workers))
     controller.runner = runner
     metrics.from_cache("host-power", lambda: controller.cache_samples())
+    metrics.from_cache(
+        "bmc-waiting", lambda: metrics.bmc_waiting_samples(controller.bmcs.waiting_samples())
+    )
+    # A host whose namespace's turn at its BMC endpoint comes is handed out at once.
+    controller.bmcs.wake = runner.queue.add
     manager.on_stop(controller.bmcs.close)
     runner.watch(controller.hosts, predicate=host_power_relevant)
     for secrets in controller.secrets.values():

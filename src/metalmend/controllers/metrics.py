@@ -63,6 +63,22 @@ HOSTS_BMC_ERROR = cache_gauge(
         ("error_type",),
     )
 )
+BMC_WAITING = cache_gauge(
+    CacheGauge(
+        "metalmend_bmc_waiting_calls",
+        "BMC calls waiting in line for a busy BMC endpoint (turned away, to be tried again"
+        " when their namespace's turn comes), by the host's namespace. Namespaces, not host"
+        " names: a namespace is made by an operator, and it leaves the gauge with its last"
+        " waiting call.",
+        ("namespace",),
+    )
+)
+
+
+def bmc_waiting_samples(counts: Mapping[str, int]) -> list[Sample]:
+    return [(BMC_WAITING.name, (namespace,), n) for namespace, n in sorted(counts.items())]
+
+
 REMEDIATIONS = cache_gauge(
     CacheGauge(
         "metalmend_remediations",

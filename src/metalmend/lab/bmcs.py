@@ -90,6 +90,32 @@ def _refuse_unsupported_ciphers(session_class: Any) -> None:
     session_class.create_open_session_response = create_open_session_response
 
 
+def _refuse_unknown_names(session_class: Any) -> None:
+    """pyghmi's BMC drops a RAKP message 1 naming a user it does not know ("don't think
+    about invalid usernames for now"), so the client waits out its deadline and reports a
+    BMC that does not answer. A real BMC answers RAKP message 2 with status 0x0D,
+    "unauthorized name" (IPMI 2.0, section 13.31 and table 13-15), which clients report
+    as a refused login; make the lab BMC do that."""
+    original = session_class._got_rakp1
+    if getattr(original, "refuses_unknown_names", False):
+        return
+
+    def _got_rakp1(self: Any, data: Any) -> None:
+        named = len(data) > 28 and data[27] != 0
+        if named and self.authdata.get(bytes(data[28:]).decode("utf-8", "replace")) is None:
+            # tag, status "unauthorized name", reserved, the console's session id
+            refusal = bytearray([data[0], 0x0D, 0, 0]) + self.clientsessionid
+            self.send_payload(refusal, RAKP2_PAYLOAD, retry=False)
+            return
+        original(self, data)
+
+    _got_rakp1.refuses_unknown_names = True  # type: ignore[attr-defined]
+    session_class._got_rakp1 = _got_rakp1
+
+
+RAKP2_PAYLOAD = 0x13  # RMCP+ payload type of RAKP message 2 (IPMI 2.0, table 13-16)
+
+
 def start_ipmi_bmcs(hosts: list[tuple[HostSpec, HostPower]]) -> threading.Thread | None:
     """All lab IPMI BMCs share pyghmi's session loop, in one daemon thread."""
     if not hosts:
@@ -100,6 +126,7 @@ def start_ipmi_bmcs(hosts: list[tuple[HostSpec, HostPower]]) -> threading.Thread
     from metalmend.bmc import ipmi_wakeup
 
     _refuse_unsupported_ciphers(serversession.ServerSession)
+    _refuse_unknown_names(serversession.ServerSession)
     # pyghmi's BMC loop has the client's lost wake-up too: a request that arrives while it
     # is about to wait sat unread until the client retransmitted (0.5-1 s later).
     ipmi_wakeup.install()

@@ -38,6 +38,7 @@ from lightkube.resources.core_v1 import Node
 
 from metalmend.kube.crds import install_crds
 from metalmend.lab import hosts, provisioner, siteetcd
+from metalmend.lab import policies as lab_policies
 from metalmend.lab import serve as lab_serve
 from metalmend.lab.controlplane import (
     LOOPBACK,
@@ -239,6 +240,7 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
         kubeconfig.chmod(0o600)
         running = RunningLab(state, plane, kubeconfig)
         install_crds(running.client())
+        lab_policies.install(running.client())  # as the chart does (lab/policies.py)
         if options.hosts:
             start_hosts(running, options)
         if options.controllers:

@@ -1,0 +1,57 @@
+"""The chart's admission policies in the lab, as `helm install` puts them with its default
+values (deploy/chart/values.yaml ``policies``): MachineHealthCheck admission, reboot
+annotation values, and who may change ``spec.bmc`` of a host. A lab without them taught
+the wrong lesson: there, anyone who could patch a host could re-address its BMC.
+
+The ``spec.bmc`` writers are listed as an operator would list theirs: the identities that
+legitimately set BMC addresses here, the lab admin (``lab up`` creating hosts, the lab's
+provisioner, the demos, tests) and the lab's serve caller (``lab-admin``, whose design
+actions may create or re-address hosts). ``metalmend serve``'s own ServiceAccount is not
+listed: a design changes ``spec.bmc`` only as a caller who may.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+from lightkube import Client, codecs
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace
+
+from metalmend.lab.controlplane import ADMIN_USER
+
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
+POLICIES = DEPLOY / "policies"
+# The files of the chart's defaults (policies.machineHealthCheck, rebootAnnotationValues,
+# bmcSpecWriters.enabled: true; rebootAnnotationWriters is off by default).
+CHART_DEFAULTS = (
+    "machinehealthcheck-admission.yaml",
+    "reboot-annotation-values.yaml",
+    "bmc-spec-writers.yaml",
+)
+BMC_WRITERS_CONFIGMAP = "metalmend-bmc-writers"
+PARAMS_NAMESPACE = "metalmend-system"  # where the chart's release (and its params) live
+LAB_ADMIN_ACCOUNT = "lab-admin"  # lab.serve's caller token
+FIELD_MANAGER = "metalmend-lab"
+
+
+def bmc_writers() -> tuple[str, ...]:
+    return (ADMIN_USER, f"system:serviceaccount:{PARAMS_NAMESPACE}:{LAB_ADMIN_ACCOUNT}")
+
+
+def install(client: Client, writers: Sequence[str] | None = None) -> list[str]:
+    """Apply the chart's default policies, their bindings and parameters; returns the
+    names of the policies applied."""
+    client.apply(Namespace(metadata=ObjectMeta(name=PARAMS_NAMESPACE)), field_manager=FIELD_MANAGER)
+    names = []
+    for file in CHART_DEFAULTS:
+        for document in yaml.safe_load_all((POLICIES / file).read_text()):
+            name = document["metadata"]["name"]
+            if document["kind"] == "ConfigMap" and name == BMC_WRITERS_CONFIGMAP:
+                document["data"]["users"] = ",".join(writers or bmc_writers())
+            if document["kind"] == "ValidatingAdmissionPolicy":
+                names.append(name)
+            client.apply(codecs.from_dict(document), field_manager=FIELD_MANAGER, force=True)
+    return names
