@@ -236,6 +236,17 @@ def test_the_bmc_ca_bundle_comes_from_a_configmap(
         container["volumeMounts"]
     )
     assert {"name": "bmc-ca", "configMap": {"name": "bmc-ca"}} in pod["volumes"]
+    # serve wipes drives through the same BMCs (destroy): the same CA, by its settings
+    serve = by_kind_and_name(objects(result.stdout))[("Deployment", "metalmend-serve")]
+    spec = serve["spec"]["template"]["spec"]
+    (serving,) = spec["containers"]
+    assert {"name": "METALMEND_BMC_CA_BUNDLE", "value": "/etc/metalmend/bmc-ca/ca.crt"} in (
+        serving["env"]
+    )
+    assert {"name": "bmc-ca", "mountPath": "/etc/metalmend/bmc-ca", "readOnly": True} in (
+        serving["volumeMounts"]
+    )
+    assert {"name": "bmc-ca", "configMap": {"name": "bmc-ca"}} in spec["volumes"]
 
 
 def test_serve_takes_tls_from_a_secret_or_cert_manager(helm: Path) -> None:
