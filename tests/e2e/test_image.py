@@ -9,6 +9,7 @@ where podman cannot run containers at all."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ import pytest
 import yaml
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import ConfigMap
 from lightkube.types import PatchType
 
 from metalmend.api.names import REBOOT
@@ -33,6 +35,7 @@ from metalmend.api.stamps import parse_stamp
 from metalmend.lab import lab
 from metalmend.lab.controlplane import free_port
 from metalmend.lab.hosts import NAMESPACE as HOSTS
+from metalmend.serve.storeguard import CONFIGMAP as STORE_RECORD
 from tests.e2e.conftest import host
 from tests.support import bind_bmc_secrets
 
@@ -78,6 +81,7 @@ def apply_chart_rbac(kube: Client) -> None:
         [str(helm()), "template", "metalmend", str(REPO / "deploy" / "chart"),
          "--namespace", SYSTEM, "--kube-version", "1.36.3",
          "--set", f"run.secretNamespaces={{{HOSTS}}}",
+         "--set", "serve.database.persistentVolumeClaim.create=true",  # (else refused)
          "--show-only", "templates/rbac-run.yaml", "--show-only", "templates/rbac-serve.yaml"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
@@ -223,6 +227,27 @@ def test_image_runs_as_a_pod_leads_and_reboots_a_host(
     assert "system:serviceaccount:metalmend-system:metalmend" in container.logs()
 
 
+@contextlib.contextmanager
+def store_record_aside(kube: Client) -> Iterator[None]:
+    """The lab's own serve recorded its store in metalmend-system (docs/design-store.md,
+    "When the store is replaced"); the image's serve, a fresh install with an empty
+    database in that namespace, would rightly be refused. Its record is set aside for the
+    test and put back after, so the lab's serve still finds its own."""
+    lab_record = None
+    with contextlib.suppress(ApiError):
+        lab_record = kube.get(ConfigMap, STORE_RECORD, namespace="metalmend-system")
+        kube.delete(ConfigMap, STORE_RECORD, namespace="metalmend-system")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ApiError):
+            kube.delete(ConfigMap, STORE_RECORD, namespace="metalmend-system")
+        if lab_record is not None:
+            lab_record.metadata.resourceVersion = None
+            lab_record.metadata.uid = None
+            kube.create(lab_record)
+
+
 def test_image_serves_the_teardown_api_over_tls(
     image: str, hosts_lab: lab.RunningLab, tmp_path: Path
 ) -> None:
@@ -238,19 +263,20 @@ def test_image_serves_the_teardown_api_over_tls(
         (tls / name).write_bytes(source.read_bytes())
         (tls / name).chmod(0o644)
     port = free_port()
-    container = Container(
-        image, {account: ACCOUNT_DIR, tls: "/etc/metalmend/tls"}, in_cluster_env(hosts_lab),
-        ["serve", "--bind-address", "127.0.0.1", "--port", str(port),
-         "--tls-cert", "/etc/metalmend/tls/tls.crt", "--tls-key", "/etc/metalmend/tls/tls.key"],
-    )  # fmt: skip
-    try:
-        ca = ssl.create_default_context(cafile=str(hosts_lab.plane.ca.pair.cert))
-        wait_for(f"https://127.0.0.1:{port}/healthz", container, verify=ca)
-        unauthenticated = httpx.post(
-            f"https://127.0.0.1:{port}/promenade/api/v1.0/nodes/nowhere/drain", verify=ca
-        )
-        assert unauthenticated.status_code == 401
-    finally:
-        logs = container.stop()
+    with store_record_aside(kube):
+        container = Container(
+            image, {account: ACCOUNT_DIR, tls: "/etc/metalmend/tls"}, in_cluster_env(hosts_lab),
+            ["serve", "--bind-address", "127.0.0.1", "--port", str(port),
+             "--tls-cert", "/etc/metalmend/tls/tls.crt", "--tls-key", "/etc/metalmend/tls/tls.key"],
+        )  # fmt: skip
+        try:
+            ca = ssl.create_default_context(cafile=str(hosts_lab.plane.ca.pair.cert))
+            wait_for(f"https://127.0.0.1:{port}/healthz", container, verify=ca)
+            unauthenticated = httpx.post(
+                f"https://127.0.0.1:{port}/promenade/api/v1.0/nodes/nowhere/drain", verify=ca
+            )
+            assert unauthenticated.status_code == 401
+        finally:
+            logs = container.stop()
     assert "system:serviceaccount:metalmend-system:metalmend-serve" in logs
     assert "Traceback" not in logs

@@ -150,8 +150,12 @@ def test_installed_serve_answers(
     port = free_port()
     process = subprocess.Popen(
         [str(installed.metalmend), "serve", "--kubeconfig", str(hosts_lab.kubeconfig),
-         "--bind-address", "127.0.0.1", "--port", str(port)],
-        stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=clean_env(),
+         "--bind-address", "127.0.0.1", "--port", str(port),
+         "--database-url", f"sqlite:///{tmp_path / 'serve.sqlite'}"],
+        stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        # A store of its own, recorded beside the lab's serve's (docs/design-store.md):
+        # the lab's record in metalmend-system names the lab's database.
+        env={**clean_env(), "METALMEND_SERVE_STORE_NAMESPACE": NAMESPACE},
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
