@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from lightkube.resources.core_v1 import Event, Node
+from lightkube.resources.core_v1 import Event, Node, Pod
 
 from metalmend.etcd.client import EtcdClient
 from metalmend.lab import drives, lab, siteetcd
@@ -98,7 +98,7 @@ def run_to_end(
     killed: list[str] = []
     deadline = time.monotonic() + within
     while True:
-        assert time.monotonic() < deadline, f"action {action_id} did not end"
+        assert time.monotonic() < deadline, stuck(running, action_id, within)
         try:
             found = action(running, action_id)
         except httpx.HTTPError:
@@ -113,6 +113,29 @@ def run_to_end(
                 killed.append(step)
                 kill_serve(running)
         time.sleep(0.1)
+
+
+def stuck(running: lab.RunningLab, action_id: str, within: float) -> str:
+    """What an action that did not end within its deadline was waiting for: its steps
+    and last notes, the pods of the target Node, and the end of serve's log."""
+    lines = [f"action {action_id} did not end within {within:g} s"]
+    try:
+        found = action(running, action_id)
+        lines += [f"  step {s['id']}: {s['state']}" for s in found.get("steps", [])]
+        notes = call(running, "GET", f"{SHIPYARD}/actions/{action_id}").json().get("notes", [])
+        lines += [f"  note: {n}" for n in notes[-10:]]
+    except (httpx.HTTPError, ValueError) as error:
+        lines.append(f"  (the action could not be read: {error})")
+    for pod in running.client().list(Pod, namespace="*", fields={"spec.nodeName": TARGET}):
+        status = pod.status.phase if pod.status else "?"
+        deleting = " (being deleted)" if pod.metadata.deletionTimestamp else ""
+        lines.append(f"  pod on {TARGET}: {pod.metadata.namespace}/{pod.metadata.name}"
+                     f" {status}{deleting}")  # fmt: skip
+    log = lab_dir(running) / "metalmend-serve.log"
+    if log.exists():
+        tail = [x for x in log.read_text(errors="replace").splitlines() if "alembic" not in x]
+        lines += ["  serve's log, last lines:", *(f"    {x[:300]}" for x in tail[-25:])]
+    return "\n".join(lines)
 
 
 def create(running: lab.RunningLab, name: str, **parameters: str) -> str:
@@ -145,6 +168,7 @@ async def member_list(running: lab.RunningLab) -> list[Any]:
         return await client.member_list(plan.members[0].client_url)
 
 
+@pytest.mark.timeout(900)  # a loaded machine: the test's own deadlines speak first
 def test_deploy_the_design_then_redeploy_a_member_with_serve_killed_in_every_step(
     site: lab.RunningLab,
 ) -> None:

@@ -173,6 +173,8 @@ class NodePods:
 
 # ---- drain -----------------------------------------------------------------------------
 
+WAITING_LOG_EVERY = dt.timedelta(seconds=30)
+
 
 @dataclass
 class DrainRun:
@@ -186,6 +188,7 @@ class DrainRun:
     evicted: set[str] = field(default_factory=set)
     refusals: dict[str, policy.Refusal] = field(default_factory=dict)
     done: list[Message] = field(default_factory=list)
+    said_waiting: dt.datetime | None = None  # when the last "drain waiting" line was logged
 
 
 class Drainer:
@@ -242,7 +245,32 @@ class Drainer:
                 # All at once, as kubectl does; then decide again with the answers.
                 await asyncio.gather(*(self._evict(run, e) for e in evictions))
                 continue
+            self._say_waiting(run, view, now)
             await pods.wait(decision.requeue_at, self.clock)
+
+    def _say_waiting(self, run: DrainRun, view: policy.DrainView, now: dt.datetime) -> None:
+        """One log line at most every WAITING_LOG_EVERY seconds while a drain waits: which
+        pods it waits for (or why it cannot list them), so that a drain of an hour is
+        never silent to the operator."""
+        if run.said_waiting is not None and now - run.said_waiting < WAITING_LOG_EVERY:
+            return
+        run.said_waiting = now
+        if view.pods_unknown is not None:
+            waiting = f"the pods cannot be listed yet: {view.pods_unknown}"
+        else:
+            left = [
+                f"{p.key}{' (stopping)' if p.deleting else ''}"
+                for p in view.pods
+                if p.controller_kind != "DaemonSet" and not p.mirror
+            ]
+            shown = ", ".join(left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
+            waiting = f"{len(left)} pod(s) to go: {shown}" if left else "its pods to settle"
+        log.info(
+            "drain waiting",
+            extra=fields(
+                node=run.node, waiting=waiting, until=run.deadline.isoformat(timespec="seconds")
+            ),
+        )
 
     async def _observe(
         self, run: DrainRun, pods: Informer, daemonsets: DaemonSets
