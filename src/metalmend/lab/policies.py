@@ -32,6 +32,7 @@ CHART_DEFAULTS = (
     "bmc-spec-writers.yaml",
 )
 BMC_WRITERS_CONFIGMAP = "metalmend-bmc-writers"
+BMC_SECRET_BINDING = "metalmend-bmc-secret-binding"  # its writers are in the policy itself
 PARAMS_NAMESPACE = "metalmend-system"  # where the chart's release (and its params) live
 LAB_ADMIN_ACCOUNT = "lab-admin"  # lab.serve's caller token
 FIELD_MANAGER = "metalmend-lab"
@@ -49,8 +50,16 @@ def install(client: Client, writers: Sequence[str] | None = None) -> list[str]:
     for file in CHART_DEFAULTS:
         for document in yaml.safe_load_all((POLICIES / file).read_text()):
             name = document["metadata"]["name"]
+            users = ",".join(writers or bmc_writers())
             if document["kind"] == "ConfigMap" and name == BMC_WRITERS_CONFIGMAP:
-                document["data"]["users"] = ",".join(writers or bmc_writers())
+                document["data"]["users"] = users
+            if name == BMC_SECRET_BINDING and document["kind"] == "ValidatingAdmissionPolicy":
+                # The same writers, written into the policy as the chart renders them (its
+                # one parameter kind is the Secrets): creating a host that names a Secret
+                # bound to other hosts (the lab's shared chassis, '*' Secrets) is theirs.
+                for variable in document["spec"]["variables"]:
+                    if variable["name"] == "writers":
+                        variable["expression"] = f"'{users}'.split(',')"
             if document["kind"] == "ValidatingAdmissionPolicy":
                 names.append(name)
             client.apply(codecs.from_dict(document), field_manager=FIELD_MANAGER, force=True)
