@@ -11,6 +11,7 @@ PostgreSQL server of its own (tests/postgres.py) stopped under the service."""
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import secrets
@@ -65,7 +66,7 @@ def writes(node: str) -> list[tuple[str, str, str, Any]]:
     ]  # fmt: skip
 
 
-class Fault:
+class Fault(abc.ABC):
     """A database and a way to break it (and mend it, where that is possible)."""
 
     url: str
@@ -79,11 +80,13 @@ class Fault:
     def __exit__(self, *exc: object) -> None:
         return None
 
+    @abc.abstractmethod
     def breaks(self) -> None:
-        raise NotImplementedError
+        """Make the database fail as this fault does."""
 
+    @abc.abstractmethod
     def mend(self) -> None:
-        raise NotImplementedError
+        """Make it answer again."""
 
 
 class SqliteRemoved(Fault):
@@ -97,6 +100,9 @@ class SqliteRemoved(Fault):
     def breaks(self) -> None:
         for suffix in ("", "-wal", "-shm"):
             self.path.with_name(self.path.name + suffix).unlink(missing_ok=True)
+
+    def mend(self) -> None:
+        raise AssertionError("a removed store is not mended: a new file is another store")
 
 
 class SqliteReadOnly(Fault):

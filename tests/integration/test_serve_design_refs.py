@@ -26,9 +26,7 @@ import pytest
 import yaml
 from lightkube import AsyncClient, Client, KubeConfig, codecs
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.models.rbac_v1 import RoleRef, Subject
 from lightkube.resources.core_v1 import Node
-from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
 from metalmend.db import Database
 from metalmend.design.documents import parse
@@ -40,6 +38,7 @@ from metalmend.serve.app import create_app
 from metalmend.serve.etcd import EtcdAccess
 from tests.integration import test_serve_promenade as promenade_tests
 from tests.integration.test_serve_promenade import bearer, status_of, token
+from tests.integration.test_shipyard_api import also
 
 serve_kubeconfig = promenade_tests.serve_kubeconfig  # a fixture, by the name asked for
 
@@ -158,16 +157,6 @@ async def serve(serve_kubeconfig: Path, database_url: str) -> AsyncIterator[Serv
     database.dispose()
 
 
-def grant(kube: Client, namespace: str, account: str, role: str) -> None:
-    kube.create(
-        ClusterRoleBinding(
-            metadata=ObjectMeta(name=f"{namespace}-{account}-{role}"),
-            roleRef=RoleRef(apiGroup="rbac.authorization.k8s.io", kind="ClusterRole", name=role),
-            subjects=[Subject(kind="ServiceAccount", name=account, namespace=namespace)],
-        )
-    )
-
-
 @pytest.fixture
 def viewer(control_plane: ControlPlane, kube: Client, namespace: str) -> str:
     """Only the promenade viewer role: ``get etcdclusters/health``."""
@@ -178,7 +167,7 @@ def viewer(control_plane: ControlPlane, kube: Client, namespace: str) -> str:
 def design_viewer(control_plane: ControlPlane, kube: Client, namespace: str) -> str:
     """The promenade viewer who may also read the design revisions (deckhand viewer)."""
     value = token(control_plane, kube, namespace, "dviewer", "metalmend-promenade-viewer")
-    grant(kube, namespace, "dviewer", "metalmend-deckhand-viewer")
+    also(kube, namespace, "dviewer", "metalmend-deckhand-viewer")
     return value
 
 

@@ -200,7 +200,7 @@ def _node_problems(
         problems.append(
             f"{where}: a Node in the design may carry only its labels, not {', '.join(extra)}"
         )
-    _label_problems(where, meta.get("labels"), keys, problems)
+    _key_problems(where, "label", meta.get("labels"), keys, problems)
 
 
 def _namespaced_problems(
@@ -225,8 +225,8 @@ def _namespaced_problems(
     extra = sorted(f"metadata.{k}" for k in meta if k not in _METADATA)
     if extra:
         problems.append(f"{where}: {', '.join(extra)} cannot be set by the design")
-    _label_problems(where, meta.get("labels"), keys, problems)
-    _annotation_problems(where, meta.get("annotations"), keys, problems)
+    _key_problems(where, "label", meta.get("labels"), keys, problems)
+    _key_problems(where, "annotation", meta.get("annotations"), keys, problems)
     if kind == "BareMetalHost":
         _host_problems(where, data.get("spec"), problems)
 
@@ -271,30 +271,18 @@ def _strings(raw: object) -> bool:
     )
 
 
-def _label_problems(where: str, labels: object, keys: _Keys, problems: list[str]) -> None:
-    if labels is None:
+def _key_problems(where: str, kind: str, values: object, keys: _Keys, problems: list[str]) -> None:
+    """The refused keys of ``metadata.<kind>s`` ("label" or "annotation")."""
+    if values is None:
         return
-    if not _strings(labels):
-        problems.append(f"{where}: labels must map strings to strings")
+    if not _strings(values):
+        problems.append(f"{where}: {kind}s must map strings to strings")
         return
-    assert isinstance(labels, Mapping)
-    for key in labels:
-        why = keys.refused(key, label=True)
+    assert isinstance(values, Mapping)
+    for key in values:
+        why = keys.refused(key, label=kind == "label")
         if why:
-            problems.append(f"{where}: label {_shown(key)} {why}; a design cannot carry it")
-
-
-def _annotation_problems(where: str, annotations: object, keys: _Keys, problems: list[str]) -> None:
-    if annotations is None:
-        return
-    if not _strings(annotations):
-        problems.append(f"{where}: annotations must map strings to strings")
-        return
-    assert isinstance(annotations, Mapping)
-    for key in annotations:
-        why = keys.refused(key, label=False)
-        if why:
-            problems.append(f"{where}: annotation {_shown(key)} {why}; a design cannot carry it")
+            problems.append(f"{where}: {kind} {_shown(key)} {why}; a design cannot carry it")
 
 
 def _host_problems(where: str, spec: object, problems: list[str]) -> None:
