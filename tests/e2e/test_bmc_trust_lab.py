@@ -98,7 +98,6 @@ async def kube(hosts_lab: lab.RunningLab) -> AsyncIterator[AsyncClient]:
     client = AsyncClient(KubeConfig.from_file(hosts_lab.kubeconfig))
     await client.create(Namespace(metadata=ObjectMeta(name=TENANT)))
     yield client
-    await client.close()
     await client.delete(Namespace, TENANT)
     await client.close()
 
