@@ -135,9 +135,13 @@ async def test_a_host_naming_a_secret_not_bound_to_it_sends_nothing(
     address = f"redfish://127.0.0.1:{listener.port}/redfish/v1/Systems/1"
     await aclient.create(bmh("intruder", address, "bmc"), namespace=namespace)
     await says(aclient, namespace, "intruder", f"Secret {namespace}/bmc is not bound to host")
-    assert any("not bound to host 'intruder'" in m for m in await warnings_about(
-        aclient, namespace, "intruder"
-    ))  # fmt: skip
+
+    async def warned() -> bool:  # the Event is recorded after the status, on its own
+        return any("not bound to host 'intruder'" in m for m in await warnings_about(
+            aclient, namespace, "intruder"
+        ))  # fmt: skip
+
+    await until(warned)
     host: Any = await aclient.get(BareMetalHost, "intruder", namespace=namespace)
     assert host["status"]["errorType"] == "registration error"
     assert PASSWORD not in str(host["status"])

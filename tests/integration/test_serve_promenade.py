@@ -25,7 +25,9 @@ from lightkube.types import PatchType
 
 from metalmend.lab.controlplane import ControlPlane
 from metalmend.policy.teardown import TeardownSettings
+from metalmend.serve import nodes
 from metalmend.serve.app import create_app
+from metalmend.serve.params import DrainRequest
 
 SERVE_RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "serve.yaml"
 PROMENADE = "/promenade/api/v1.0"
@@ -295,6 +297,30 @@ async def test_drain_evicts_what_kubectl_drain_would_and_leaves_daemonset_and_mi
     assert f"pod {namespace}/static left running: a mirror (static) pod" in said
     assert said[-1] == f"node/{node} drained"
     assert document["details"]["errorCount"] == 0
+
+
+async def test_a_drain_of_an_empty_node_listed_while_it_cordoned_ends_at_once(
+    aclient: AsyncClient, node: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drain looks (pods not listed yet), cordons, and the listing of a Node with no
+    pods completes during the cordon: no pod event will ever come, and the drain must not
+    wait for one until its deadline (a lab redeploy hung there for its whole 600 s)."""
+    opened: list[nodes.NodePods] = []
+
+    class Recorded(nodes.NodePods):
+        async def __aenter__(self) -> nodes.NodePods:
+            opened.append(self)
+            return await super().__aenter__()
+
+    class ListedDuringCordon(nodes.KubeTeardownWriter):
+        async def cordon(self, node: str) -> None:
+            await super().cordon(node)
+            await opened[0].listed(60)  # the listing lands while the cordon is awaited
+
+    monkeypatch.setattr(nodes, "NodePods", Recorded)
+    drainer = nodes.Drainer(aclient, TeardownSettings(), ListedDuringCordon(aclient))
+    said = await asyncio.wait_for(drainer.drain(node, DrainRequest(timeout=3600)), 60)
+    assert [m.message for m in said][-1] == f"node/{node} drained"
 
 
 async def test_drain_waits_for_evicted_pods_to_stop_and_passes_the_grace_period_on(

@@ -135,17 +135,28 @@ class NodePods:
         self.informer = Informer(client, Pod, fields={"spec.nodeName": node})
         self.changed = asyncio.Event()
         self.informer.add_handler(lambda old, new: self.changed.set())
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> NodePods:
-        self._task = asyncio.create_task(self.informer.run())
+        self._tasks = [
+            asyncio.create_task(self.informer.run()),
+            asyncio.create_task(self._first_listing()),
+        ]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
+
+    async def _first_listing(self) -> None:
+        """The first listing is a change too, even of no pods: a caller that saw "not
+        listed yet", then awaited something else (a cordon) while the listing of an empty
+        Node completed, must not wait for a pod event that will never come."""
+        await self.informer.synced.wait()
+        self.changed.set()
 
     @property
     def synced(self) -> bool:
@@ -155,16 +166,11 @@ class NodePods:
         return [policy.PodFacts.from_wire(p.to_dict()) for p in self.informer.store.values()]
 
     async def wait(self, until: dt.datetime | None, clock: Clock) -> None:
-        """Until a pod changes, the first listing completes, or ``until``."""
+        """Until a pod changes, the first listing completes (both set ``changed``, which
+        the caller clears before it looks), or ``until``."""
         timeout = None if until is None else max(0.0, (until - clock.now()).total_seconds())
-        waits = [asyncio.ensure_future(self.changed.wait())]
-        if not self.synced:
-            waits.append(asyncio.ensure_future(self.informer.synced.wait()))
-        try:
-            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiting in waits:
-                waiting.cancel()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), timeout)
 
     async def listed(self, within: float) -> None:
         """Wait for the first listing, at most ``within`` seconds (raises TimeoutError)."""
