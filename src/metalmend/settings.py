@@ -21,11 +21,11 @@ below. Every value is checked the same way whichever place it came from; a bad o
 line naming that place (``SettingsError``). The Helm chart renders the file from its
 values into a ConfigMap and may set single fields by environment.
 
-``metalmend serve`` reads ``serve`` (``metalmend.serve.settings.ServeSettings``: bind
-address, port, TLS) and ``teardown`` (``metalmend.policy.teardown.TeardownSettings``: the
-node-teardown steps' retries) and ``destroy`` (``metalmend.policy.destroy.DestroySettings``:
+``metalmend serve`` reads ``serve`` (``metalmend.web.settings.ServeSettings``: bind
+address, port, TLS) and ``teardown`` (``metalmend.teardown.policy.settings.TeardownSettings``: the
+node-teardown steps' retries) and ``destroy`` (``metalmend.destroy.policy.destroy.DestroySettings``:
 Drydock's destroy_nodes, docs/destroy.md) and ``redeploy``
-(``metalmend.policy.redeploy.RedeploySettings``: redeploy_server's waits,
+(``metalmend.siteactions.policy.redeploy.RedeploySettings``: redeploy_server's waits,
 docs/site-actions.md), besides ``runtime.kubeconfig``.
 
 Sections still to come join the tree the same way, each a frozen dataclass with a
@@ -51,13 +51,13 @@ from typing import Any
 import yaml
 
 from metalmend.bmc.settings import BmcSettings
-from metalmend.policy.destroy import DestroySettings
+from metalmend.destroy.policy.destroy import DestroySettings
 from metalmend.policy.hostpower import PowerSettings, RetrySettings
-from metalmend.policy.redeploy import RedeploySettings
 from metalmend.policy.remediation import FenceMethod
 from metalmend.policy.remediation import Settings as RemediationSettings
-from metalmend.policy.teardown import TeardownSettings
-from metalmend.serve.settings import ServeSettings
+from metalmend.siteactions.policy.redeploy import RedeploySettings
+from metalmend.teardown.policy.settings import TeardownSettings
+from metalmend.web.settings import ServeSettings
 
 ENV_PREFIX = "METALMEND_"
 ALL_CONTROLLERS = "all"

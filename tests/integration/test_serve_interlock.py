@@ -29,17 +29,17 @@ from metalmend.controllers import healthcheck, machineremediation, remediation
 from metalmend.controllers.machineremediation import MachineRemediationController
 from metalmend.controllers.remediation import RemediationController, host_view, reboot_key
 from metalmend.db import Database
-from metalmend.design.documents import parse
-from metalmend.design.store import DesignStore
+from metalmend.designs.documents import parse
+from metalmend.designs.store import DesignStore
 from metalmend.kube.manager import Manager
 from metalmend.policy import interlock as il
 from metalmend.policy import machineremediation as mr_policy
 from metalmend.policy import remediation as m3_policy
-from metalmend.policy.teardown import TeardownSettings
 from metalmend.serve.app import create_app
-from metalmend.serve.interlock import Interlock
-from metalmend.serve.status import StatusError
 from metalmend.settings import RuntimeSettings, Settings
+from metalmend.teardown.interlock import Interlock
+from metalmend.teardown.policy.settings import TeardownSettings
+from metalmend.web.status import StatusError
 from tests.integration import test_remediation as remediation_tests
 from tests.integration import test_serve_promenade as promenade_tests
 from tests.integration.test_remediation import Controllers, World

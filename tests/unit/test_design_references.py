@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from metalmend.etcd import access
-from metalmend.etcd.design import ClusterDesign, MemberDesign, SecretRef
-from metalmend.serve import designref
-from metalmend.serve.designref import DesignRef, ReferenceRefused
-from metalmend.serve.settings import ServeSettings, ServeSettingsError, check
+from metalmend.designs import designref
+from metalmend.designs.designref import DesignRef, ReferenceRefused
+from metalmend.serve.settings import ServeSettingsError, check
+from metalmend.teardown.etcd import access
+from metalmend.teardown.etcd.design import ClusterDesign, MemberDesign, SecretRef
+from metalmend.web.settings import ServeSettings
 
 STORE = "deckhand+https://deckhand-int.ucp:9000/api/v1.0/revisions/{}/rendered-documents"
 

@@ -1,6 +1,6 @@
 """What the etcd client and the design reader make of hostile or broken input: answers
 are capped, deadlines hold, fields are checked, and every problem is a message naming it
-(metalmend.etcd.client, metalmend.etcd.design; docs/teardown.md)."""
+(metalmend.teardown.etcd.client, metalmend.teardown.etcd.design; docs/teardown.md)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
-from metalmend.etcd import access, design
-from metalmend.etcd import client as etcd
+from metalmend.teardown.etcd import access, design
+from metalmend.teardown.etcd import client as etcd
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from metalmend.serve.auth import Caller, FailureLimit, ReviewCache
+from metalmend.web.auth import Caller, FailureLimit, ReviewCache
 
 ALICE = Caller("alice", "u1", ("ops",), {})
 

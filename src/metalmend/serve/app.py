@@ -27,34 +27,31 @@ from starlette.exceptions import HTTPException
 from metalmend import __version__
 from metalmend.clock import SYSTEM_CLOCK
 from metalmend.db import Database, DatabaseUnavailable
-from metalmend.design.store import DesignStore
-from metalmend.drydock.destroy import DrivePool
+from metalmend.designs import routes as deckhand
+from metalmend.designs.store import DesignStore
+from metalmend.destroy import routes as drydock
+from metalmend.destroy.destroy import DrivePool
+from metalmend.destroy.policy.destroy import DestroySettings
 from metalmend.kube import errors, impersonate
 from metalmend.kube.events import EventRecorder
 from metalmend.log import fields
-from metalmend.policy.destroy import DestroySettings
-from metalmend.policy.redeploy import RedeploySettings
-from metalmend.policy.teardown import TeardownSettings
-from metalmend.serve import (
-    auth,
-    context,
-    deckhand,
-    decommission,
-    drydock,
-    etcd,
-    promenade,
-    shipyard,
-)
-from metalmend.serve.auth import Gate
-from metalmend.serve.bodies import BodyLimits
-from metalmend.serve.interlock import Interlock
-from metalmend.serve.kubelet import KubeletShutdown
-from metalmend.serve.nodes import Drainer
-from metalmend.serve.params import RequestRejected
-from metalmend.serve.status import Message, StatusError, body, reason_for
-from metalmend.shipyard.redeploy import FIELD_MANAGER
-from metalmend.shipyard.store import ActionStore
-from metalmend.shipyard.worker import ActionWorker
+from metalmend.siteactions import routes as shipyard
+from metalmend.siteactions.policy.redeploy import RedeploySettings
+from metalmend.siteactions.redeploy import FIELD_MANAGER
+from metalmend.siteactions.store import ActionStore
+from metalmend.siteactions.worker import ActionWorker
+from metalmend.teardown import decommission
+from metalmend.teardown import routes as promenade
+from metalmend.teardown.drain import Drainer
+from metalmend.teardown.etcd import routes as etcd
+from metalmend.teardown.interlock import Interlock
+from metalmend.teardown.params import RequestRejected
+from metalmend.teardown.policy.settings import TeardownSettings
+from metalmend.teardown.shutdown import KubeletShutdown
+from metalmend.web import auth, context
+from metalmend.web.auth import Gate
+from metalmend.web.bodies import BodyLimits
+from metalmend.web.status import Message, StatusError, body, reason_for
 
 log = logging.getLogger(__name__)
 

@@ -16,14 +16,15 @@ import uvicorn
 
 from metalmend.bmc import BmcPool
 from metalmend.db import Database
+from metalmend.designs import designref
 from metalmend.kube.client import async_client, load_config, whoami
-from metalmend.serve import auth, designref
 from metalmend.serve.app import create_app
-from metalmend.serve.bodies import BodyLimits
-from metalmend.serve.etcd import EtcdAccess
 from metalmend.serve.settings import check
 from metalmend.serve.storeguard import guard
 from metalmend.settings import Settings
+from metalmend.teardown.etcd.routes import EtcdAccess
+from metalmend.web import auth
+from metalmend.web.bodies import BodyLimits
 
 log = logging.getLogger(__name__)
 
