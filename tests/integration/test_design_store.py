@@ -22,7 +22,8 @@ from metalmend.db import Database, DatabaseError, metadata, migrate
 from metalmend.designs import tables
 from metalmend.designs.documents import Document, parse
 from metalmend.designs.rules import BucketChange, RevisionQuery
-from metalmend.designs.store import Conflict, DesignStore, NotFound
+from metalmend.designs.store import DesignStore
+from metalmend.errors import Conflict, NotFound
 
 
 def doc(name: str, value: object = 1, schema: str = "promenade/Node/v1") -> str:

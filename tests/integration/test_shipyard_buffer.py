@@ -11,7 +11,8 @@ import pytest
 
 from metalmend.db import Database
 from metalmend.designs.documents import parse
-from metalmend.designs.store import Conflict, DesignStore
+from metalmend.designs.store import DesignStore
+from metalmend.errors import Conflict
 from metalmend.siteactions.routes import _put_in_buffer
 
 ROUNDS = 5

@@ -30,7 +30,7 @@ from fastapi import APIRouter, Request, Response
 from metalmend.db import Database
 from metalmend.designs import documents, rules
 from metalmend.designs.documents import DocumentsRejected
-from metalmend.designs.store import DesignStore, StoreError
+from metalmend.designs.store import DesignStore
 from metalmend.siteactions.policy import actions as siteactions
 from metalmend.web import auth, bodies
 from metalmend.web.status import StatusError, documented, errors
@@ -63,15 +63,9 @@ def database_of(request: Request) -> Database:
 
 
 async def run(request: Request, call: Callable[[DesignStore], T]) -> T:
-    """``call`` on the store in a worker thread; its refusals as Status bodies (the
-    database unavailable: the application's one handler, a 503)."""
-    database = database_of(request)
-    try:
-        return await asyncio.to_thread(call, DesignStore(database))
-    except StoreError as error:
-        raise StatusError(
-            error.code, error.reason, error.message, errors(*error.problems)
-        ) from None
+    """``call`` on the store in a worker thread (its refusals, and the database
+    unavailable, answered by the application's one handler)."""
+    return await asyncio.to_thread(call, DesignStore(database_of(request)))
 
 
 def rejected(error: DocumentsRejected, what: str) -> StatusError:

@@ -33,30 +33,9 @@ from metalmend.db import Database
 from metalmend.designs import rules, tables
 from metalmend.designs.documents import Document, from_stored
 from metalmend.designs.rules import BucketChange, Entry, Placed
+from metalmend.errors import Conflict, NotFound
 
 CHUNK = 500  # ids per IN (...): far below every database's limit on bound parameters
-
-
-class StoreError(Exception):
-    """A request the store refuses: HTTP code, reason and one line per problem."""
-
-    code = 400
-    reason = "BadRequest"
-
-    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
-        super().__init__(message)
-        self.message = message
-        self.problems = list(problems)
-
-
-class NotFound(StoreError):
-    code = 404
-    reason = "NotFound"
-
-
-class Conflict(StoreError):
-    code = 409
-    reason = "Conflict"
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,13 @@ from metalmend.bmc.storage import EraseFailed, EraseStatus
 from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.db.lease import LeaseLost
 from metalmend.destroy.policy import destroy as policy
+from metalmend.errors import Conflict, NotFound
 from metalmend.kube import errors
 from metalmend.kube.events import EventRecorder
 from metalmend.kube.store import split_key
 from metalmend.log import fields
 from metalmend.policy.rootdevice import RootDeviceHints, os_drive
 from metalmend.teardown.interlock import Interlock
-from metalmend.web.status import StatusError
 
 log = logging.getLogger(__name__)
 
@@ -255,9 +255,7 @@ class DestroyNode:
     async def _claim(self, step: str) -> bool:
         try:
             await self.claims.claim(self.node, step, self.by)
-        except StatusError as error:
-            if error.code not in (404, 409):
-                raise
+        except (NotFound, Conflict) as error:
             self.refused = error.message
             return False
         return True

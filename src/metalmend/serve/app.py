@@ -32,6 +32,7 @@ from metalmend.designs.store import DesignStore
 from metalmend.destroy import routes as drydock
 from metalmend.destroy.destroy import DrivePool
 from metalmend.destroy.policy.destroy import DestroySettings
+from metalmend.errors import MetalmendError
 from metalmend.kube import errors, impersonate
 from metalmend.kube.events import EventRecorder
 from metalmend.log import fields
@@ -51,7 +52,7 @@ from metalmend.teardown.shutdown import KubeletShutdown
 from metalmend.web import auth, context
 from metalmend.web.auth import Gate
 from metalmend.web.bodies import BodyLimits
-from metalmend.web.status import Message, StatusError, body, reason_for
+from metalmend.web.status import Message, StatusError, body, reason_for, status_of
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,10 @@ def create_app(
     @app.exception_handler(StatusError)
     async def status_error(request: Request, error: StatusError) -> JSONResponse:
         return response(error.code, error.reason, error.message, error.messages, error.headers)
+
+    @app.exception_handler(MetalmendError)
+    async def domain_error(request: Request, error: MetalmendError) -> JSONResponse:
+        return await status_error(request, status_of(error))
 
     @app.exception_handler(RequestRejected)
     async def rejected(request: Request, error: RequestRejected) -> JSONResponse:

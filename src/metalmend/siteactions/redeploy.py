@@ -33,6 +33,7 @@ from metalmend.api.resources import BareMetalHost, Machine
 from metalmend.destroy.model import DESTROY_NODES, Task
 from metalmend.destroy.policy.destroy import NodeState, ResultStatus, TaskStatus, task_result
 from metalmend.destroy.store import NodesBusy
+from metalmend.errors import MetalmendError, NotFound, Refused
 from metalmend.kube import errors, writes
 from metalmend.kube.impersonate import Who
 from metalmend.policy import interlock as claims
@@ -48,7 +49,6 @@ from metalmend.teardown.etcd import design as designs
 from metalmend.teardown.etcd import routes as serve_etcd
 from metalmend.teardown.policy import decommission as decommissioning
 from metalmend.web.auth import Caller, Permission
-from metalmend.web.status import StatusError
 
 log = logging.getLogger(__name__)
 
@@ -232,9 +232,7 @@ async def preflight(ctx: StepContext) -> str:
     for node in wanted.target_nodes:
         try:
             await gate.authorize(Caller.of(who), REDEPLOY_NODE, node)
-        except StatusError as error:
-            if error.code != 403:
-                raise  # serve could not ask (the API server away): tried again
+        except Refused as error:  # else serve could not ask (the API server away): tried again
             raise StepFailed(f"at the action's start: {error.message}") from None
     busy = await asyncio.to_thread(ctx.services.task_store.busy, list(wanted.target_nodes))
     if busy:
@@ -473,10 +471,10 @@ async def remove_from_cluster(ctx: StepContext) -> str:
         try:
             await services.interlock.claim(node, "remove-from-cluster", _by(ctx))
             messages = await nodes.remove_from_cluster(services.client, node)
-        except StatusError as error:
-            if error.code == 404:
-                continue
-            detail = "; ".join(m.message for m in error.messages if m.error)
+        except NotFound:
+            continue
+        except MetalmendError as error:
+            detail = "; ".join(error.problems)
             raise StepFailed(
                 f"{node}: {error.message}" + (f": {detail}" if detail else "")
             ) from None

@@ -32,7 +32,8 @@ from metalmend.db import Database
 from metalmend.designs import documents
 from metalmend.designs.documents import Document, DocumentsRejected
 from metalmend.designs.routes import checked_name, documents_answer, run
-from metalmend.designs.store import Conflict, DesignStore, StoreError
+from metalmend.designs.store import DesignStore
+from metalmend.errors import Conflict, Invalid, NotFound
 from metalmend.log import fields
 from metalmend.siteactions import model, redeploy
 from metalmend.siteactions.policy import actions as siteactions
@@ -125,13 +126,8 @@ def _version(request: Request, default: Version = Version.BUFFER) -> Version:
 def _revision_of(store: DesignStore, version: Version) -> int:
     found = siteactions.locate(_history(store), version)
     if isinstance(found, siteactions.Absent):
-        raise StoreError404(f"no {version} version: {found.reason}")
+        raise NotFound(f"no {version} version: {found.reason}")
     return found
-
-
-class StoreError404(StoreError):
-    code = 404
-    reason = "NotFound"
 
 
 def _wire(store: DesignStore, revision: int, collection: str | None) -> list[dict[str, Any]]:
@@ -198,9 +194,7 @@ def _put_unlocked(store: DesignStore, name: str, docs: Sequence[Document], mode:
         store.rollback(committed if isinstance(committed, int) else 0)
     result = store.put(name, docs)
     if not result.created:
-        raise StoreError(
-            f"collection {name}: the documents are those already stored; nothing changed"
-        )
+        raise Invalid(f"collection {name}: the documents are those already stored; nothing changed")
     return result.revision
 
 
@@ -285,7 +279,7 @@ async def get_configdocs(
         revision = _revision_of(store, version)
         found = _wire(store, revision, name)
         if not found and name not in store.revision(revision).buckets:
-            raise StoreError404(
+            raise NotFound(
                 f"collection {name} is not in the {version} version (revision {revision})"
             )
         return found
@@ -316,7 +310,7 @@ async def configdocs_status(request: Request, credentials: auth.Credentials) -> 
     def compare(store: DesignStore) -> list[dict[str, Any]]:
         found = siteactions.compare(_history(store), *wanted)
         if isinstance(found, siteactions.NotFound):
-            raise StoreError404(found.message)
+            raise NotFound(found.message)
         diff = store.diff(found.base_revision, found.new_revision)
         return siteactions.configdocs_status(found, {k: str(v) for k, v in diff.items()})
 
@@ -458,7 +452,7 @@ def _admitted(store: DesignStore, name: ActionName, allow: bool) -> tuple[int | 
     if name not in siteactions.SITE_ACTIONS:
         return (committed if isinstance(committed, int) else None), None
     if isinstance(committed, siteactions.Absent):
-        raise StoreError(
+        raise Invalid(
             f"{name} needs committed configdocs: {committed.reason}"
             " (metalmend site commit configdocs)"
         )

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from lightkube import ApiError, AsyncClient
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
+from metalmend.errors import Failed, Message, MetalmendError
 from metalmend.kube import errors
 from metalmend.log import fields
 from metalmend.teardown import drain as nodes
@@ -32,7 +33,7 @@ from metalmend.teardown.policy import decommission as policy
 from metalmend.teardown.policy.settings import TeardownSettings
 from metalmend.teardown.shutdown import KubeletShutdown
 from metalmend.web import auth
-from metalmend.web.status import Message, StatusError, body, documented
+from metalmend.web.status import body, documented
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,8 @@ class Decommission:
         """Run ``step``; its failure, whatever raised it, is that step's result."""
         try:
             return policy.StepResult(step, True, await self.perform(step))
-        except StatusError as error:
-            detail = "; ".join(m.message for m in error.messages if m.error)
+        except MetalmendError as error:
+            detail = "; ".join(error.problems)
             text = f"{error.reason}: {error.message}" + (f": {detail}" if detail else "")
         except ApiError as error:
             text = f"the API server answered {errors.code(error)} {error.status.message}"
@@ -122,7 +123,7 @@ class Decommission:
         reason = "EtcdNotAccessible" if any(
             o.result is members.Result.UNREACHABLE for o in outcomes
         ) else "RemoveEtcdError"  # fmt: skip
-        raise StatusError(500, reason, f"etcd member on {self.node} not removed: {said}")
+        raise Failed(f"etcd member on {self.node} not removed: {said}", reason=reason)
 
     async def etcd_ready(self) -> str:
         deadline = self.clock.now() + dt.timedelta(seconds=self.request.etcd_ready_timeout)
@@ -141,7 +142,7 @@ class Decommission:
             if ready.done and ready.stable:
                 return ready.summary
             if ready.done:
-                raise StatusError(500, "EtcdNotStable", ready.summary)
+                raise Failed(ready.summary, reason="EtcdNotStable")
             assert ready.look_again_at is not None
             await asyncio.sleep(max(0.0, (ready.look_again_at - now).total_seconds()))
 

@@ -24,6 +24,8 @@ from lightkube.resources.core_v1 import Node, Pod, PodEviction
 from lightkube.types import PatchType
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
+from metalmend.errors import Conflict, Failed, Message, NotFound, notes
+from metalmend.errors import errors as error_lines
 from metalmend.kube import errors, writes
 from metalmend.kube.informer import Informer
 from metalmend.log import fields
@@ -37,8 +39,6 @@ from metalmend.teardown.policy.removal import (
     unsettled,
 )
 from metalmend.teardown.policy.settings import TeardownSettings
-from metalmend.web.status import Message, StatusError, notes
-from metalmend.web.status import errors as error_lines
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,8 @@ class KubeTeardownWriter:
         return await writes.delete_exact(self.client, Node, name, uid)
 
 
-def not_found(name: str) -> StatusError:
-    return StatusError(404, "NotFound", f"Node {name} is not discoverable: no such Node")
+def not_found(name: str) -> NotFound:
+    return NotFound(f"Node {name} is not discoverable: no such Node")
 
 
 async def get_node(client: AsyncClient, name: str) -> Node:
@@ -212,7 +212,7 @@ class Drainer:
         self.clock = clock
 
     async def drain(self, name: str, request: params.DrainRequest) -> list[Message]:
-        """Drain Node ``name``; the messages of a success, or StatusError."""
+        """Drain Node ``name``; the messages of a success; raises NotFound, Failed."""
         node = await get_node(self.client, name)
         run = DrainRun(
             node=name,
@@ -240,11 +240,10 @@ class Drainer:
                     case policy.Drained(left=left):
                         return self._drained(run, left)
                     case policy.DrainFailed(problems=problems):
-                        raise StatusError(
-                            500,
-                            "DrainNodeError",
+                        raise Failed(
                             f"Node {run.node} is not drained: {len(problems)} pod(s) left",
                             error_lines(*problems),
+                            reason="DrainNodeError",
                         )
                     case _:
                         pass  # an Event: drains report in their answer
@@ -306,10 +305,9 @@ class Drainer:
         except ApiError as error:
             if errors.is_not_found(error):
                 raise not_found(node) from None
-            raise StatusError(
-                500,
-                "DrainNodeError",
+            raise Failed(
                 f"cannot cordon Node {node}: {errors.code(error)} {error.status.message}",
+                reason="DrainNodeError",
             ) from None
         run.cordoned = True
         run.done.append(Message(f"node/{node} cordoned", False))
@@ -379,10 +377,9 @@ async def clear_labels(
     except ApiError as error:
         if errors.is_not_found(error):
             raise not_found(name) from None
-        raise StatusError(
-            500,
-            "ClearLabelsError",
+        raise Failed(
             f"cannot remove the labels of Node {name}: {errors.code(error)} {error.status.message}",
+            reason="ClearLabelsError",
         ) from None
     after = (updated or node).metadata
     now_labels = dict((after.labels if after else None) or {})
@@ -393,8 +390,8 @@ async def clear_labels(
             await pods.listed(max(remaining, FIRST_LIST_WITHIN))
         except TimeoutError:
             problem = pods.informer.last_error or "no answer"
-            raise StatusError(
-                500, "ClearLabelsError", f"cannot list the pods of Node {name}: {problem}"
+            raise Failed(
+                f"cannot list the pods of Node {name}: {problem}", reason="ClearLabelsError"
             ) from None
         while True:
             pods.changed.clear()
@@ -404,12 +401,11 @@ async def clear_labels(
                 left = notes(*stranded(name, now_labels, facts))
                 return [*done, *left, Message(f"node/{name} labels cleared", False)]
             if clock.now() >= deadline:
-                raise StatusError(
-                    500,
-                    "ClearLabelsError",
+                raise Failed(
                     f"the labels of Node {name} are removed but {len(waiting)} pod(s) have not"
                     f" settled within {request.timeout} s",
                     [*done, *error_lines(*waiting)],
+                    reason="ClearLabelsError",
                 )
             await pods.wait(deadline, clock)
 
@@ -435,25 +431,20 @@ async def remove_from_cluster(
         labels=dict((node.metadata.labels if node.metadata else None) or {}),
     )
     if problems := removal_conflicts(facts, pods):
-        raise StatusError(
-            409, "Conflict", f"Node {name} cannot be removed yet", error_lines(*problems)
-        )
+        raise Conflict(f"Node {name} cannot be removed yet", error_lines(*problems))
     try:
         deleted = await writer.delete_node(name, facts.uid)
     except ApiError as error:
-        raise StatusError(
-            500,
-            "DeleteNodeError",
+        raise Failed(
             f"cannot delete Node {name}: {errors.code(error)} {error.status.message}",
+            reason="DeleteNodeError",
         ) from None
     if not deleted:
         # Gone meanwhile (success), or another Node of that name registered since the
         # checks (the uid precondition kept it): that one has not been checked.
         try:
             await get_node(client, name)
-        except StatusError:  # 404: gone
+        except NotFound:  # gone
             return notes(f"node/{name} deleted")
-        raise StatusError(
-            409, "Conflict", f"Node {name} registered again while it was being removed: ask again"
-        )
+        raise Conflict(f"Node {name} registered again while it was being removed: ask again")
     return notes(f"node/{name} deleted")

@@ -30,13 +30,13 @@ from lightkube import ALL_NS, ApiError, AsyncClient
 from metalmend.api import links, names
 from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
 from metalmend.clock import SYSTEM_CLOCK, Clock
+from metalmend.errors import Conflict
+from metalmend.errors import errors as error_lines
 from metalmend.kube import errors, writes
 from metalmend.kube.store import object_key, split_key
 from metalmend.log import fields
 from metalmend.policy import interlock as policy
 from metalmend.teardown.drain import get_node
-from metalmend.web.status import StatusError
-from metalmend.web.status import errors as error_lines
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -115,7 +115,7 @@ class Interlock:
 
     async def claim(self, node: str, step: str, by: str) -> list[str]:
         """Claim Node ``node``'s hosts for teardown step ``step`` asked by ``by``; the keys
-        of the hosts claimed (empty: none, the Node is not metal3-managed). StatusError 404
+        of the hosts claimed (empty: none, the Node is not metal3-managed). NotFound
         without such a Node, 409 while a remediation holds one of its hosts."""
         for _ in range(ATTEMPTS):
             view, hosts = await self.observe(node, step, by)
@@ -123,17 +123,16 @@ class Interlock:
             if decision.refused:
                 message = policy.refusal_message(node, decision.refusals)
                 log.info("teardown refused", extra=fields(node=node, step=step, why=message))
-                raise StatusError(409, "Conflict", message, error_lines(*decision.refusals))
+                raise Conflict(message, error_lines(*decision.refusals))
             if await self._write(decision, hosts):
                 if decision.claims:
                     claimed = ", ".join(c.host for c in decision.claims)
                     log.info("teardown claim", extra=fields(node=node, step=step, hosts=claimed))
                 return [h.key for h in view.hosts]
-        raise StatusError(
-            409, "Conflict",
+        raise Conflict(
             f"the BareMetalHost of Node {node} kept changing while it was being claimed for"
-            " teardown: ask again",
-        )  # fmt: skip
+            " teardown: ask again"
+        )
 
     async def _write(self, decision: policy.ClaimDecision, hosts: Mapping[str, Any]) -> bool:
         """Write every claim; False (and the claims of this attempt taken back) when a host

@@ -20,6 +20,8 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
+from metalmend.errors import Failed, Message, notes
+from metalmend.errors import errors as error_lines
 from metalmend.kube import errors
 from metalmend.log import fields
 from metalmend.teardown.drain import get_node, not_found
@@ -30,8 +32,6 @@ from metalmend.teardown.policy.settings import (
     SHUTDOWN_KUBELET_APP,
     TeardownSettings,
 )
-from metalmend.web.status import Message, StatusError, notes
-from metalmend.web.status import errors as error_lines
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class KubeletShutdown:
 
     async def shutdown(self, name: str) -> list[Message]:
         """Shut down the kubelet of Node ``name``: the messages of a success, or
-        StatusError (404 NotFound, 500 ShutdownKubeletError)."""
+        NotFound, or Failed (reason ShutdownKubeletError)."""
         await get_node(self.client, name)  # 404 before anything is changed
         deadline = self.clock.now() + dt.timedelta(seconds=self.settings.shutdown_kubelet_timeout)
         heartbeat = Heartbeat()
@@ -100,12 +100,11 @@ class KubeletShutdown:
                         log.info("kubelet stopped", extra=fields(node=node, why=why))
                         return [*done, *notes(f"node/{node} kubelet stopped: {why}")]
                     case policy.ShutdownFailed(node=node, problems=problems):
-                        raise StatusError(
-                            500,
-                            REASON,
+                        raise Failed(
                             f"the kubelet of Node {node} was not seen stopped within"
                             f" {self.settings.shutdown_kubelet_timeout:g} s",
                             [*done, *error_lines(*problems)],
+                            reason=REASON,
                         )
                     case _:
                         pass  # an Event: this step reports in its answer
@@ -141,7 +140,7 @@ class KubeletShutdown:
             if errors.is_not_found(error):
                 raise not_found(node) from None
             text = f"cannot label Node {node}: {errors.code(error)} {error.status.message}"
-            raise StatusError(500, REASON, text, error_lines(text)) from None
+            raise Failed(text, error_lines(text), reason=REASON) from None
 
     async def _lease_renewal(self, name: str) -> str | None:
         try:

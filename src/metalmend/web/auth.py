@@ -40,6 +40,7 @@ from lightkube.models.authorization_v1 import ResourceAttributes, SubjectAccessR
 from lightkube.resources.authentication_v1 import TokenReview
 from lightkube.resources.authorization_v1 import SubjectAccessReview
 
+from metalmend.errors import Refused
 from metalmend.kube import errors
 from metalmend.kube.impersonate import Who
 from metalmend.log import fields
@@ -251,9 +252,7 @@ class Gate:
                 "refused",
                 extra=fields(user=caller.username, permission=permission.describe(), name=name),
             )
-            raise StatusError(
-                403,
-                "Forbidden",
+            raise Refused(
                 f"Credentials do not permit access: {caller.username} may not"
                 f" {permission.describe()}" + (f" on {name}" if name else ""),
             )

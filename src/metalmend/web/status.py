@@ -11,10 +11,10 @@ message has ``message``, ``error`` and ``kind`` (``SimpleMessage`` unless it car
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-SIMPLE = "SimpleMessage"
+from metalmend import errors as domain
+from metalmend.errors import SIMPLE, Message, MetalmendError, errors, notes
 
 # HTTP status -> the reason of an answer that no endpoint chose itself (an unknown path,
 # a method the path does not take, a failure of our own).
@@ -34,22 +34,7 @@ GENERIC_REASONS = {
 }
 
 
-@dataclass(frozen=True)
-class Message:
-    message: str
-    error: bool
-    kind: str = SIMPLE
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"message": self.message, "error": self.error, "kind": self.kind}
-
-
-def errors(*lines: str) -> list[Message]:
-    return [Message(line, True) for line in lines]
-
-
-def notes(*lines: str) -> list[Message]:
-    return [Message(line, False) for line in lines]
+__all__ = ["SIMPLE", "Message", "StatusError", "body", "errors", "notes", "status_of"]
 
 
 def body(code: int, reason: str, message: str, messages: Sequence[Message] = ()) -> dict[str, Any]:
@@ -89,6 +74,24 @@ class StatusError(Exception):
 
     def body(self) -> dict[str, Any]:
         return body(self.code, self.reason, self.message, self.messages)
+
+
+# The domain's errors (metalmend.errors), each kind to one HTTP status: the only place
+# where a domain error becomes HTTP.
+CODES: tuple[tuple[type[MetalmendError], int], ...] = (
+    (domain.NotFound, 404),
+    (domain.Conflict, 409),
+    (domain.Refused, 403),
+    (domain.Invalid, 400),
+    (domain.Unavailable, 503),
+    (domain.Failed, 500),
+)
+
+
+def status_of(error: MetalmendError) -> StatusError:
+    """The Status answer of a domain error: its kind's code, its reason, message and lines."""
+    code = next((c for kind, c in CODES if isinstance(error, kind)), 500)
+    return StatusError(code, error.reason, error.message, error.lines)
 
 
 def reason_for(code: int) -> str:

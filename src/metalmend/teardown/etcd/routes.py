@@ -37,6 +37,7 @@ from lightkube.resources.core_v1 import Secret
 from metalmend.designs import designref
 from metalmend.designs import routes as deckhand
 from metalmend.designs.rules import document_query, select
+from metalmend.errors import Failed, Message, NotFound
 from metalmend.kube import errors
 from metalmend.log import fields
 from metalmend.teardown import drain as nodes
@@ -44,7 +45,7 @@ from metalmend.teardown import interlock, params
 from metalmend.teardown.etcd import access, members
 from metalmend.teardown.etcd import design as designs
 from metalmend.web import auth, bodies, yamlsafe
-from metalmend.web.status import Message, StatusError, body, documented
+from metalmend.web.status import body, documented
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["promenade"])
@@ -123,10 +124,10 @@ async def load_design(
     except designs.DesignError as error:
         if error.missing and missing_code == 404:
             lines = [Message(error.message, True)]
-            raise StatusError(404, "NotFound", error.message, lines) from None
+            raise NotFound(error.message, lines) from None
         if error.unavailable:
-            raise StatusError(
-                500, unavailable_reason, error.message, [Message(error.message, True)]
+            raise Failed(
+                error.message, [Message(error.message, True)], reason=unavailable_reason
             ) from None
         raise params.RequestRejected(error.message) from None
 
@@ -154,9 +155,7 @@ async def _revision(request: Request, ref: designref.DesignRef) -> list[Any]:
     await gate.authorize(request.state.caller, deckhand.GET_REVISION, str(number))
     try:
         entries = await deckhand.run(request, lambda store: store.entries(number))
-    except StatusError as error:
-        if error.code != 404:
-            raise
+    except NotFound:
         raise params.RequestRejected(
             f"the design reference names revision {number}, which metalmend serve's design"
             " store does not hold"
@@ -241,11 +240,11 @@ async def remove_etcd(
     failed = {members.Result.REFUSED, members.Result.UNREACHABLE, members.Result.TIMED_OUT}
     messages = _lines(outcomes, failed)
     if any(o.result is members.Result.UNREACHABLE for o in outcomes):
-        raise StatusError(500, "EtcdNotAccessible", "etcd cannot be reached", messages)
+        raise Failed("etcd cannot be reached", messages, reason="EtcdNotAccessible")
     if bad := [o for o in outcomes if not o.ok]:
         what = "; ".join(f"cluster {o.cluster}: {o.result}" for o in bad)
-        raise StatusError(
-            500, "RemoveEtcdError", f"etcd member on {name} not removed: {what}", messages
+        raise Failed(
+            f"etcd member on {name} not removed: {what}", messages, reason="RemoveEtcdError"
         )
     summary = f"etcd members removed from Node {name}"
     if not outcomes:
@@ -287,8 +286,8 @@ async def etcd_health(
         )
     if invalid := [line for c in report for line in c.invalid]:
         messages += [Message(line, True) for line in invalid]
-        raise StatusError(
-            500, "EtcdNotAccessible", "an etcd endpoint gave an invalid health answer", messages
+        raise Failed(
+            "an etcd endpoint gave an invalid health answer", messages, reason="EtcdNotAccessible"
         )
     counts = {s: sum(1 for c in report if c.state is s) for s in members.State}
     summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
