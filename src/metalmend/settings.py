@@ -61,6 +61,17 @@ from metalmend.web.settings import ServeSettings
 
 ENV_PREFIX = "METALMEND_"
 ALL_CONTROLLERS = "all"
+# Every controller ``metalmend run`` can start, in the order ``all`` starts them; the
+# registry (metalmend.controllers.registry) maps each name to its setup, and a test holds
+# the two equal. Named here so that the settings need not import the controllers, which
+# import the settings.
+CONTROLLER_NAMES = (
+    "node-link",
+    "host-power",
+    "machine-health-check",
+    "metal3-remediation",
+    "machine-remediation",
+)
 
 
 class LogLevel(StrEnum):
@@ -119,10 +130,8 @@ class RuntimeSettings:
     @property
     def controller_names(self) -> list[str]:
         """``controllers`` with ``all`` spelt out, in the registry's order."""
-        from metalmend.controllers import registry  # the registry imports this module
-
         if ALL_CONTROLLERS in self.controllers:
-            return list(registry.CONTROLLERS)
+            return list(CONTROLLER_NAMES)
         return list(self.controllers)
 
 
@@ -337,10 +346,9 @@ def _check_runtime(runtime: RuntimeSettings, raw: Mapping[Path_, tuple[str, Any]
         raise SettingsError(
             f"{source('health_bind')} must be host:port, not {runtime.health_bind!r}"
         )
-    from metalmend.controllers import registry  # the registry imports this module
-
-    if unknown := registry.unknown([c for c in runtime.controllers if c != ALL_CONTROLLERS]):
-        known = ", ".join(registry.CONTROLLERS)
+    named = [c for c in runtime.controllers if c != ALL_CONTROLLERS]
+    if unknown := [c for c in named if c not in CONTROLLER_NAMES]:
+        known = ", ".join(CONTROLLER_NAMES)
         raise SettingsError(f"unknown controller(s): {', '.join(unknown)} (known: {known})")
 
 

@@ -196,7 +196,7 @@ async def test_credentials_are_not_read_for_a_cluster_with_an_http_client_url() 
         asked.append(ref)
         return {"username": b"root", "password": b"pw"}
 
-    with pytest.raises(access.CredentialsError, match="not https") as refused:
+    with pytest.raises(access.CredentialsRefused, match="not https") as refused:
         await access.connect(cluster("https://10.0.0.1:2379", "http://10.0.0.2:2379"), secrets)
     assert "nothing was sent" in str(refused.value)
     assert asked == []

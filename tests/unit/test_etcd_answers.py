@@ -217,14 +217,14 @@ REF = design.SecretRef("kube-system", "etcd-client")
 def test_credentials_that_cannot_work_are_refused_naming_the_secret(
     data: dict[str, bytes], says: str
 ) -> None:
-    with pytest.raises(access.CredentialsError, match="kube-system/etcd-client") as refused:
+    with pytest.raises(access.CredentialsRefused, match="kube-system/etcd-client") as refused:
         access.Credentials.from_secret(REF, data)
     assert says in str(refused.value)
 
 
 def test_a_ca_that_is_not_pem_is_refused_without_its_content() -> None:
     credentials = access.Credentials.from_secret(REF, {"ca.crt": b"hunter2-not-a-certificate"})
-    with pytest.raises(access.CredentialsError) as refused:
+    with pytest.raises(access.CredentialsRefused) as refused:
         credentials.tls("etcd cluster k")
     assert "hunter2" not in str(refused.value)
     assert "hunter2" not in repr(credentials)

@@ -29,8 +29,8 @@ from typing import Any
 
 import yaml
 
-from metalmend.web import yamlsafe
-from metalmend.web.yamlsafe import YamlLimits
+from metalmend import yamlsafe
+from metalmend.yamlsafe import YamlLimits
 
 DOCUMENT_METADATA = "metadata/Document/v1"
 CONTROL_METADATA = "metadata/Control/v1"

@@ -22,65 +22,39 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request, Response
 
-from metalmend.db import Database
+from metalmend.api import tags
 from metalmend.designs import documents, rules
+from metalmend.designs.access import (
+    CREATE_TAG,
+    DELETE_ALL,
+    DELETE_TAG,
+    GET_REVISION,
+    LIST_REVISIONS,
+    PUT_DOCUMENTS,
+    ROLLBACK,
+    checked_name,
+    documents_answer,
+    rejected,
+    run,
+    yaml_answer,
+)
 from metalmend.designs.documents import DocumentsRejected
-from metalmend.designs.store import DesignStore
-from metalmend.siteactions.policy import actions as siteactions
 from metalmend.web import auth, bodies
 from metalmend.web.status import StatusError, documented, errors
 
 PREFIX = "/deckhand/api/v1.0"
-GROUP = "deckhand.metalmend.dev"
-YAML = "application/x-yaml"
 CREATED_HEADER = "X-Revision-Created"  # a put's answer: "false" when nothing changed
 MAX_REVISION = 2**31 - 1  # the revision column is a 32-bit integer on every database
 
-PUT_DOCUMENTS = auth.Permission("buckets", "documents", "update", GROUP)
-LIST_REVISIONS = auth.Permission("revisions", "", "list", GROUP)
-GET_REVISION = auth.Permission("revisions", "", "get", GROUP)
-CREATE_TAG = auth.Permission("revisions", "tags", "create", GROUP)
-DELETE_TAG = auth.Permission("revisions", "tags", "delete", GROUP)
-ROLLBACK = auth.Permission("revisions", "rollback", "create", GROUP)
-DELETE_ALL = auth.Permission("revisions", "", "deletecollection", GROUP)
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["deckhand"])
 T = TypeVar("T")
-
-
-def database_of(request: Request) -> Database:
-    """The application's database; 503 when it was built without one."""
-    database: Database | None = request.app.state.services.database
-    if database is None:
-        raise StatusError(503, "ServiceUnavailable", "metalmend serve has no database")
-    return database
-
-
-async def run(request: Request, call: Callable[[DesignStore], T]) -> T:
-    """``call`` on the store in a worker thread (its refusals, and the database
-    unavailable, answered by the application's one handler)."""
-    return await asyncio.to_thread(call, DesignStore(database_of(request)))
-
-
-def rejected(error: DocumentsRejected, what: str) -> StatusError:
-    return StatusError(400, "BadRequest", what, errors(*error.problems))
-
-
-def yaml_answer(value: Any, code: int = 200) -> Response:
-    return Response(documents.dump(value), status_code=code, media_type=YAML)
-
-
-async def documents_answer(listed: Sequence[dict[str, Any]]) -> Response:
-    """Documents as multi-document YAML, written in a worker thread: a whole design takes
-    seconds to write, which would stop every other request on the event loop."""
-    text = await asyncio.to_thread(documents.dump_all, list(listed))
-    return Response(text, media_type=YAML)
 
 
 def revision_id(raw: str) -> int:
@@ -90,13 +64,6 @@ def revision_id(raw: str) -> int:
     if len(raw) > 10 or int(raw) > MAX_REVISION:  # beyond any number the store gives out
         raise StatusError(404, "NotFound", f"revision {raw[:40]} not found")
     return int(raw)
-
-
-def checked_name(raw: str, what: str) -> str:
-    try:
-        return documents.path_name(raw, what)
-    except DocumentsRejected as error:
-        raise rejected(error, f"bad {what} name") from None
 
 
 def revision_view(summary: Any, request: Request) -> dict[str, Any]:
@@ -261,7 +228,7 @@ async def rollback(revision: str, request: Request, credentials: auth.Credential
 
 # --- tags --------------------------------------------------------------------------------
 
-SHIPYARD_TAGS = siteactions.COMMIT_TAGS | siteactions.SITE_ACTION_TAGS
+SHIPYARD_TAGS = tags.COMMIT_TAGS | tags.SITE_ACTION_TAGS
 
 
 def _shipyards(names: Sequence[str], number: int, doing: str) -> None:

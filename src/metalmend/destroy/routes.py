@@ -37,8 +37,9 @@ from metalmend.destroy.worker import TaskWorker
 from metalmend.kube.events import EventRecorder
 from metalmend.log import fields
 from metalmend.policy import interlock as claims
-from metalmend.teardown.interlock import Interlock, caller_of
+from metalmend.teardown.interlock import Interlock
 from metalmend.web import auth, context
+from metalmend.web.auth import caller_of
 from metalmend.web.bodies import read_json
 from metalmend.web.status import Message, StatusError, documented
 from metalmend.web.status import errors as error_lines

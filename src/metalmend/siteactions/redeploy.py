@@ -36,6 +36,7 @@ from metalmend.destroy.store import NodesBusy
 from metalmend.errors import MetalmendError, NotFound, Refused
 from metalmend.kube import errors, writes
 from metalmend.kube.impersonate import Who
+from metalmend.kube.rbac import Caller, Permission
 from metalmend.policy import interlock as claims
 from metalmend.siteactions.policy import actions as siteactions
 from metalmend.siteactions.policy import deploysite
@@ -46,9 +47,7 @@ from metalmend.teardown import params
 from metalmend.teardown.decommission import Decommission
 from metalmend.teardown.etcd import access, members
 from metalmend.teardown.etcd import design as designs
-from metalmend.teardown.etcd import routes as serve_etcd
 from metalmend.teardown.policy import decommission as decommissioning
-from metalmend.web.auth import Caller, Permission
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +326,7 @@ async def _ownership(ctx: StepContext, node: str, design: deploysite.SiteDesign)
 def _secrets(ctx: StepContext) -> access.SecretReader:
     """serve.etcd's reader: labelled Secrets bound to the cluster, or named in the settings."""
     named = getattr(ctx.services, "etcd_credentials_secrets", ())
-    return serve_etcd.secret_reader(ctx.services.client, tuple(named))
+    return access.secret_reader(ctx.services.client, tuple(named))
 
 
 async def decommission(ctx: StepContext) -> str:

@@ -30,8 +30,8 @@ from fastapi.responses import JSONResponse
 from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.db import Database
 from metalmend.designs import documents
+from metalmend.designs.access import checked_name, documents_answer, run
 from metalmend.designs.documents import Document, DocumentsRejected
-from metalmend.designs.routes import checked_name, documents_answer, run
 from metalmend.designs.store import DesignStore
 from metalmend.errors import Conflict, Invalid, NotFound
 from metalmend.log import fields

@@ -25,7 +25,7 @@ from metalmend.errors import Failed, Message, MetalmendError
 from metalmend.kube import errors
 from metalmend.log import fields
 from metalmend.teardown import drain as nodes
-from metalmend.teardown import interlock, params
+from metalmend.teardown import http, interlock, params
 from metalmend.teardown.etcd import access, members
 from metalmend.teardown.etcd import routes as etcd
 from metalmend.teardown.etcd.design import Design
@@ -191,11 +191,13 @@ async def decommission(
     services = request.app.state.services
     await nodes.get_node(services.client, name)
     design = await etcd.load_design(request, wanted.design_ref, "DisassociateStepFailure")
-    await interlock.claim_for(request, name, "decommission")  # 409 before any step
-    secrets = etcd.secret_reader(services.client, etcd.access_of(request).etcd_credentials_secrets)
+    await http.claim_for(request, name, "decommission")  # 409 before any step
+    secrets = access.secret_reader(
+        services.client, etcd.access_of(request).etcd_credentials_secrets
+    )
     verdict = await Decommission(
         services.client, services.drainer, services.kubelet, services.drainer.settings,
-        design, name, wanted, claims=services.interlock, by=interlock.caller_of(request),
+        design, name, wanted, claims=services.interlock, by=auth.caller_of(request),
         secrets=secrets,
     ).run()  # fmt: skip
     messages = [Message(text, error) for text, error in verdict.lines]

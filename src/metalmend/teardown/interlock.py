@@ -24,7 +24,6 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
-from fastapi import Request
 from lightkube import ALL_NS, ApiError, AsyncClient
 
 from metalmend.api import links, names
@@ -253,15 +252,3 @@ class Interlock:
                 text = phase if isinstance(phase, str) else ""
                 found.append(policy.RemediationFacts(object_key(remediation), text))
         return tuple(sorted(found, key=lambda r: r.name)), requests
-
-
-def caller_of(request: Request) -> str:
-    """The user name of the request's caller (set once authenticated), for the claim."""
-    caller = getattr(request.state, "caller", None)
-    return str(getattr(caller, "username", "") or "")
-
-
-async def claim_for(request: Request, node: str, step: str) -> None:
-    """Claim Node ``node``'s hosts for ``step`` of this request (``Interlock.claim``)."""
-    claims: Interlock = request.app.state.services.interlock
-    await claims.claim(node, step, caller_of(request))

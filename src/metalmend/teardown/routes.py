@@ -24,7 +24,7 @@ from lightkube import ApiError
 
 from metalmend.kube import errors
 from metalmend.teardown import drain as nodes
-from metalmend.teardown import interlock, params
+from metalmend.teardown import http, params
 from metalmend.teardown import shutdown as kubelet
 from metalmend.web import auth
 from metalmend.web.status import Message, StatusError, body, documented
@@ -114,7 +114,7 @@ async def drain(
     wanted = params.drain(_query(request))
     drainer: nodes.Drainer = request.app.state.services.drainer
     async with _failing_as("DrainNodeError"):
-        await interlock.claim_for(request, name, "drain")
+        await http.claim_for(request, name, "drain")
         messages = await drainer.drain(name, wanted)
     return _success(f"Node {name} drained", messages)
 
@@ -140,7 +140,7 @@ async def clear_labels(
     name = await _admit(request, credentials, auth.CLEAR_LABELS, node_id)
     wanted = params.clear_labels(_query(request))
     async with _failing_as("ClearLabelsError"):
-        await interlock.claim_for(request, name, "clear-labels")
+        await http.claim_for(request, name, "clear-labels")
         messages = await nodes.clear_labels(request.app.state.services.client, name, wanted)
     return _success(f"Node {name} labels cleared", messages)
 
@@ -158,7 +158,7 @@ async def remove_from_cluster(
     name = await _admit(request, credentials, auth.REMOVE_FROM_CLUSTER, node_id)
     params.no_parameters(_query(request))
     async with _failing_as("DeleteNodeError"):
-        await interlock.claim_for(request, name, "remove-from-cluster")
+        await http.claim_for(request, name, "remove-from-cluster")
         messages = await nodes.remove_from_cluster(request.app.state.services.client, name)
     return _success(f"Node {name} removed from the cluster", messages)
 
@@ -179,6 +179,6 @@ async def shutdown_kubelet(
     params.no_parameters(_query(request))
     shutdown: kubelet.KubeletShutdown = request.app.state.services.kubelet
     async with _failing_as(kubelet.REASON):
-        await interlock.claim_for(request, name, "shutdown-kubelet")
+        await http.claim_for(request, name, "shutdown-kubelet")
         messages = await shutdown.shutdown(name)
     return _success(f"Node {name} kubelet shut down", messages)

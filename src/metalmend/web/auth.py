@@ -42,27 +42,13 @@ from lightkube.resources.authorization_v1 import SubjectAccessReview
 
 from metalmend.errors import Refused
 from metalmend.kube import errors
-from metalmend.kube.impersonate import Who
+from metalmend.kube.rbac import API_GROUP as API_GROUP
+from metalmend.kube.rbac import Caller as Caller
+from metalmend.kube.rbac import Permission as Permission
 from metalmend.log import fields
 from metalmend.web.status import StatusError
 
 log = logging.getLogger(__name__)
-
-API_GROUP = "promenade.metalmend.dev"
-
-
-@dataclass(frozen=True)
-class Permission:
-    """What an endpoint asks RBAC: ``verb`` on ``resource/subresource`` in ``group``."""
-
-    resource: str
-    subresource: str
-    verb: str
-    group: str = API_GROUP
-
-    def describe(self) -> str:
-        resource = f"{self.resource}/{self.subresource}" if self.subresource else self.resource
-        return f"{self.verb} {resource} ({self.group})"
 
 
 # One per Promenade endpoint. POST to a step is "create" on the Node's subresource, as a
@@ -74,24 +60,6 @@ SHUTDOWN_KUBELET = Permission("nodes", "shutdown-kubelet", "create")
 REMOVE_FROM_CLUSTER = Permission("nodes", "remove-from-cluster", "create")
 DECOMMISSION = Permission("nodes", "decommission", "create")
 ETCD_HEALTH = Permission("etcdclusters", "health", "get")
-
-
-@dataclass(frozen=True)
-class Caller:
-    username: str
-    uid: str
-    groups: tuple[str, ...]
-    extra: dict[str, list[str]]
-
-    def who(self) -> Who:
-        """The caller as impersonation names them (kube.impersonate)."""
-        return Who(
-            self.username, self.uid, self.groups, {k: tuple(v) for k, v in self.extra.items()}
-        )
-
-    @classmethod
-    def of(cls, who: Who) -> Caller:
-        return cls(who.username, who.uid, who.groups, {k: list(v) for k, v in who.extra.items()})
 
 
 def _unauthorized(detail: str) -> StatusError:
@@ -304,3 +272,9 @@ async def authenticate(
     gate: Gate = request.app.state.services.gate
     header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
     return await gate.caller(header, request.client.host if request.client else "")
+
+
+def caller_of(request: Request) -> str:
+    """The user name of the request's caller (set once authenticated), for the claim."""
+    caller = getattr(request.state, "caller", None)
+    return str(getattr(caller, "username", "") or "")

@@ -8,7 +8,7 @@ RequestEntityTooLarge, naming the limit. The limits:
 
 - design documents (Deckhand's document put, Shipyard's configdocs):
   ``serve.max_body_bytes`` (``BodyLimits.design_bytes``), read as YAML within
-  ``BodyLimits.yaml`` (``metalmend.web.yamlsafe``);
+  ``BodyLimits.yaml`` (``metalmend.yamlsafe``);
 - everything else (JSON requests of Drydock and Shipyard, Promenade's design references,
   a tag's data): ``SMALL_BODY``, fixed; they are a few hundred bytes.
 
@@ -27,7 +27,7 @@ from typing import Any
 from starlette.requests import Request
 
 from metalmend.web.status import StatusError, errors
-from metalmend.web.yamlsafe import YamlLimits
+from metalmend.yamlsafe import YamlLimits
 
 SMALL_BODY = 64 * 1024  # bytes: a JSON request, a design reference, a tag's data
 DESIGN_BYTES = 4 << 20  # the default of serve.max_body_bytes (ServeSettings says why)

@@ -20,14 +20,16 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-# --- the design's versions ------------------------------------------------------------
+# The tags Shipyard puts on design revisions (the shared vocabulary: Deckhand's routes
+# keep them too).
+from metalmend.api.tags import COMMIT_TAGS as COMMIT_TAGS
+from metalmend.api.tags import COMMITTED_TAG as COMMITTED_TAG
+from metalmend.api.tags import FAILURE_TAG as FAILURE_TAG
+from metalmend.api.tags import ROLLBACK_COMMIT_TAG as ROLLBACK_COMMIT_TAG
+from metalmend.api.tags import SITE_ACTION_TAGS as SITE_ACTION_TAGS
+from metalmend.api.tags import SUCCESS_TAG as SUCCESS_TAG
 
-COMMITTED_TAG = "committed"
-ROLLBACK_COMMIT_TAG = "rollback_commit"  # Shipyard's tag on a rollback; a commit too
-SUCCESS_TAG = "site-action-success"
-FAILURE_TAG = "site-action-failure"
-COMMIT_TAGS = frozenset({COMMITTED_TAG, ROLLBACK_COMMIT_TAG})
-SITE_ACTION_TAGS = frozenset({SUCCESS_TAG, FAILURE_TAG})
+# --- the design's versions ------------------------------------------------------------
 
 
 class Version(StrEnum):

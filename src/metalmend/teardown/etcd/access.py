@@ -19,28 +19,38 @@ never reach a log or an answer: messages name the Secret and the key, never a va
 
 from __future__ import annotations
 
+import base64
+import binascii
+import logging
 import os
 import ssl
 import tempfile
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import httpx2
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import Secret
 
+from metalmend.kube import errors
+from metalmend.log import fields
 from metalmend.teardown.etcd.client import DEADLINE, EtcdClient, EtcdError
 from metalmend.teardown.etcd.design import ClusterDesign, SecretRef
 
 # Reads the credentials Secret of the named cluster, values decoded, once ``usable``
-# allows it; raises CredentialsError when it cannot or may not.
+# allows it; raises CredentialsRefused when it cannot or may not.
 SecretReader = Callable[[SecretRef, str], Awaitable[Mapping[str, bytes]]]
 
 SECRET_LABEL = "metalmend.dev/etcd-credentials"
 SECRET_LABEL_VALUE = "true"
 CLUSTERS_ANNOTATION = "metalmend.dev/etcd-clusters"
 
+log = logging.getLogger(__name__)
 
-class CredentialsError(Exception):
+
+class CredentialsRefused(Exception):
     """The cluster's credentials cannot be had or used; the message says which and why."""
 
 
@@ -58,7 +68,7 @@ class Credentials:
             try:
                 return data.get(key, b"").decode("utf-8").strip()
             except UnicodeDecodeError:
-                raise CredentialsError(
+                raise CredentialsRefused(
                     f"Secret {ref.namespace}/{ref.name}: {key} is not UTF-8 text"
                 ) from None
 
@@ -67,12 +77,12 @@ class Credentials:
             data.get("ca.crt", b""), data.get("tls.crt", b""), data.get("tls.key", b""),
         )  # fmt: skip
         if bool(found.username) != bool(found.password):
-            raise CredentialsError(
+            raise CredentialsRefused(
                 f"Secret {ref.namespace}/{ref.name} must hold both username and password, or"
                 " neither"
             )
         if bool(found.cert) != bool(found.key):
-            raise CredentialsError(
+            raise CredentialsRefused(
                 f"Secret {ref.namespace}/{ref.name} must hold both tls.crt and tls.key, or neither"
             )
         return found
@@ -87,7 +97,7 @@ class Credentials:
             if self.cert:
                 _load_client_certificate(context, self.cert, self.key)
         except (ssl.SSLError, ValueError, OSError) as error:
-            raise CredentialsError(
+            raise CredentialsRefused(
                 f"{where}: ca.crt, tls.crt or tls.key is not usable PEM ({type(error).__name__})"
             ) from None
         return context
@@ -144,13 +154,13 @@ async def connect(cluster: ClusterDesign, secrets: SecretReader | None) -> EtcdC
         return EtcdClient()
     where = f"etcd cluster {cluster.name}: credentials Secret {ref.namespace}/{ref.name}"
     if plain := cleartext(cluster):
-        raise CredentialsError(
+        raise CredentialsRefused(
             f"{where}: not used: the design lists client URL(s) that are not https"
             f" ({', '.join(u[:100] for u in plain[:3])}), and credentials are sent over https"
             " only; nothing was sent"
         )
     if secrets is None:
-        raise CredentialsError(f"{where}: this caller cannot read Secrets")
+        raise CredentialsRefused(f"{where}: this caller cannot read Secrets")
     credentials = Credentials.from_secret(ref, await secrets(ref, cluster.name))
     context = credentials.tls(where)
     http = httpx.AsyncClient(
@@ -171,5 +181,43 @@ async def connect(cluster: ClusterDesign, secrets: SecretReader | None) -> EtcdC
             client.headers["Authorization"] = token
             return client
         await client.aclose()
-        raise CredentialsError(f"{where}: no member accepted them: {'; '.join(problems[:3])}")
+        raise CredentialsRefused(f"{where}: no member accepted them: {'; '.join(problems[:3])}")
     return client
+
+
+def secret_reader(client: AsyncClient, named: Sequence[str] = ()) -> SecretReader:
+    """Reads a cluster's credentials Secret as metalmend serve's own identity, and uses it
+    only when ``usable`` says so: labelled metalmend.dev/etcd-credentials, and
+    bound to the cluster or ``named`` (``serve.etcd_credentials_secrets``). Whether the
+    Secret is missing, unreadable, unlabelled or unbound, the caller reads one message (it
+    does not learn which Secrets exist); the log says which, never a value."""
+
+    async def read(ref: SecretRef, cluster: str) -> Mapping[str, bytes]:
+        secret_name = f"{ref.namespace}/{ref.name}"
+        where = f"credentials Secret {secret_name}"
+        refused = CredentialsRefused(
+            f"{where}: not found, not readable by metalmend serve, not labelled"
+            f" {SECRET_LABEL}={SECRET_LABEL_VALUE}, or not bound to etcd cluster"
+            f" {cluster!r} ({CLUSTERS_ANNOTATION}); nothing was sent (docs/teardown.md)"
+        )
+        try:
+            secret = await client.get(Secret, ref.name, namespace=ref.namespace)
+        except ApiError as error:
+            why = f"the API server answered {errors.code(error)} {error.status.message}"
+            log.warning("etcd credentials refused", extra=fields(secret=secret_name, why=why))
+            raise refused from None
+        except (httpx2.HTTPError, OSError) as error:
+            raise CredentialsRefused(f"{where}: cannot reach the API server: {error}") from None
+        meta = secret.metadata
+        why_not = usable(
+            ref, cluster, meta.labels if meta else None, meta.annotations if meta else None, named
+        )
+        if why_not is not None:
+            log.warning("etcd credentials refused", extra=fields(secret=secret_name, why=why_not))
+            raise refused
+        try:
+            return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+        except (binascii.Error, ValueError):
+            raise CredentialsRefused(f"{where}: its data is not base64") from None
+
+    return read

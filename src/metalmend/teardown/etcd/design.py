@@ -39,8 +39,8 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from metalmend.web import yamlsafe
-from metalmend.web.yamlsafe import YamlLimits
+from metalmend import yamlsafe
+from metalmend.yamlsafe import YamlLimits
 
 SCHEMA = "promenade/EtcdClusters/v1"
 FETCH_DEADLINE = 30.0  # seconds for the whole fetch (Deckhand renders on request)

@@ -61,7 +61,7 @@ class Outcome:
         return self.result in (Result.REMOVED, Result.ALREADY_GONE)
 
 
-class Unreachable(Exception):
+class ClusterUnreachable(Exception):
     """No member of a cluster gave its member list."""
 
 
@@ -91,7 +91,7 @@ async def _member_list(client: EtcdClient, cluster: ClusterDesign) -> list[Membe
             if isinstance(answer, list):
                 return answer
             problems.append(str(answer))
-    raise Unreachable(
+    raise ClusterUnreachable(
         f"cannot read the members of etcd cluster {cluster.name}: " + "; ".join(problems[-3:])
     )
 
@@ -196,7 +196,7 @@ async def _clients(
         for cluster in clusters:
             try:
                 clients[cluster.name] = await access.connect(cluster, secrets)
-            except access.CredentialsError as error:
+            except access.CredentialsRefused as error:
                 clients[cluster.name] = str(error)
         yield clients
     finally:
@@ -210,7 +210,7 @@ async def _observe(
 ) -> Observed:
     client = clients[cluster.name]
     if isinstance(client, str):
-        raise Unreachable(client)
+        raise ClusterUnreachable(client)
     return await observe(client, cluster, node)
 
 
@@ -236,7 +236,7 @@ async def remove_member(
         for cluster in clusters:
             try:
                 first[cluster.name] = await _observe(clients, cluster, node)
-            except Unreachable as error:
+            except ClusterUnreachable as error:
                 return [Outcome(cluster.name, node, Result.UNREACHABLE, [str(error)])]
             for action in policy.decide(first[cluster.name].view).actions:
                 if isinstance(action, policy.Refuse):
@@ -264,7 +264,7 @@ async def _take_out(
         if observed is None:
             try:
                 observed = await observe(etcd, cluster, node)
-            except Unreachable as error:
+            except ClusterUnreachable as error:
                 outcome.lines.append(str(error))
                 if time.monotonic() >= deadline:
                     outcome.result = Result.UNREACHABLE
@@ -363,7 +363,7 @@ async def _health(
 ) -> ClusterHealth:
     try:
         observed = await _observe(clients, cluster, ignore_node)
-    except Unreachable as error:
+    except ClusterUnreachable as error:
         return ClusterHealth(
             cluster.name, State.INACCESSIBLE, 0, 0, cluster.threshold, (), str(error)
         )
@@ -476,7 +476,7 @@ async def _bring_back(
                         f" ({', '.join(action.peer_urls)})"
                     )
                     log.info("etcd member added for %s to %s", node, cluster.name)
-        except (Unreachable, EtcdError) as error:
+        except (ClusterUnreachable, EtcdError) as error:
             line = f"etcd cluster {cluster.name}: {error}"
             if expired:
                 outcome.result = Result.UNREACHABLE

@@ -17,34 +17,28 @@ Order of checks as for every step: the token (401), the permission (403), the re
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
-import httpx2
 import yaml
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
-from lightkube import ApiError, AsyncClient
-from lightkube.resources.core_v1 import Secret
 
+from metalmend import yamlsafe
+from metalmend.designs import access as deckhand
 from metalmend.designs import designref
-from metalmend.designs import routes as deckhand
 from metalmend.designs.rules import document_query, select
 from metalmend.errors import Failed, Message, NotFound
-from metalmend.kube import errors
-from metalmend.log import fields
 from metalmend.teardown import drain as nodes
-from metalmend.teardown import interlock, params
+from metalmend.teardown import http, params
 from metalmend.teardown.etcd import access, members
 from metalmend.teardown.etcd import design as designs
-from metalmend.web import auth, bodies, yamlsafe
+from metalmend.web import auth, bodies
 from metalmend.web.status import body, documented
 
 log = logging.getLogger(__name__)
@@ -165,46 +159,6 @@ async def _revision(request: Request, ref: designref.DesignRef) -> list[Any]:
     return [e.document.to_wire(e.bucket, e.revision) for e in chosen]
 
 
-def secret_reader(client: AsyncClient, named: Sequence[str] = ()) -> access.SecretReader:
-    """Reads a cluster's credentials Secret as metalmend serve's own identity, and uses it
-    only when ``access.usable`` says so: labelled metalmend.dev/etcd-credentials, and
-    bound to the cluster or ``named`` (``serve.etcd_credentials_secrets``). Whether the
-    Secret is missing, unreadable, unlabelled or unbound, the caller reads one message (it
-    does not learn which Secrets exist); the log says which, never a value."""
-
-    async def read(ref: designs.SecretRef, cluster: str) -> Mapping[str, bytes]:
-        secret_name = f"{ref.namespace}/{ref.name}"
-        where = f"credentials Secret {secret_name}"
-        refused = access.CredentialsError(
-            f"{where}: not found, not readable by metalmend serve, not labelled"
-            f" {access.SECRET_LABEL}={access.SECRET_LABEL_VALUE}, or not bound to etcd cluster"
-            f" {cluster!r} ({access.CLUSTERS_ANNOTATION}); nothing was sent (docs/teardown.md)"
-        )
-        try:
-            secret = await client.get(Secret, ref.name, namespace=ref.namespace)
-        except ApiError as error:
-            why = f"the API server answered {errors.code(error)} {error.status.message}"
-            log.warning("etcd credentials refused", extra=fields(secret=secret_name, why=why))
-            raise refused from None
-        except (httpx2.HTTPError, OSError) as error:
-            raise access.CredentialsError(
-                f"{where}: cannot reach the API server: {error}"
-            ) from None
-        meta = secret.metadata
-        why_not = access.usable(
-            ref, cluster, meta.labels if meta else None, meta.annotations if meta else None, named
-        )
-        if why_not is not None:
-            log.warning("etcd credentials refused", extra=fields(secret=secret_name, why=why_not))
-            raise refused
-        try:
-            return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
-        except (binascii.Error, ValueError):
-            raise access.CredentialsError(f"{where}: its data is not base64") from None
-
-    return read
-
-
 def _lines(outcomes: list[members.Outcome], wanted: set[members.Result]) -> list[Message]:
     return [Message(line, o.result in wanted) for o in outcomes for line in o.lines]
 
@@ -233,9 +187,9 @@ async def remove_etcd(
     wanted = params.remove_etcd(request.query_params.multi_items(), await read_body(request))
     await nodes.get_node(request.app.state.services.client, name)
     design = await load_design(request, wanted.design_ref, "RemoveEtcdError")
-    await interlock.claim_for(request, name, "remove-etcd")
+    await http.claim_for(request, name, "remove-etcd")
     named = access_of(request).etcd_credentials_secrets
-    secrets = secret_reader(request.app.state.services.client, named)
+    secrets = access.secret_reader(request.app.state.services.client, named)
     outcomes = await members.remove_member(design, name, timeout=wanted.timeout, secrets=secrets)
     failed = {members.Result.REFUSED, members.Result.UNREACHABLE, members.Result.TIMED_OUT}
     messages = _lines(outcomes, failed)
@@ -274,7 +228,7 @@ async def etcd_health(
     ref = params.etcd_health(request.query_params.multi_items())
     design = await load_design(request, ref, "EtcdNotAccessible", missing_code=404)
     named = access_of(request).etcd_credentials_secrets
-    secrets = secret_reader(request.app.state.services.client, named)
+    secrets = access.secret_reader(request.app.state.services.client, named)
     report = await members.cluster_health(design, secrets=secrets)
     messages: list[Message] = []
     for cluster in report:
