@@ -366,7 +366,8 @@ COMPONENTS = (
 COMPONENT_INTERFACES = {
     # The teardown claim (invariant 7), and the steps redeploy_server runs in-process.
     "metalmend.teardown": (
-        "metalmend.teardown.interlock", "metalmend.teardown.drain", "metalmend.teardown.shutdown",
+        "metalmend.teardown.interlock", "metalmend.teardown.drain", "metalmend.teardown.removal",
+        "metalmend.teardown.shutdown",
         "metalmend.teardown.decommission", "metalmend.teardown.params",
         "metalmend.teardown.etcd.access", "metalmend.teardown.etcd.design",
         "metalmend.teardown.etcd.members", "metalmend.teardown.policy",

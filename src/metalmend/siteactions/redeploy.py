@@ -42,8 +42,7 @@ from metalmend.siteactions.policy import actions as siteactions
 from metalmend.siteactions.policy import deploysite
 from metalmend.siteactions.policy import redeploy as policy
 from metalmend.siteactions.steps import MissingPrecondition, StepContext, StepFailed, StepRunner
-from metalmend.teardown import drain as nodes
-from metalmend.teardown import params
+from metalmend.teardown import params, removal
 from metalmend.teardown.decommission import Decommission
 from metalmend.teardown.etcd import access, members
 from metalmend.teardown.etcd import design as designs
@@ -469,7 +468,7 @@ async def remove_from_cluster(ctx: StepContext) -> str:
             continue
         try:
             await services.interlock.claim(node, "remove-from-cluster", _by(ctx))
-            messages = await nodes.remove_from_cluster(services.client, node)
+            messages = await removal.remove_from_cluster(services.client, node)
         except NotFound:
             continue
         except MetalmendError as error:

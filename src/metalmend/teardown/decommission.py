@@ -25,7 +25,7 @@ from metalmend.errors import Failed, Message, MetalmendError
 from metalmend.kube import errors
 from metalmend.log import fields
 from metalmend.teardown import drain as nodes
-from metalmend.teardown import http, interlock, params
+from metalmend.teardown import http, interlock, params, removal
 from metalmend.teardown.etcd import access, members
 from metalmend.teardown.etcd import routes as etcd
 from metalmend.teardown.etcd.design import Design
@@ -95,7 +95,7 @@ class Decommission:
                 )
                 return f"Node {self.node} drained ({evicted} pod(s) evicted by this request)"
             case policy.Step.CLEAR_LABELS:
-                cleared = await nodes.clear_labels(
+                cleared = await removal.clear_labels(
                     self.client, self.node, self.request.clear_labels
                 )
                 removed = sum(1 for m in cleared if m.message.startswith("label "))

@@ -1,9 +1,9 @@
-"""The node-teardown steps that ``metalmend serve`` carries out today: drain, clear-labels
-and remove-from-cluster (docs/teardown.md). Each observes the cluster, asks its pure policy
-(``metalmend.teardown.policy.drain``, ``metalmend.teardown.policy.removal``) what to do,
-and does it through ``TeardownWriter``; nothing is remembered between requests, so a
-request interrupted at any point (client gone, service restarted) is finished by asking
-again.
+"""drain (docs/teardown.md): cordon a Node and evict its pods, as its pure policy
+(``metalmend.teardown.policy.drain``) decides, through ``TeardownWriter`` (the writer of
+every node step: clear-labels and remove-from-cluster, ``removal.py``, use it too); and
+what the node steps share (the Node read, its pods watched). Nothing is remembered between
+requests, so a request interrupted at any point (client gone, service restarted) is
+finished by asking again.
 """
 
 from __future__ import annotations
@@ -17,27 +17,20 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx2
-from lightkube import ALL_NS, ApiError, AsyncClient
+from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import DeleteOptions, ObjectMeta, Preconditions
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod, PodEviction
 from lightkube.types import PatchType
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
-from metalmend.errors import Conflict, Failed, Message, NotFound, notes
+from metalmend.errors import Failed, Message, NotFound, notes
 from metalmend.errors import errors as error_lines
 from metalmend.kube import errors, writes
 from metalmend.kube.informer import Informer
 from metalmend.log import fields
 from metalmend.teardown import params
 from metalmend.teardown.policy import drain as policy
-from metalmend.teardown.policy.removal import (
-    NodeFacts,
-    labels_to_clear,
-    removal_conflicts,
-    stranded,
-    unsettled,
-)
 from metalmend.teardown.policy.settings import TeardownSettings
 
 log = logging.getLogger(__name__)
@@ -350,101 +343,3 @@ class Drainer:
         }
         kept = [f"pod {key} left running: {why.get(d, str(d))}" for key, d in left]
         return [*run.done, *notes(*kept), Message(f"node/{run.node} drained", False)]
-
-
-# ---- clear labels ----------------------------------------------------------------------
-
-# However short the timeout, the pods are listed once before the answer (a list of a
-# Node's pods takes well under this).
-FIRST_LIST_WITHIN = 10.0
-
-
-async def clear_labels(
-    client: AsyncClient,
-    name: str,
-    request: params.ClearLabelsRequest,
-    writer: TeardownWriter | None = None,
-    clock: Clock = SYSTEM_CLOCK,
-) -> list[Message]:
-    """Remove every label of Node ``name`` but promenade-decomission, then wait (up to the
-    request's timeout) for the DaemonSet pods that no longer fit it to be removed."""
-    node = await get_node(client, name)
-    present = dict((node.metadata.labels if node.metadata else None) or {})
-    removing = labels_to_clear(present)
-    deadline = clock.now() + dt.timedelta(seconds=request.timeout)
-    try:
-        updated = await (writer or KubeTeardownWriter(client)).remove_labels(node, removing)
-    except ApiError as error:
-        if errors.is_not_found(error):
-            raise not_found(name) from None
-        raise Failed(
-            f"cannot remove the labels of Node {name}: {errors.code(error)} {error.status.message}",
-            reason="ClearLabelsError",
-        ) from None
-    after = (updated or node).metadata
-    now_labels = dict((after.labels if after else None) or {})
-    done = notes(*(f"label {key} removed" for key in removing))
-    async with NodePods(client, name) as pods:
-        remaining = max(0.0, (deadline - clock.now()).total_seconds())
-        try:
-            await pods.listed(max(remaining, FIRST_LIST_WITHIN))
-        except TimeoutError:
-            problem = pods.informer.last_error or "no answer"
-            raise Failed(
-                f"cannot list the pods of Node {name}: {problem}", reason="ClearLabelsError"
-            ) from None
-        while True:
-            pods.changed.clear()
-            facts = pods.facts()
-            waiting = unsettled(name, now_labels, facts)
-            if not waiting:
-                left = notes(*stranded(name, now_labels, facts))
-                return [*done, *left, Message(f"node/{name} labels cleared", False)]
-            if clock.now() >= deadline:
-                raise Failed(
-                    f"the labels of Node {name} are removed but {len(waiting)} pod(s) have not"
-                    f" settled within {request.timeout} s",
-                    [*done, *error_lines(*waiting)],
-                    reason="ClearLabelsError",
-                )
-            await pods.wait(deadline, clock)
-
-
-# ---- remove from cluster ---------------------------------------------------------------
-
-
-async def remove_from_cluster(
-    client: AsyncClient, name: str, writer: TeardownWriter | None = None
-) -> list[Message]:
-    """Delete Node ``name`` if it is cordoned, drained and unlabelled; else 409."""
-    writer = writer or KubeTeardownWriter(client)
-    node = await get_node(client, name)
-    daemonsets = DaemonSets(client)
-    pods = [
-        await daemonsets.facts(pod.to_dict())
-        async for pod in client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": name})
-    ]
-    facts = NodeFacts(
-        name=name,
-        uid=str(node.metadata.uid if node.metadata else ""),
-        cordoned=bool(node.spec and node.spec.unschedulable),
-        labels=dict((node.metadata.labels if node.metadata else None) or {}),
-    )
-    if problems := removal_conflicts(facts, pods):
-        raise Conflict(f"Node {name} cannot be removed yet", error_lines(*problems))
-    try:
-        deleted = await writer.delete_node(name, facts.uid)
-    except ApiError as error:
-        raise Failed(
-            f"cannot delete Node {name}: {errors.code(error)} {error.status.message}",
-            reason="DeleteNodeError",
-        ) from None
-    if not deleted:
-        # Gone meanwhile (success), or another Node of that name registered since the
-        # checks (the uid precondition kept it): that one has not been checked.
-        try:
-            await get_node(client, name)
-        except NotFound:  # gone
-            return notes(f"node/{name} deleted")
-        raise Conflict(f"Node {name} registered again while it was being removed: ask again")
-    return notes(f"node/{name} deleted")

@@ -24,7 +24,7 @@ from lightkube import ApiError
 
 from metalmend.kube import errors
 from metalmend.teardown import drain as nodes
-from metalmend.teardown import http, params
+from metalmend.teardown import http, params, removal
 from metalmend.teardown import shutdown as kubelet
 from metalmend.web import auth
 from metalmend.web.status import Message, StatusError, body, documented
@@ -141,7 +141,7 @@ async def clear_labels(
     wanted = params.clear_labels(_query(request))
     async with _failing_as("ClearLabelsError"):
         await http.claim_for(request, name, "clear-labels")
-        messages = await nodes.clear_labels(request.app.state.services.client, name, wanted)
+        messages = await removal.clear_labels(request.app.state.services.client, name, wanted)
     return _success(f"Node {name} labels cleared", messages)
 
 
@@ -159,7 +159,7 @@ async def remove_from_cluster(
     params.no_parameters(_query(request))
     async with _failing_as("DeleteNodeError"):
         await http.claim_for(request, name, "remove-from-cluster")
-        messages = await nodes.remove_from_cluster(request.app.state.services.client, name)
+        messages = await removal.remove_from_cluster(request.app.state.services.client, name)
     return _success(f"Node {name} removed from the cluster", messages)
 
 
