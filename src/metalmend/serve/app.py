@@ -15,7 +15,6 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import httpx2
 from fastapi import FastAPI, Request
@@ -39,6 +38,7 @@ from metalmend.log import fields
 from metalmend.siteactions import routes as shipyard
 from metalmend.siteactions.policy.redeploy import RedeploySettings
 from metalmend.siteactions.redeploy import FIELD_MANAGER
+from metalmend.siteactions.steps import SiteServices
 from metalmend.siteactions.store import ActionStore
 from metalmend.siteactions.worker import ActionWorker
 from metalmend.teardown import decommission
@@ -234,7 +234,7 @@ def _shipyard(
     tasks: drydock.Drydock | None = app.state.drydock
     if services.database is None or tasks is None:
         return None
-    steps = SimpleNamespace(
+    steps = SiteServices(
         client=services.client, design_store=DesignStore(services.database),
         task_store=tasks.store, task_worker=tasks.worker, interlock=services.interlock,
         events=EventRecorder(services.client, component="metalmend-shipyard"),

@@ -18,14 +18,56 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from lightkube import AsyncClient
+
+from metalmend.clock import SYSTEM_CLOCK, Clock
+from metalmend.designs.store import DesignStore
+from metalmend.destroy.store import TaskStore
+from metalmend.kube.events import EventRecorder
 from metalmend.kube.impersonate import Who
+from metalmend.kube.rbac import Caller, Permission
+from metalmend.siteactions.policy.redeploy import RedeploySettings
+from metalmend.teardown.drain import Drainer
+from metalmend.teardown.interlock import Interlock
+from metalmend.teardown.policy.settings import TeardownSettings
+from metalmend.teardown.shutdown import KubeletShutdown
 
-# What the worker gives every step (the API client, the design and task stores, the
-# interlock, the Event recorder, the drainer, the kubelet shutdown, the teardown and action
-# settings, the clock), read by attribute.
-SiteServices = Any
+
+class Authorizer(Protocol):
+    """Asks RBAC whether a caller may (the gate of metalmend serve); raises
+    ``metalmend.errors.Refused`` when not."""
+
+    async def authorize(self, caller: Caller, permission: Permission, name: str) -> None: ...
+
+
+class Waker(Protocol):
+    """A worker that looks for new work when woken (Drydock's task worker)."""
+
+    def wake(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SiteServices:
+    """What the worker gives every step, built once by the application (``metalmend.serve``)."""
+
+    client: AsyncClient
+    design_store: DesignStore
+    task_store: TaskStore
+    interlock: Interlock  # the teardown claim (docs/design.md, invariant 7)
+    events: EventRecorder
+    drainer: Drainer
+    kubelet: KubeletShutdown
+    teardown: TeardownSettings
+    gate: Authorizer
+    impersonate: Callable[..., AsyncClient]  # kube.impersonate.impersonator
+    task_worker: Waker | None = None
+    clock: Clock = SYSTEM_CLOCK
+    redeploy: RedeploySettings = field(default_factory=RedeploySettings)
+    site_namespaces: tuple[str, ...] = ()
+    etcd_credentials_secrets: tuple[str, ...] = ()
+    site_label_prefixes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
