@@ -28,11 +28,10 @@ Drydock's destroy_nodes, docs/destroy.md) and ``redeploy``
 (``metalmend.siteactions.policy.redeploy.RedeploySettings``: redeploy_server's waits,
 docs/site-actions.md), besides ``runtime.kubeconfig``.
 
-Sections still to come join the tree the same way, each a frozen dataclass with a
-documented default per field, added to ``Settings`` with a default instance (so a file or
-environment written before it keeps loading): ``database`` (the design store: URL, pool
-size, statement timeout). A section that a policy reads is defined next to that policy,
-as ``power`` is.
+A new section joins the tree the same way, a frozen dataclass with a documented default
+per field, added to ``Settings`` with a default instance (so a file or environment written
+before it keeps loading). A section that a policy reads is defined next to that policy, as
+``power`` is (docs/architecture.md maps each section to its package).
 """
 
 from __future__ import annotations
@@ -52,6 +51,7 @@ import yaml
 
 from metalmend.bmc.settings import BmcSettings
 from metalmend.destroy.policy.destroy import DestroySettings
+from metalmend.policy import healthcheck as healthcheck_policy
 from metalmend.policy.hostpower import PowerSettings, RetrySettings
 from metalmend.policy.remediation import FenceMethod
 from metalmend.policy.remediation import Settings as RemediationSettings
@@ -144,7 +144,7 @@ class HealthCheckSettings:
     ``metalmend.dev/request-remediation-by``): Cluster API's own way by default, which
     every Cluster API setup understands."""
 
-    template_retry: float = 30.0
+    template_retry: float = healthcheck_policy.Settings.template_retry  # one default, the policy's
     """Seconds before looking again for a remediationTemplate that does not exist: a
     template is usually created moments after the check that names it (one ``kubectl
     apply``), and template changes are not watched."""

@@ -118,7 +118,7 @@ async def serve(settings: Settings) -> None:
             ssl_keyfile=str(options.tls_key) if options.tls_key else None,
             log_config=None,  # ours (metalmend.log), not uvicorn's
             access_log=True,
-            lifespan="on",  # starts and stops the task worker (serve/tasks.py)
+            lifespan="on",  # starts and stops the task worker (destroy/worker.py)
         )
         server = uvicorn.Server(harden(listening))
         where = f"{options.bind_address}:{options.port}"

@@ -329,7 +329,7 @@ def _secrets(ctx: StepContext) -> access.SecretReader:
 
 
 async def decommission(ctx: StepContext) -> str:
-    """serve/decommission.py's steps for each node, the design read in-process from the
+    """teardown/decommission.py's steps for each node, the design read in-process from the
     revision, every step claiming the host through the interlock (invariant 7). A node
     recorded done is not decommissioned again; one interrupted is asked again (each step
     finds its work done)."""

@@ -1,5 +1,6 @@
-"""Site actions' rules, decided purely (docs/site-actions.md): the groundwork of the
-Shipyard-style service; the service and its worker are not built yet.
+"""Site actions' rules, decided purely (docs/site-actions.md): the lifecycle of an action,
+the design versions Shipyard names, the parameters each action takes. The service
+(``siteactions.routes``) and its worker (``siteactions.worker``) ask these.
 
 Shipyard (its API reference, https://airship-shipyard.readthedocs.io) finds every design
 it works with by tags on the design store's revisions, and Airship's node teardown spec
