@@ -93,6 +93,17 @@ async def get_node(client: AsyncClient, name: str) -> Node:
         raise
 
 
+def write_refused(
+    error: ApiError, node: str, doing: str, reason: str, *, listed: bool = False
+) -> NotFound | Failed:
+    """A change to Node ``node`` the API server refused: NotFound when the Node is gone,
+    else Failed saying what was being done (``listed``: the message also as an error line)."""
+    if errors.is_not_found(error):
+        return not_found(node)
+    text = f"cannot {doing}: {errors.code(error)} {error.status.message}"
+    return Failed(text, error_lines(text) if listed else (), reason=reason)
+
+
 class DaemonSets:
     """Whether the DaemonSets owning pods still exist (a pod whose DaemonSet is gone is
     deleted, as by ``kubectl drain --force``); each asked once per request."""
@@ -296,12 +307,7 @@ class Drainer:
         try:
             await self.writer.cordon(node)
         except ApiError as error:
-            if errors.is_not_found(error):
-                raise not_found(node) from None
-            raise Failed(
-                f"cannot cordon Node {node}: {errors.code(error)} {error.status.message}",
-                reason="DrainNodeError",
-            ) from None
+            raise write_refused(error, node, f"cordon Node {node}", "DrainNodeError") from None
         run.cordoned = True
         run.done.append(Message(f"node/{node} cordoned", False))
 

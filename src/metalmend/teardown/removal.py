@@ -21,7 +21,7 @@ from metalmend.teardown.drain import (
     NodePods,
     TeardownWriter,
     get_node,
-    not_found,
+    write_refused,
 )
 from metalmend.teardown.policy.removal import (
     NodeFacts,
@@ -54,12 +54,8 @@ async def clear_labels(
     try:
         updated = await (writer or KubeTeardownWriter(client)).remove_labels(node, removing)
     except ApiError as error:
-        if errors.is_not_found(error):
-            raise not_found(name) from None
-        raise Failed(
-            f"cannot remove the labels of Node {name}: {errors.code(error)} {error.status.message}",
-            reason="ClearLabelsError",
-        ) from None
+        doing = f"remove the labels of Node {name}"
+        raise write_refused(error, name, doing, "ClearLabelsError") from None
     after = (updated or node).metadata
     now_labels = dict((after.labels if after else None) or {})
     done = notes(*(f"label {key} removed" for key in removing))

@@ -24,7 +24,7 @@ from metalmend.errors import Failed, Message, notes
 from metalmend.errors import errors as error_lines
 from metalmend.kube import errors
 from metalmend.log import fields
-from metalmend.teardown.drain import get_node, not_found
+from metalmend.teardown.drain import get_node, write_refused
 from metalmend.teardown.policy import shutdown as policy
 from metalmend.teardown.policy.settings import (
     DECOMMISSION_LABEL,
@@ -137,10 +137,7 @@ class KubeletShutdown:
         try:
             await self.writer.label_node(node, labels)
         except ApiError as error:
-            if errors.is_not_found(error):
-                raise not_found(node) from None
-            text = f"cannot label Node {node}: {errors.code(error)} {error.status.message}"
-            raise Failed(text, error_lines(text), reason=REASON) from None
+            raise write_refused(error, node, f"label Node {node}", REASON, listed=True) from None
 
     async def _lease_renewal(self, name: str) -> str | None:
         try:
