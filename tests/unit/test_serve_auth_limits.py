@@ -1,5 +1,5 @@
 """The TokenReview cache and the failed-authentication limit of ``metalmend serve``
-(serve/auth.py; docs/teardown.md, "Authorization"), on a clock the test moves."""
+(web/auth.py; docs/teardown.md, "Authorization"), on a clock the test moves."""
 
 from __future__ import annotations
 

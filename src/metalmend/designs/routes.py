@@ -88,9 +88,9 @@ def revision_view(summary: Any, request: Request) -> dict[str, Any]:
     " Putting exactly what the bucket holds creates no revision. Answer: the bucket's"
     " documents, each with status.bucket and status.revision.",
     responses=documented((200, "Success"), (409, "Conflict"), (413, "RequestEntityTooLarge")),
+    dependencies=[auth.Admit(PUT_DOCUMENTS, "bucket")],
 )
-async def put_documents(bucket: str, request: Request, credentials: auth.Credentials) -> Response:
-    await auth.admit(request, credentials, PUT_DOCUMENTS, bucket)
+async def put_documents(bucket: str, request: Request) -> Response:
     name = checked_name(bucket, "bucket")
     text = await bodies.read_design(request)
     async with bodies.design_gate(request):
@@ -117,9 +117,9 @@ async def put_documents(bucket: str, request: Request, credentials: auth.Credent
     "/revisions",
     summary="List revisions (query: tag, sort, order)",
     responses=documented((200, "Success")),
+    dependencies=[auth.Admit(LIST_REVISIONS)],
 )
-async def list_revisions(request: Request, credentials: auth.Credentials) -> Response:
-    await auth.admit(request, credentials, LIST_REVISIONS, "")
+async def list_revisions(request: Request) -> Response:
     try:
         query = rules.revision_query(request.query_params.multi_items())
     except DocumentsRejected as error:
@@ -141,9 +141,9 @@ async def list_revisions(request: Request, credentials: auth.Credentials) -> Res
     "/revisions",
     summary="Delete every revision, tag and document (numbering goes on)",
     responses=documented((204, "Success")),
+    dependencies=[auth.Admit(DELETE_ALL)],
 )
-async def delete_revisions(request: Request, credentials: auth.Credentials) -> Response:
-    await auth.admit(request, credentials, DELETE_ALL, "")
+async def delete_revisions(request: Request) -> Response:
     await run(request, lambda store: store.delete_all())
     return Response(status_code=204)
 
@@ -153,16 +153,15 @@ async def delete_revisions(request: Request, credentials: auth.Credentials) -> R
     name="get_revision",
     summary="A revision: id, createdAt, tags with their data, buckets",
     responses=documented((200, "Success"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_REVISION, "revision")],
 )
-async def get_revision(revision: str, request: Request, credentials: auth.Credentials) -> Response:
-    await auth.admit(request, credentials, GET_REVISION, revision)
+async def get_revision(revision: str, request: Request) -> Response:
     number = revision_id(revision)
     summary = await run(request, lambda store: store.revision(number))
     return yaml_answer(revision_view(summary, request))
 
 
-async def _documents(revision: str, request: Request, credentials: Any, rendered: bool) -> Response:
-    await auth.admit(request, credentials, GET_REVISION, revision)
+async def _documents(revision: str, request: Request, rendered: bool) -> Response:
     number = revision_id(revision)
     try:
         query = rules.document_query(request.query_params.multi_items(), rendered)
@@ -178,11 +177,10 @@ async def _documents(revision: str, request: Request, credentials: Any, rendered
     summary="A revision's documents as stored (filters: schema, metadata.name, metadata.label,"
     " status.bucket, metadata.layeringDefinition.abstract|layer; sort, order, limit)",
     responses=documented((200, "Success"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_REVISION, "revision")],
 )
-async def revision_documents(
-    revision: str, request: Request, credentials: auth.Credentials
-) -> Response:
-    return await _documents(revision, request, credentials, rendered=False)
+async def revision_documents(revision: str, request: Request) -> Response:
+    return await _documents(revision, request, rendered=False)
 
 
 @router.get(
@@ -191,23 +189,19 @@ async def revision_documents(
     description="The stored documents, abstract ones left out; the same filters as documents"
     " but the layeringDefinition ones.",
     responses=documented((200, "Success"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_REVISION, "revision")],
 )
-async def rendered_documents(
-    revision: str, request: Request, credentials: auth.Credentials
-) -> Response:
-    return await _documents(revision, request, credentials, rendered=True)
+async def rendered_documents(revision: str, request: Request) -> Response:
+    return await _documents(revision, request, rendered=True)
 
 
 @router.get(
     "/revisions/{first}/diff/{second}",
     summary="Per bucket: created, deleted, modified or unmodified (revision 0: empty)",
     responses=documented((200, "Success"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_REVISION, "first"), auth.Admit(GET_REVISION, "second")],
 )
-async def diff(
-    first: str, second: str, request: Request, credentials: auth.Credentials
-) -> Response:
-    await auth.admit(request, credentials, GET_REVISION, first)
-    await auth.admit(request, credentials, GET_REVISION, second)
+async def diff(first: str, second: str, request: Request) -> Response:
     a, b = revision_id(first), revision_id(second)
     changes = await run(request, lambda store: store.diff(a, b))
     return yaml_answer({bucket: str(change) for bucket, change in changes.items()})
@@ -217,9 +211,9 @@ async def diff(
     "/rollback/{revision}",
     summary="A new revision holding what this one held (0: nothing)",
     responses=documented((201, "Success"), (404, "NotFound")),
+    dependencies=[auth.Admit(ROLLBACK, "revision")],
 )
-async def rollback(revision: str, request: Request, credentials: auth.Credentials) -> Response:
-    await auth.admit(request, credentials, ROLLBACK, revision)
+async def rollback(revision: str, request: Request) -> Response:
     number = revision_id(revision)
     created = await run(request, lambda store: store.rollback(number))
     summary = await run(request, lambda store: store.revision(created))
@@ -248,11 +242,9 @@ def _shipyards(names: Sequence[str], number: int, doing: str) -> None:
     "/revisions/{revision}/tags/{tag}",
     summary="Tag a revision, with an optional YAML mapping as the tag's data (again: replaced)",
     responses=documented((201, "Success"), (404, "NotFound")),
+    dependencies=[auth.Admit(CREATE_TAG, "revision")],
 )
-async def create_tag(
-    revision: str, tag: str, request: Request, credentials: auth.Credentials
-) -> Response:
-    await auth.admit(request, credentials, CREATE_TAG, revision)
+async def create_tag(revision: str, tag: str, request: Request) -> Response:
     number, name = revision_id(revision), checked_name(tag, "tag")
     _shipyards([name], number, "set")
     try:
@@ -268,9 +260,9 @@ async def create_tag(
     "/revisions/{revision}/tags",
     summary="A revision's tags with their data",
     responses=documented((200, "Success"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_REVISION, "revision")],
 )
-async def list_tags(revision: str, request: Request, credentials: auth.Credentials) -> Response:
-    await auth.admit(request, credentials, GET_REVISION, revision)
+async def list_tags(revision: str, request: Request) -> Response:
     number = revision_id(revision)
     return yaml_answer(await run(request, lambda store: store.tags(number)))
 
@@ -279,11 +271,9 @@ async def list_tags(revision: str, request: Request, credentials: auth.Credentia
     "/revisions/{revision}/tags/{tag}",
     summary="One tag of a revision with its data",
     responses=documented((200, "Success"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_REVISION, "revision")],
 )
-async def get_tag(
-    revision: str, tag: str, request: Request, credentials: auth.Credentials
-) -> Response:
-    await auth.admit(request, credentials, GET_REVISION, revision)
+async def get_tag(revision: str, tag: str, request: Request) -> Response:
     number, name = revision_id(revision), checked_name(tag, "tag")
     found = await run(request, lambda store: store.tags(number))
     if name not in found:
@@ -295,11 +285,9 @@ async def get_tag(
     "/revisions/{revision}/tags/{tag}",
     summary="Remove one tag of a revision",
     responses=documented((204, "Success"), (404, "NotFound")),
+    dependencies=[auth.Admit(DELETE_TAG, "revision")],
 )
-async def delete_tag(
-    revision: str, tag: str, request: Request, credentials: auth.Credentials
-) -> Response:
-    await auth.admit(request, credentials, DELETE_TAG, revision)
+async def delete_tag(revision: str, tag: str, request: Request) -> Response:
     number, name = revision_id(revision), checked_name(tag, "tag")
     _shipyards([name], number, "removed")
     await run(request, lambda store: store.delete_tag(number, name))
@@ -310,9 +298,9 @@ async def delete_tag(
     "/revisions/{revision}/tags",
     summary="Remove every tag of a revision",
     responses=documented((204, "Success"), (404, "NotFound")),
+    dependencies=[auth.Admit(DELETE_TAG, "revision")],
 )
-async def delete_tags(revision: str, request: Request, credentials: auth.Credentials) -> Response:
-    await auth.admit(request, credentials, DELETE_TAG, revision)
+async def delete_tags(revision: str, request: Request) -> Response:
     number = revision_id(revision)
     _shipyards(list(await run(request, lambda store: store.tags(number))), number, "removed")
     await run(request, lambda store: store.delete_tags(number))

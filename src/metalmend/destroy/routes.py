@@ -132,9 +132,9 @@ def _bad(problem: str) -> StatusError:
     " filter_set: [{filter_type, node_names: [...]}]}, preserve-local-storage: false}."
     " 201 with the task (Drydock's Task); it runs in the background: GET /tasks/{task_id}.",
     responses=documented((201, "Task"), (404, "NotFound"), (409, "Conflict")),
+    dependencies=[auth.Admit(CREATE_TASKS)],
 )
-async def create_task(request: Request, credentials: auth.Credentials) -> JSONResponse:
-    await auth.admit(request, credentials, CREATE_TASKS, "")
+async def create_task(request: Request) -> JSONResponse:
     served = _drydock(request)
     try:
         wanted = model.read_request(await read_json(request))
@@ -190,9 +190,9 @@ async def _refuse_held(served: Drydock, nodes: tuple[str, ...], by: str) -> None
     "/tasks",
     summary="List tasks, newest first",
     responses=documented((200, "list of Tasks")),
+    dependencies=[auth.Admit(LIST_TASKS)],
 )
-async def list_tasks(request: Request, credentials: auth.Credentials) -> JSONResponse:
-    await auth.admit(request, credentials, LIST_TASKS, "")
+async def list_tasks(request: Request) -> JSONResponse:
     served = _drydock(request)
     found = await asyncio.to_thread(served.store.newest)
     return JSONResponse([t.to_wire() for t in found])
@@ -202,9 +202,9 @@ async def list_tasks(request: Request, credentials: auth.Credentials) -> JSONRes
     "/tasks/{task_id}",
     summary="One task: its status and result, per node",
     responses=documented((200, "Task"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_TASK, "task_id", limit=64)],
 )
-async def get_task(request: Request, task_id: str, credentials: auth.Credentials) -> JSONResponse:
-    await auth.admit(request, credentials, GET_TASK, task_id[:64])
+async def get_task(request: Request, task_id: str) -> JSONResponse:
     served = _drydock(request)
     found = await asyncio.to_thread(served.store.get, task_id) if len(task_id) <= 36 else None
     if found is None:

@@ -220,11 +220,9 @@ def _site_problems(docs: Sequence[dict[str, Any]], served: Shipyard) -> list[str
     " changes)|append|replace (discard the buffer first); empty-collection=true with an"
     " empty body deletes the collection. 201: a Status listing what validation found.",
     responses=documented((201, "Success"), (409, "Conflict"), (413, "RequestEntityTooLarge")),
+    dependencies=[auth.Admit(CREATE_CONFIGDOCS, "collection")],
 )
-async def create_configdocs(
-    collection: str, request: Request, credentials: auth.Credentials
-) -> JSONResponse:
-    await auth.admit(request, credentials, CREATE_CONFIGDOCS, collection)
+async def create_configdocs(collection: str, request: Request) -> JSONResponse:
     name = checked_name(collection, "collection")
     served = _shipyard(request)
     mode = request.query_params.get("buffermode", "rejectoncontents").lower()
@@ -267,11 +265,9 @@ async def _store_configdocs(
     summary="A collection's documents at a version (YAML)",
     description=VERSION_QUERY,
     responses=documented((200, "documents"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_CONFIGDOCS, "collection")],
 )
-async def get_configdocs(
-    collection: str, request: Request, credentials: auth.Credentials
-) -> Response:
-    await auth.admit(request, credentials, GET_CONFIGDOCS, collection)
+async def get_configdocs(collection: str, request: Request) -> Response:
     name = checked_name(collection, "collection")
     version = _version(request)
 
@@ -293,9 +289,9 @@ async def get_configdocs(
     description="Query: versions=A&versions=B (or version=A,B), or base-version=A&diff-version=B;"
     " default committed and buffer. The older version (Shipyard's order) is the base.",
     responses=documented((200, "list"), (404, "NotFound")),
+    dependencies=[auth.Admit(LIST_CONFIGDOCS)],
 )
-async def configdocs_status(request: Request, credentials: auth.Credentials) -> JSONResponse:
-    await auth.admit(request, credentials, LIST_CONFIGDOCS, "")
+async def configdocs_status(request: Request) -> JSONResponse:
     query = request.query_params
     raw = [*query.getlist("versions"), *query.getlist("version")]
     if "base-version" in query or "diff-version" in query:  # the spec's names for the two
@@ -323,9 +319,9 @@ async def configdocs_status(request: Request, credentials: auth.Credentials) -> 
     description="Query: force=true commits despite validation problems;"
     " dryrun=true only validates.",
     responses=documented((200, "Success"), (409, "Conflict")),
+    dependencies=[auth.Admit(COMMIT_CONFIGDOCS)],
 )
-async def commit_configdocs(request: Request, credentials: auth.Credentials) -> JSONResponse:
-    await auth.admit(request, credentials, COMMIT_CONFIGDOCS, "")
+async def commit_configdocs(request: Request) -> JSONResponse:
     served = _shipyard(request)
     force, dryrun = _flag(request, "force"), _flag(request, "dryrun")
     if force and not dryrun:
@@ -363,9 +359,9 @@ async def commit_configdocs(request: Request, credentials: auth.Credentials) -> 
     summary="Every document at a version (YAML)",
     description=VERSION_QUERY,
     responses=documented((200, "documents"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_RENDERED)],
 )
-async def rendered_configdocs(request: Request, credentials: auth.Credentials) -> Response:
-    await auth.admit(request, credentials, GET_RENDERED, "")
+async def rendered_configdocs(request: Request) -> Response:
     version = _version(request)
     return await documents_answer(
         await run(request, lambda store: _wire(store, _revision_of(store, version), None))
@@ -490,9 +486,13 @@ def _new_action(
     )  # fmt: skip
 
 
-@router.get("/actions", summary="Every action, newest first", responses=documented((200, "list")))
-async def list_actions(request: Request, credentials: auth.Credentials) -> JSONResponse:
-    await auth.admit(request, credentials, LIST_ACTIONS, "")
+@router.get(
+    "/actions",
+    summary="Every action, newest first",
+    responses=documented((200, "list")),
+    dependencies=[auth.Admit(LIST_ACTIONS)],
+)
+async def list_actions(request: Request) -> JSONResponse:
     served = _shipyard(request)
     found = await asyncio.to_thread(served.store.newest)
     return JSONResponse([a.listed() for a in found])
@@ -515,11 +515,9 @@ async def _found(request: Request, action_id: str) -> model.Action:
     "/actions/{action_id}",
     summary="One action, its steps and their notes",
     responses=documented((200, "action"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_ACTION, "action_id", limit=64)],
 )
-async def get_action(
-    action_id: str, request: Request, credentials: auth.Credentials
-) -> JSONResponse:
-    await auth.admit(request, credentials, GET_ACTION, action_id[:64])
+async def get_action(action_id: str, request: Request) -> JSONResponse:
     found = await _found(request, action_id)
     return JSONResponse(found.to_wire(_url(found.id)))
 
@@ -528,11 +526,9 @@ async def get_action(
     "/actions/{action_id}/steps/{step}",
     summary="One step of an action",
     responses=documented((200, "step"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_ACTION, "action_id", limit=64)],
 )
-async def get_step(
-    action_id: str, step: str, request: Request, credentials: auth.Credentials
-) -> JSONResponse:
-    await auth.admit(request, credentials, GET_ACTION, action_id[:64])
+async def get_step(action_id: str, step: str, request: Request) -> JSONResponse:
     found = (await _found(request, action_id)).step(step)
     if found is None:
         text = f"action {action_id} has no step {step[:64]!r}"
@@ -545,11 +541,9 @@ async def get_step(
     status_code=202,
     summary="Stop an action: the running step ends at its next wait, no further step starts",
     responses=documented((202, "Accepted"), (404, "NotFound"), (409, "Conflict")),
+    dependencies=[auth.Admit(CONTROL_ACTION, "action_id", limit=64)],
 )
-async def control_action(
-    action_id: str, verb: str, request: Request, credentials: auth.Credentials
-) -> JSONResponse:
-    await auth.admit(request, credentials, CONTROL_ACTION, action_id[:64])
+async def control_action(action_id: str, verb: str, request: Request) -> JSONResponse:
     if verb != "stop":
         text = f"{verb[:32]!r} is not an action control; the one control is stop"
         raise StatusError(400, "BadRequest", text, errors(text))

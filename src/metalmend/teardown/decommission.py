@@ -159,11 +159,11 @@ def _seconds(description: str) -> Any:
     " kubelet down. 500 DisassociateStepFailure with one message per step when a step"
     " fails; a kubelet that is not seen stopped is reported but does not fail it.",
     responses=documented((200, "Success"), (404, "NotFound"), (500, "DisassociateStepFailure")),
+    dependencies=[auth.Admit(auth.DECOMMISSION, "node_id")],
 )
 async def decommission(
     request: Request,
     node_id: str,
-    credentials: auth.Credentials,
     drain_node_timeout: Annotated[
         str | None, Query(alias="drain-node-timeout", description="The drain's timeout (3600).")
     ] = None,
@@ -185,7 +185,6 @@ async def decommission(
     # Documented above for OpenAPI; read with their checks from the query.
     del drain_node_timeout, drain_node_grace_period, clear_labels_timeout
     del remove_etcd_timeout, etcd_ready_timeout
-    await auth.admit(request, credentials, auth.DECOMMISSION, node_id)
     name = params.node_name(node_id)
     wanted = params.decommission(request.query_params.multi_items(), await etcd.read_body(request))
     services = request.app.state.services

@@ -19,7 +19,6 @@ from typing import Annotated, Any
 import httpx2
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials
 from lightkube import ApiError
 
 from metalmend.kube import errors
@@ -33,20 +32,10 @@ from metalmend.web.status import errors as error_lines
 PREFIX = "/promenade/api/v1.0"
 
 router = APIRouter(tags=["promenade"])
-Credentials = auth.Credentials
 
 
 def _documented(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
     return documented(*answers, (404, "NotFound"))  # every node step names a Node
-
-
-async def _admit(
-    request: Request, credentials: HTTPAuthorizationCredentials | None,
-    permission: auth.Permission, node_id: str,
-) -> str:  # fmt: skip
-    """Authenticate, authorize for the Node named in the path, then check the name."""
-    await auth.admit(request, credentials, permission, node_id)
-    return params.node_name(node_id)
 
 
 @contextlib.asynccontextmanager
@@ -92,11 +81,11 @@ async def health() -> Response:
     " --force --delete-emptydir-data --ignore-daemonsets` (DaemonSet and mirror pods stay)."
     " No body. 500 DrainNodeError names every pod left and why.",
     responses=_documented((200, "Success"), (500, "DrainNodeError")),
+    dependencies=[auth.Admit(auth.DRAIN, "node_id")],
 )
 async def drain(
     request: Request,
     node_id: str,
-    credentials: Credentials,
     timeout: Annotated[  # noqa: ASYNC109 (a query parameter, documented for OpenAPI)
         str | None, Query(description="Whole seconds for the whole drain (default 3600).")
     ] = None,
@@ -110,7 +99,7 @@ async def drain(
     ] = None,
 ) -> JSONResponse:
     del timeout, grace_period  # documented above; read with their checks from the query
-    name = await _admit(request, credentials, auth.DRAIN, node_id)
+    name = params.node_name(node_id)
     wanted = params.drain(_query(request))
     drainer: nodes.Drainer = request.app.state.services.drainer
     async with _failing_as("DrainNodeError"):
@@ -126,18 +115,18 @@ async def drain(
     " DaemonSet pods that no longer fit it to be removed. No body. 500 ClearLabelsError names"
     " the pods that did not settle within the timeout.",
     responses=_documented((200, "Success"), (500, "ClearLabelsError")),
+    dependencies=[auth.Admit(auth.CLEAR_LABELS, "node_id")],
 )
 async def clear_labels(
     request: Request,
     node_id: str,
-    credentials: Credentials,
     timeout: Annotated[  # noqa: ASYNC109 (a query parameter, documented for OpenAPI)
         str | None,
         Query(description="Whole seconds allowed for pods to settle (default 1800)."),
     ] = None,
 ) -> JSONResponse:
     del timeout  # documented above; read with its checks from the query
-    name = await _admit(request, credentials, auth.CLEAR_LABELS, node_id)
+    name = params.node_name(node_id)
     wanted = params.clear_labels(_query(request))
     async with _failing_as("ClearLabelsError"):
         await http.claim_for(request, name, "clear-labels")
@@ -151,11 +140,10 @@ async def clear_labels(
     description="409 Conflict unless the Node is cordoned, drained, and has no label other"
     " than promenade-decomission. No body.",
     responses=_documented((200, "Success"), (409, "Conflict"), (500, "DeleteNodeError")),
+    dependencies=[auth.Admit(auth.REMOVE_FROM_CLUSTER, "node_id")],
 )
-async def remove_from_cluster(
-    request: Request, node_id: str, credentials: Credentials
-) -> JSONResponse:
-    name = await _admit(request, credentials, auth.REMOVE_FROM_CLUSTER, node_id)
+async def remove_from_cluster(request: Request, node_id: str) -> JSONResponse:
+    name = params.node_name(node_id)
     params.no_parameters(_query(request))
     async with _failing_as("DeleteNodeError"):
         await http.claim_for(request, name, "remove-from-cluster")
@@ -171,11 +159,10 @@ async def remove_from_cluster(
     " kubelet there, then wait until the kubelet is seen stopped (its Lease no longer"
     " renewed). No body. 500 ShutdownKubeletError says what the cluster shows.",
     responses=_documented((200, "Success"), (500, "ShutdownKubeletError")),
+    dependencies=[auth.Admit(auth.SHUTDOWN_KUBELET, "node_id")],
 )
-async def shutdown_kubelet(
-    request: Request, node_id: str, credentials: Credentials
-) -> JSONResponse:
-    name = await _admit(request, credentials, auth.SHUTDOWN_KUBELET, node_id)
+async def shutdown_kubelet(request: Request, node_id: str) -> JSONResponse:
+    name = params.node_name(node_id)
     params.no_parameters(_query(request))
     shutdown: kubelet.KubeletShutdown = request.app.state.services.kubelet
     async with _failing_as(kubelet.REASON):

@@ -265,6 +265,21 @@ async def admit(
     request.state.caller = caller  # who the teardown claim names (serve.interlock)
 
 
+def Admit(permission: Permission, name: str | None = None, *, limit: int | None = None) -> Any:
+    """The gate as a FastAPI dependency, one per endpoint (``dependencies=[Admit(...)]``):
+    the caller authenticated and authorized for ``permission`` on the path parameter
+    ``name`` (its first ``limit`` characters; no name: the whole collection) before the
+    endpoint runs, else 401, 403 or 429. The caller is then ``request.state.caller``."""
+
+    async def admitted(request: Request, credentials: Credentials) -> Caller:
+        target = str(request.path_params.get(name, "")) if name else ""
+        await admit(request, credentials, permission, target[:limit])
+        caller: Caller = request.state.caller
+        return caller
+
+    return Depends(admitted)
+
+
 async def authenticate(
     request: Request, credentials: HTTPAuthorizationCredentials | None
 ) -> Caller:

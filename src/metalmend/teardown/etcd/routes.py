@@ -43,7 +43,6 @@ from metalmend.web.status import body, documented
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["promenade"])
-Credentials = auth.Credentials
 
 HEALTH_KIND = "HealthMessage"
 
@@ -172,17 +171,16 @@ def _lines(outcomes: list[members.Outcome], wanted: set[members.Result]) -> list
     responses=documented(
         (200, "Success"), (404, "NotFound"), (500, "RemoveEtcdError"), (500, "EtcdNotAccessible")
     ),
+    dependencies=[auth.Admit(auth.REMOVE_ETCD, "node_id")],
 )
 async def remove_etcd(
     request: Request,
     node_id: str,
-    credentials: Credentials,
     timeout: Annotated[  # noqa: ASYNC109 (a query parameter, documented for OpenAPI)
         str | None, Query(description="Whole seconds allowed for the removal (default 1800).")
     ] = None,
 ) -> JSONResponse:
     del timeout  # documented above; read with its checks from the query
-    await auth.admit(request, credentials, auth.REMOVE_ETCD, node_id)
     name = params.node_name(node_id)
     wanted = params.remove_etcd(request.query_params.multi_items(), await read_body(request))
     await nodes.get_node(request.app.state.services.client, name)
@@ -215,16 +213,15 @@ async def remove_etcd(
     responses=documented(
         (200, "Success"), (400, "MissingDesignRef"), (404, "NotFound"), (500, "EtcdNotAccessible")
     ),
+    dependencies=[auth.Admit(auth.ETCD_HEALTH)],
 )
 async def etcd_health(
     request: Request,
-    credentials: Credentials,
     design_ref: Annotated[
         str | None, Query(description="The design reference that locates the etcd clusters.")
     ] = None,
 ) -> JSONResponse:
     del design_ref  # documented above; read with its checks from the query
-    await auth.admit(request, credentials, auth.ETCD_HEALTH, "")
     ref = params.etcd_health(request.query_params.multi_items())
     design = await load_design(request, ref, "EtcdNotAccessible", missing_code=404)
     named = access_of(request).etcd_credentials_secrets
