@@ -38,7 +38,7 @@ from metalmend.kube.events import EventRecorder
 from metalmend.log import fields
 from metalmend.policy import interlock as claims
 from metalmend.teardown.interlock import Interlock
-from metalmend.web import auth, context
+from metalmend.web import auth, context, deps
 from metalmend.web.auth import caller_of
 from metalmend.web.bodies import read_json
 from metalmend.web.status import Message, StatusError, documented
@@ -81,7 +81,7 @@ def install(
     The worker is started by the application's lifespan (``start``)."""
     app.include_router(router, prefix=PREFIX)
     if database is None or pool is None:
-        app.state.drydock = None
+        deps.provide(app, Drydock, None)
         return
     store = TaskStore(database)
     events = EventRecorder(client, component="metalmend-serve")
@@ -94,23 +94,23 @@ def install(
         )  # fmt: skip
 
     worker = TaskWorker(store, runner, settings, clock)
-    app.state.drydock = Drydock(store, worker, interlock, clock)
+    deps.provide(app, Drydock, Drydock(store, worker, interlock, clock))
 
 
 def start(app: FastAPI) -> None:
-    served: Drydock | None = getattr(app.state, "drydock", None)
+    served = deps.find(app, Drydock)
     if served is not None:
         served.worker.start()
 
 
 async def stop(app: FastAPI) -> None:
-    served: Drydock | None = getattr(app.state, "drydock", None)
+    served = deps.find(app, Drydock)
     if served is not None:
         await served.worker.stop()
 
 
 def _drydock(request: Request) -> Drydock:
-    served: Drydock | None = getattr(request.app.state, "drydock", None)
+    served = deps.find(request.app, Drydock)
     if served is None:
         raise StatusError(
             503, "ServiceUnavailable",
@@ -140,7 +140,7 @@ async def create_task(request: Request) -> JSONResponse:
         wanted = model.read_request(await read_json(request))
     except model.RequestProblem as problem:
         raise _bad(str(problem)) from None
-    gate: auth.Gate = request.app.state.services.gate
+    gate = deps.of(request, auth.Gate)
     for node in wanted.nodes:
         await gate.authorize(request.state.caller, DESTROY_NODE, node)
     by = caller_of(request)

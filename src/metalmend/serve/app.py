@@ -49,7 +49,7 @@ from metalmend.teardown.interlock import Interlock
 from metalmend.teardown.params import RequestRejected
 from metalmend.teardown.policy.settings import TeardownSettings
 from metalmend.teardown.shutdown import KubeletShutdown
-from metalmend.web import auth, context
+from metalmend.web import auth, context, deps
 from metalmend.web.auth import Gate
 from metalmend.web.bodies import BodyLimits
 from metalmend.web.status import Message, StatusError, body, reason_for, status_of
@@ -119,7 +119,7 @@ def create_app(
         openapi_url=None,
     )
     teardown = teardown or TeardownSettings()
-    app.state.services = Services(
+    app_services = Services(
         client=client,
         gate=Gate(client, limits),
         drainer=Drainer(client, teardown),
@@ -128,19 +128,23 @@ def create_app(
         database=database,
         bodies=bodies or BodyLimits(),
     )
+    _provide(app, app_services)
     # Allowed design URLs and etcd credentials Secrets (serve settings; none by default)
-    app.state.etcd_access = etcd_access or etcd.EtcdAccess()
+    deps.provide(app, etcd.EtcdAccess, etcd_access or etcd.EtcdAccess())
     app.include_router(promenade.router, prefix=promenade.PREFIX)
     app.include_router(etcd.router, prefix=promenade.PREFIX)  # remove-etcd, etcd health
     app.include_router(decommission.router, prefix=promenade.PREFIX)
     app.include_router(deckhand.router, prefix=deckhand.PREFIX)  # design revisions
     # destroy_nodes tasks: they need the database and the BMCs (their drives)
-    interlock = app.state.services.interlock
+    interlock = app_services.interlock
     destroy = destroy or DestroySettings()
     drydock.install(app, client, interlock, database, drives, destroy)
     # Site actions (Shipyard): they need the database and the task worker (destroy).
     shipyard.install(
-        app, _shipyard(app, teardown, destroy, redeploy, site_namespaces, site_label_prefixes)
+        app,
+        _shipyard(
+            app, app_services, teardown, destroy, redeploy, site_namespaces, site_label_prefixes
+        ),
     )
     app.add_middleware(context.ContextMarker)  # X-Context-Marker: checked, echoed, logged
 
@@ -221,8 +225,21 @@ def create_app(
     return app
 
 
+def _provide(app: FastAPI, services: Services) -> None:
+    """What the routers reach by type (``metalmend.web.deps``)."""
+    deps.provide(app, AsyncClient, services.client)
+    deps.provide(app, Gate, services.gate)
+    deps.provide(app, Drainer, services.drainer)
+    deps.provide(app, KubeletShutdown, services.kubelet)
+    deps.provide(app, Interlock, services.interlock)
+    deps.provide(app, Database, services.database)
+    deps.provide(app, BodyLimits, services.bodies)
+    deps.provide(app, asyncio.Semaphore, services.design_gate)
+
+
 def _shipyard(
     app: FastAPI,
+    services: Services,
     teardown: TeardownSettings,
     destroy: DestroySettings,
     redeploy: RedeploySettings | None,
@@ -230,8 +247,7 @@ def _shipyard(
     label_prefixes: tuple[str, ...],
 ) -> shipyard.Shipyard | None:
     """The action store and worker, and what the steps are given (``shipyard.steps``)."""
-    services: Services = app.state.services
-    tasks: drydock.Drydock | None = app.state.drydock
+    tasks = deps.find(app, drydock.Drydock)
     if services.database is None or tasks is None:
         return None
     steps = SiteServices(

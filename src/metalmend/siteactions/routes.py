@@ -41,7 +41,7 @@ from metalmend.siteactions.policy import deploysite
 from metalmend.siteactions.policy.actions import ActionLifecycle, ActionName, Version
 from metalmend.siteactions.store import ActionStore
 from metalmend.siteactions.worker import ActionWorker
-from metalmend.web import auth, bodies, context
+from metalmend.web import auth, bodies, context, deps
 from metalmend.web.status import Message, StatusError, body, documented, errors, notes
 
 log = logging.getLogger(__name__)
@@ -82,23 +82,23 @@ class Shipyard:
 
 def install(app: FastAPI, served: Shipyard | None) -> None:
     app.include_router(router, prefix=PREFIX)
-    app.state.shipyard = served
+    deps.provide(app, Shipyard, served)
 
 
 def start(app: FastAPI) -> None:
-    served: Shipyard | None = getattr(app.state, "shipyard", None)
+    served = deps.find(app, Shipyard)
     if served is not None:
         served.worker.start()
 
 
 async def stop(app: FastAPI) -> None:
-    served: Shipyard | None = getattr(app.state, "shipyard", None)
+    served = deps.find(app, Shipyard)
     if served is not None:
         await served.worker.stop()
 
 
 def _shipyard(request: Request) -> Shipyard:
-    served: Shipyard | None = getattr(request.app.state, "shipyard", None)
+    served = deps.find(request.app, Shipyard)
     if served is None:
         raise StatusError(503, "ServiceUnavailable", "metalmend serve has no database")
     return served
@@ -325,7 +325,7 @@ async def commit_configdocs(request: Request) -> JSONResponse:
     served = _shipyard(request)
     force, dryrun = _flag(request, "force"), _flag(request, "dryrun")
     if force and not dryrun:
-        gate: auth.Gate = request.app.state.services.gate
+        gate = deps.of(request, auth.Gate)
         await gate.authorize(request.state.caller, FORCE_COMMIT, "")
 
     def buffered(store: DesignStore) -> tuple[int, list[dict[str, Any]]]:
@@ -412,7 +412,7 @@ def _url(action_id: str) -> str:
     responses=documented((201, "action"), (409, "Conflict")),
 )
 async def create_action(request: Request, credentials: auth.Credentials) -> JSONResponse:
-    gate: auth.Gate = request.app.state.services.gate
+    gate = deps.of(request, auth.Gate)
     caller = await auth.authenticate(request, credentials)
     name, parameters = await _action_body(request)
     await gate.authorize(caller, CREATE_ACTION, str(name))

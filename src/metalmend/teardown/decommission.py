@@ -29,10 +29,11 @@ from metalmend.teardown import http, interlock, params, removal
 from metalmend.teardown.etcd import access, members
 from metalmend.teardown.etcd import routes as etcd
 from metalmend.teardown.etcd.design import Design
+from metalmend.teardown.interlock import Interlock
 from metalmend.teardown.policy import decommission as policy
 from metalmend.teardown.policy.settings import TeardownSettings
 from metalmend.teardown.shutdown import KubeletShutdown
-from metalmend.web import auth
+from metalmend.web import auth, deps
 from metalmend.web.status import body, documented
 
 log = logging.getLogger(__name__)
@@ -187,16 +188,15 @@ async def decommission(
     del remove_etcd_timeout, etcd_ready_timeout
     name = params.node_name(node_id)
     wanted = params.decommission(request.query_params.multi_items(), await etcd.read_body(request))
-    services = request.app.state.services
-    await nodes.get_node(services.client, name)
+    client = deps.of(request, AsyncClient)
+    drainer = deps.of(request, nodes.Drainer)
+    await nodes.get_node(client, name)
     design = await etcd.load_design(request, wanted.design_ref, "DisassociateStepFailure")
     await http.claim_for(request, name, "decommission")  # 409 before any step
-    secrets = access.secret_reader(
-        services.client, etcd.access_of(request).etcd_credentials_secrets
-    )
+    secrets = access.secret_reader(client, etcd.access_of(request).etcd_credentials_secrets)
     verdict = await Decommission(
-        services.client, services.drainer, services.kubelet, services.drainer.settings,
-        design, name, wanted, claims=services.interlock, by=auth.caller_of(request),
+        client, drainer, deps.of(request, KubeletShutdown), drainer.settings,
+        design, name, wanted, claims=deps.of(request, Interlock), by=auth.caller_of(request),
         secrets=secrets,
     ).run()  # fmt: skip
     messages = [Message(text, error) for text, error in verdict.lines]

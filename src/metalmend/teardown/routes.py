@@ -19,13 +19,13 @@ from typing import Annotated, Any
 import httpx2
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
-from lightkube import ApiError
+from lightkube import ApiError, AsyncClient
 
 from metalmend.kube import errors
 from metalmend.teardown import drain as nodes
 from metalmend.teardown import http, params, removal
 from metalmend.teardown import shutdown as kubelet
-from metalmend.web import auth
+from metalmend.web import auth, deps
 from metalmend.web.status import Message, StatusError, body, documented
 from metalmend.web.status import errors as error_lines
 
@@ -101,7 +101,7 @@ async def drain(
     del timeout, grace_period  # documented above; read with their checks from the query
     name = params.node_name(node_id)
     wanted = params.drain(_query(request))
-    drainer: nodes.Drainer = request.app.state.services.drainer
+    drainer = deps.of(request, nodes.Drainer)
     async with _failing_as("DrainNodeError"):
         await http.claim_for(request, name, "drain")
         messages = await drainer.drain(name, wanted)
@@ -130,7 +130,7 @@ async def clear_labels(
     wanted = params.clear_labels(_query(request))
     async with _failing_as("ClearLabelsError"):
         await http.claim_for(request, name, "clear-labels")
-        messages = await removal.clear_labels(request.app.state.services.client, name, wanted)
+        messages = await removal.clear_labels(deps.of(request, AsyncClient), name, wanted)
     return _success(f"Node {name} labels cleared", messages)
 
 
@@ -147,7 +147,7 @@ async def remove_from_cluster(request: Request, node_id: str) -> JSONResponse:
     params.no_parameters(_query(request))
     async with _failing_as("DeleteNodeError"):
         await http.claim_for(request, name, "remove-from-cluster")
-        messages = await removal.remove_from_cluster(request.app.state.services.client, name)
+        messages = await removal.remove_from_cluster(deps.of(request, AsyncClient), name)
     return _success(f"Node {name} removed from the cluster", messages)
 
 
@@ -164,7 +164,7 @@ async def remove_from_cluster(request: Request, node_id: str) -> JSONResponse:
 async def shutdown_kubelet(request: Request, node_id: str) -> JSONResponse:
     name = params.node_name(node_id)
     params.no_parameters(_query(request))
-    shutdown: kubelet.KubeletShutdown = request.app.state.services.kubelet
+    shutdown = deps.of(request, kubelet.KubeletShutdown)
     async with _failing_as(kubelet.REASON):
         await http.claim_for(request, name, "shutdown-kubelet")
         messages = await shutdown.shutdown(name)

@@ -46,6 +46,7 @@ from metalmend.kube.rbac import API_GROUP as API_GROUP
 from metalmend.kube.rbac import Caller as Caller
 from metalmend.kube.rbac import Permission as Permission
 from metalmend.log import fields
+from metalmend.web import deps
 from metalmend.web.status import StatusError
 
 log = logging.getLogger(__name__)
@@ -259,7 +260,7 @@ async def admit(
 ) -> None:
     """Authenticate the caller (TokenReview) and authorize ``permission`` on ``name``
     (SubjectAccessReview): 401/403 as Status bodies. Every endpoint's first step."""
-    gate: Gate = request.app.state.services.gate
+    gate = deps.of(request, Gate)
     caller = await authenticate(request, credentials)
     await gate.authorize(caller, permission, name)
     request.state.caller = caller  # who the teardown claim names (serve.interlock)
@@ -284,7 +285,7 @@ async def authenticate(
     request: Request, credentials: HTTPAuthorizationCredentials | None
 ) -> Caller:
     """The caller of ``request`` (TokenReview, cached briefly), or 401/429."""
-    gate: Gate = request.app.state.services.gate
+    gate = deps.of(request, Gate)
     header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
     return await gate.caller(header, request.client.host if request.client else "")
 

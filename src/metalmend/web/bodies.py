@@ -26,6 +26,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from metalmend.web import deps
 from metalmend.web.status import StatusError, errors
 from metalmend.yamlsafe import YamlLimits
 
@@ -51,14 +52,12 @@ SMALL_YAML = YamlLimits(documents=1, values=SMALL_BODY, characters=SMALL_BODY)
 
 
 def limits_of(request: Request) -> BodyLimits:
-    limits: BodyLimits = request.app.state.services.bodies
-    return limits
+    return deps.find(request.app, BodyLimits) or BodyLimits()
 
 
 def design_gate(request: Request) -> asyncio.Semaphore:
     """Held from parsing a design body to its answer: one design at a time."""
-    gate: asyncio.Semaphore = request.app.state.services.design_gate
-    return gate
+    return deps.of(request, asyncio.Semaphore)
 
 
 def too_large(limit: int, setting: str = "") -> StatusError:

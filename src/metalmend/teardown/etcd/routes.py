@@ -28,6 +28,7 @@ import httpx
 import yaml
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
+from lightkube import AsyncClient
 
 from metalmend import yamlsafe
 from metalmend.designs import access as deckhand
@@ -38,7 +39,7 @@ from metalmend.teardown import drain as nodes
 from metalmend.teardown import http, params
 from metalmend.teardown.etcd import access, members
 from metalmend.teardown.etcd import design as designs
-from metalmend.web import auth, bodies
+from metalmend.web import auth, bodies, deps
 from metalmend.web.status import body, documented
 
 log = logging.getLogger(__name__)
@@ -91,8 +92,7 @@ class EtcdAccess:
 
 
 def access_of_app(app: Any) -> EtcdAccess:
-    found = getattr(app.state, "etcd_access", None)
-    return found if isinstance(found, EtcdAccess) else EtcdAccess()
+    return deps.find(app, EtcdAccess) or EtcdAccess()
 
 
 def access_of(request: Request) -> EtcdAccess:
@@ -144,7 +144,7 @@ async def _revision(request: Request, ref: designref.DesignRef) -> list[Any]:
     must therefore be allowed to read it (``get revisions``, deckhand.metalmend.dev)."""
     assert ref.revision is not None
     number = ref.revision
-    gate: auth.Gate = request.app.state.services.gate
+    gate = deps.of(request, auth.Gate)
     await gate.authorize(request.state.caller, deckhand.GET_REVISION, str(number))
     try:
         entries = await deckhand.run(request, lambda store: store.entries(number))
@@ -183,11 +183,11 @@ async def remove_etcd(
     del timeout  # documented above; read with its checks from the query
     name = params.node_name(node_id)
     wanted = params.remove_etcd(request.query_params.multi_items(), await read_body(request))
-    await nodes.get_node(request.app.state.services.client, name)
+    await nodes.get_node(deps.of(request, AsyncClient), name)
     design = await load_design(request, wanted.design_ref, "RemoveEtcdError")
     await http.claim_for(request, name, "remove-etcd")
     named = access_of(request).etcd_credentials_secrets
-    secrets = access.secret_reader(request.app.state.services.client, named)
+    secrets = access.secret_reader(deps.of(request, AsyncClient), named)
     outcomes = await members.remove_member(design, name, timeout=wanted.timeout, secrets=secrets)
     failed = {members.Result.REFUSED, members.Result.UNREACHABLE, members.Result.TIMED_OUT}
     messages = _lines(outcomes, failed)
@@ -225,7 +225,7 @@ async def etcd_health(
     ref = params.etcd_health(request.query_params.multi_items())
     design = await load_design(request, ref, "EtcdNotAccessible", missing_code=404)
     named = access_of(request).etcd_credentials_secrets
-    secrets = access.secret_reader(request.app.state.services.client, named)
+    secrets = access.secret_reader(deps.of(request, AsyncClient), named)
     report = await members.cluster_health(design, secrets=secrets)
     messages: list[Message] = []
     for cluster in report:
