@@ -60,7 +60,8 @@ tools:
 	  fi; }
 	@bash tools/postgres/install.sh  # PostgreSQL for the design store's tests (tests/postgres.py)
 
-# The import contract (policy without I/O, the lab kept out of the controller) is a test.
+# The import contract is a test (docs/architecture.md): the layers, the components meeting
+# through named interfaces, policy without I/O, the lab kept out, no cycle.
 lint: venv
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy

@@ -40,7 +40,7 @@ from lightkube.models.rbac_v1 import RoleRef, Subject
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
 from benchmarks import design_store
-from metalmend.design import yamlsafe
+from metalmend import yamlsafe
 from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig, free_port
 
 SERVE_RBAC = Path(__file__).resolve().parents[1] / "deploy" / "rbac" / "serve.yaml"

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from metalmend.db import Database
-from metalmend.design import documents
-from metalmend.design.store import DesignStore
+from metalmend.designs import documents
+from metalmend.designs.store import DesignStore
 
 DOCUMENTS = 2000
 CHANGED = 20  # 1%

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import httpx
 
-from metalmend.etcd import design, members
 from metalmend.lab import lab, siteetcd
+from metalmend.teardown.etcd import design, members
 
 RETRIES = 20
 HEALTH = 20

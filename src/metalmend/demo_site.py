@@ -46,10 +46,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from metalmend.api.resources import BareMetalHost
-from metalmend.etcd.client import EtcdClient
 from metalmend.lab import drives, lab, siteetcd, sitetimeline
 from metalmend.lab.hosts import NAMESPACE
 from metalmend.lab.inventory import status_path
+from metalmend.teardown.etcd.client import EtcdClient
 
 SHIPYARD = "/shipyard/api/v1.0"
 TARGET = "worker-1"

@@ -21,18 +21,17 @@ below. Every value is checked the same way whichever place it came from; a bad o
 line naming that place (``SettingsError``). The Helm chart renders the file from its
 values into a ConfigMap and may set single fields by environment.
 
-``metalmend serve`` reads ``serve`` (``metalmend.serve.settings.ServeSettings``: bind
-address, port, TLS) and ``teardown`` (``metalmend.policy.teardown.TeardownSettings``: the
-node-teardown steps' retries) and ``destroy`` (``metalmend.policy.destroy.DestroySettings``:
+``metalmend serve`` reads ``serve`` (``metalmend.web.settings.ServeSettings``: bind
+address, port, TLS) and ``teardown`` (``metalmend.teardown.policy.settings.TeardownSettings``: the
+node-teardown steps' retries) and ``destroy`` (``metalmend.destroy.policy.destroy.DestroySettings``:
 Drydock's destroy_nodes, docs/destroy.md) and ``redeploy``
-(``metalmend.policy.redeploy.RedeploySettings``: redeploy_server's waits,
+(``metalmend.siteactions.policy.redeploy.RedeploySettings``: redeploy_server's waits,
 docs/site-actions.md), besides ``runtime.kubeconfig``.
 
-Sections still to come join the tree the same way, each a frozen dataclass with a
-documented default per field, added to ``Settings`` with a default instance (so a file or
-environment written before it keeps loading): ``database`` (the design store: URL, pool
-size, statement timeout). A section that a policy reads is defined next to that policy,
-as ``power`` is.
+A new section joins the tree the same way, a frozen dataclass with a documented default
+per field, added to ``Settings`` with a default instance (so a file or environment written
+before it keeps loading). A section that a policy reads is defined next to that policy, as
+``power`` is (docs/architecture.md maps each section to its package).
 """
 
 from __future__ import annotations
@@ -51,16 +50,28 @@ from typing import Any
 import yaml
 
 from metalmend.bmc.settings import BmcSettings
-from metalmend.policy.destroy import DestroySettings
+from metalmend.destroy.policy.destroy import DestroySettings
+from metalmend.policy import healthcheck as healthcheck_policy
 from metalmend.policy.hostpower import PowerSettings, RetrySettings
-from metalmend.policy.redeploy import RedeploySettings
 from metalmend.policy.remediation import FenceMethod
 from metalmend.policy.remediation import Settings as RemediationSettings
-from metalmend.policy.teardown import TeardownSettings
-from metalmend.serve.settings import ServeSettings
+from metalmend.siteactions.policy.redeploy import RedeploySettings
+from metalmend.teardown.policy.settings import TeardownSettings
+from metalmend.web.settings import ServeSettings
 
 ENV_PREFIX = "METALMEND_"
 ALL_CONTROLLERS = "all"
+# Every controller ``metalmend run`` can start, in the order ``all`` starts them; the
+# registry (metalmend.controllers.registry) maps each name to its setup, and a test holds
+# the two equal. Named here so that the settings need not import the controllers, which
+# import the settings.
+CONTROLLER_NAMES = (
+    "node-link",
+    "host-power",
+    "machine-health-check",
+    "metal3-remediation",
+    "machine-remediation",
+)
 
 
 class LogLevel(StrEnum):
@@ -119,10 +130,8 @@ class RuntimeSettings:
     @property
     def controller_names(self) -> list[str]:
         """``controllers`` with ``all`` spelt out, in the registry's order."""
-        from metalmend.controllers import registry  # the registry imports this module
-
         if ALL_CONTROLLERS in self.controllers:
-            return list(registry.CONTROLLERS)
+            return list(CONTROLLER_NAMES)
         return list(self.controllers)
 
 
@@ -135,7 +144,7 @@ class HealthCheckSettings:
     ``metalmend.dev/request-remediation-by``): Cluster API's own way by default, which
     every Cluster API setup understands."""
 
-    template_retry: float = 30.0
+    template_retry: float = healthcheck_policy.Settings.template_retry  # one default, the policy's
     """Seconds before looking again for a remediationTemplate that does not exist: a
     template is usually created moments after the check that names it (one ``kubectl
     apply``), and template changes are not watched."""
@@ -337,10 +346,9 @@ def _check_runtime(runtime: RuntimeSettings, raw: Mapping[Path_, tuple[str, Any]
         raise SettingsError(
             f"{source('health_bind')} must be host:port, not {runtime.health_bind!r}"
         )
-    from metalmend.controllers import registry  # the registry imports this module
-
-    if unknown := registry.unknown([c for c in runtime.controllers if c != ALL_CONTROLLERS]):
-        known = ", ".join(registry.CONTROLLERS)
+    named = [c for c in runtime.controllers if c != ALL_CONTROLLERS]
+    if unknown := [c for c in named if c not in CONTROLLER_NAMES]:
+        known = ", ".join(CONTROLLER_NAMES)
         raise SettingsError(f"unknown controller(s): {', '.join(unknown)} (known: {known})")
 
 

@@ -34,13 +34,13 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from metalmend.api.resources import BareMetalHost, Machine
-from metalmend.etcd import members
-from metalmend.etcd.client import EtcdClient
-from metalmend.etcd.design import from_documents
 from metalmend.lab import drives, lab, provisioner, siteetcd
 from metalmend.lab.hosts import NAMESPACE
 from metalmend.lab.osdrive import OsDrive
-from metalmend.policy.redeploy import host_documents
+from metalmend.siteactions.policy.redeploy import host_documents
+from metalmend.teardown.etcd import members
+from metalmend.teardown.etcd.client import EtcdClient
+from metalmend.teardown.etcd.design import from_documents
 
 PROMENADE = "/promenade/api/v1.0"
 TIMEOUTS = (

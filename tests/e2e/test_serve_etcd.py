@@ -27,8 +27,8 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
 from metalmend.db import Database
-from metalmend.design.documents import parse
-from metalmend.design.store import DesignStore
+from metalmend.designs.documents import parse
+from metalmend.designs.store import DesignStore
 from metalmend.lab import lab, siteetcd
 from metalmend.serve.app import create_app
 

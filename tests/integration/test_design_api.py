@@ -14,7 +14,7 @@ import yaml
 from lightkube import AsyncClient, Client, KubeConfig
 
 from metalmend.db import Database
-from metalmend.design.store import DesignStore
+from metalmend.designs.store import DesignStore
 from metalmend.lab.controlplane import ControlPlane
 from metalmend.serve.app import create_app
 from tests.integration.test_serve_promenade import bearer, lines, serve_kubeconfig, status_of, token

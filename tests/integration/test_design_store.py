@@ -19,10 +19,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from metalmend.db import Database, DatabaseError, metadata, migrate
-from metalmend.design import tables
-from metalmend.design.documents import Document, parse
-from metalmend.design.rules import BucketChange, RevisionQuery
-from metalmend.design.store import Conflict, DesignStore, NotFound
+from metalmend.designs import tables
+from metalmend.designs.documents import Document, parse
+from metalmend.designs.rules import BucketChange, RevisionQuery
+from metalmend.designs.store import DesignStore
+from metalmend.errors import Conflict, NotFound
 
 
 def doc(name: str, value: object = 1, schema: str = "promenade/Node/v1") -> str:

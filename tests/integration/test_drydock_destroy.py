@@ -33,11 +33,12 @@ from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LAB
 from metalmend.bmc.errors import Unsupported
 from metalmend.bmc.storage import EraseStatus
 from metalmend.db import Database
+from metalmend.destroy import routes as drydock
+from metalmend.destroy.policy.destroy import DestroySettings
 from metalmend.lab.controlplane import ControlPlane
 from metalmend.lab.serve import grant_bmc_credentials
-from metalmend.policy.destroy import DestroySettings
-from metalmend.serve import drydock
 from metalmend.serve.app import create_app
+from metalmend.web import deps
 from tests.integration.test_serve_promenade import bearer, status_of, token
 from tests.support import until
 
@@ -467,7 +468,9 @@ async def test_two_replicas_on_one_database_run_a_task_once(
         task_id = (await one.http.post(TASKS, json=destroy([node]), headers=bearer(admin))).json()[
             "task_id"
         ]
-        two_worker = two.app.state.drydock.worker
+        served = deps.find(two.app, drydock.Drydock)
+        assert served is not None
+        two_worker = served.worker
         two_worker.wake()
         done = await finished(two.http, task_id, admin)
     host_power.cancel()

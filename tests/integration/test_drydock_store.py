@@ -1,7 +1,7 @@
 """The task store's lease on a real database (SQLite file and PostgreSQL): one replica
 runs a task at a time, a dead replica's task is taken over once its lease expired, and a
 replica that lost the lease writes nothing more; one task per node at a time, whatever the
-number of writers racing (metalmend.drydock.store; docs/destroy.md)."""
+number of writers racing (metalmend.destroy.store; docs/destroy.md)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from metalmend.db import Database, metadata, migrate
-from metalmend.drydock.model import Task
-from metalmend.drydock.store import NodesBusy, TaskStore
-from metalmend.policy.destroy import NodeState, Step, TaskStatus
+from metalmend.destroy.model import Task
+from metalmend.destroy.policy.destroy import NodeState, Step, TaskStatus
+from metalmend.destroy.store import NodesBusy, TaskStore
 
 NOW = dt.datetime(2026, 11, 23, 21, 0, tzinfo=dt.UTC)
 LEASE = dt.timedelta(seconds=30)

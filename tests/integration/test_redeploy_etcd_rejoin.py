@@ -1,5 +1,5 @@
 """A redeployed server's etcd member brought back into a real 3-member etcd cluster
-(metalmend.etcd.members.add_member; docs/site-actions.md, "redeploy_server"), with the
+(metalmend.teardown.etcd.members.add_member; docs/site-actions.md, "redeploy_server"), with the
 process "killed" right after "member add requested" is recorded and again right after
 the add: the restarted call finds the member by its peer URLs and never adds it twice.
 """
@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from metalmend.etcd import members
-from metalmend.etcd.client import EtcdClient
-from metalmend.etcd.design import ClusterDesign, Design, MemberDesign
 from metalmend.lab.assets import find_binaries
 from metalmend.lab.controlplane import LOOPBACK, Component, free_port
+from metalmend.teardown.etcd import members
+from metalmend.teardown.etcd.client import EtcdClient
+from metalmend.teardown.etcd.design import ClusterDesign, Design, MemberDesign
 
 TOKEN = "metalmend-redeploy-rejoin"
 

@@ -1,5 +1,5 @@
 """redeploy_server's destroy and deploy_server steps against the real API server and a real
-task and design store (metalmend.shipyard.redeploy; docs/site-actions.md,
+task and design store (metalmend.siteactions.redeploy; docs/site-actions.md,
 "redeploy_server"), each run by a worker that dies at every one of the step's saves (just
 before it, then just after it) and is started again with the record last saved, as the
 action worker does after a restart. The test plays the parts around them: Drydock's worker
@@ -26,21 +26,21 @@ from lightkube.types import PatchType
 from metalmend.api.resources import BareMetalHost
 from metalmend.clock import SYSTEM_CLOCK
 from metalmend.db import Database
-from metalmend.design.documents import parse
-from metalmend.design.store import DesignStore
-from metalmend.drydock.model import Task
-from metalmend.drydock.store import TaskStore
+from metalmend.designs.documents import parse
+from metalmend.designs.store import DesignStore
+from metalmend.destroy.model import Task
+from metalmend.destroy.policy.destroy import NodeState, Outcome, Step, TaskStatus
+from metalmend.destroy.store import TaskStore
 from metalmend.kube.events import EventRecorder
 from metalmend.kube.impersonate import Who, impersonator
-from metalmend.policy.destroy import NodeState, Outcome, Step, TaskStatus
 from metalmend.policy.interlock import TEARDOWN_ANNOTATION
-from metalmend.policy.redeploy import RedeploySettings
-from metalmend.policy.teardown import TeardownSettings
-from metalmend.serve.interlock import Interlock
-from metalmend.serve.kubelet import KubeletShutdown
-from metalmend.serve.nodes import Drainer
-from metalmend.shipyard import redeploy
-from metalmend.shipyard.steps import MissingPrecondition, StepContext, StepFailed
+from metalmend.siteactions import redeploy
+from metalmend.siteactions.policy.redeploy import RedeploySettings
+from metalmend.siteactions.steps import MissingPrecondition, StepContext, StepFailed
+from metalmend.teardown.drain import Drainer
+from metalmend.teardown.interlock import Interlock
+from metalmend.teardown.policy.settings import TeardownSettings
+from metalmend.teardown.shutdown import KubeletShutdown
 
 IMAGE = {"url": "http://images.lab/os.qcow2", "checksum": "http://images.lab/os.qcow2.sha256"}
 # Who created the actions here: an operator allowed everything (the refusals are tested

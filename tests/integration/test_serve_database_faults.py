@@ -28,9 +28,12 @@ from sqlalchemy.engine import make_url
 
 from metalmend.db import Database, DatabaseUnavailable
 from metalmend.db.database import UNAVAILABLE
+from metalmend.destroy.policy.destroy import DestroySettings
+from metalmend.destroy.routes import Drydock
 from metalmend.lab.controlplane import ControlPlane
-from metalmend.policy.destroy import DestroySettings
 from metalmend.serve.app import create_app
+from metalmend.siteactions.routes import Shipyard
+from metalmend.web import deps
 from tests.integration.test_drydock_destroy import Bmc, add_host, destroy
 from tests.integration.test_serve_promenade import bearer, serve_kubeconfig, status_of, token
 from tests.postgres import PostgresUnavailable, ThrowawayPostgres
@@ -238,7 +241,10 @@ async def test_every_route_answers_a_database_fault_with_one_clean_503_and_the_l
                 assert secret not in answer.text, (route, secret)
         # The workers look again and again (woken here), quietly: the database's own
         # log says "still unavailable" at debug level each time.
-        workers = (app.state.drydock.worker, app.state.shipyard.worker)
+        drydock, shipyard = deps.find(app, Drydock), deps.find(app, Shipyard)
+        assert drydock is not None
+        assert shipyard is not None
+        workers = (drydock.worker, shipyard.worker)
 
         async def looked_again() -> bool:
             for worker in workers:

@@ -29,17 +29,17 @@ from metalmend.controllers import healthcheck, machineremediation, remediation
 from metalmend.controllers.machineremediation import MachineRemediationController
 from metalmend.controllers.remediation import RemediationController, host_view, reboot_key
 from metalmend.db import Database
-from metalmend.design.documents import parse
-from metalmend.design.store import DesignStore
+from metalmend.designs.documents import parse
+from metalmend.designs.store import DesignStore
+from metalmend.errors import Conflict
 from metalmend.kube.manager import Manager
 from metalmend.policy import interlock as il
 from metalmend.policy import machineremediation as mr_policy
 from metalmend.policy import remediation as m3_policy
-from metalmend.policy.teardown import TeardownSettings
 from metalmend.serve.app import create_app
-from metalmend.serve.interlock import Interlock
-from metalmend.serve.status import StatusError
 from metalmend.settings import RuntimeSettings, Settings
+from metalmend.teardown.interlock import Interlock
+from metalmend.teardown.policy.settings import TeardownSettings
 from tests.integration import test_remediation as remediation_tests
 from tests.integration import test_serve_promenade as promenade_tests
 from tests.integration.test_remediation import Controllers, World
@@ -354,9 +354,8 @@ async def test_teardown_and_remediation_deciding_on_one_host_version_exactly_one
     won = "teardown" if il.TEARDOWN_ANNOTATION in annotations else "remediation"
     assert (won == "teardown") == (not keys)  # exactly one of them holds the host
     if won == "remediation":  # the teardown decides again: 409 naming the remediation
-        with pytest.raises(StatusError) as refusal:
+        with pytest.raises(Conflict) as refusal:  # answered 409
             await interlock.claim(node, "drain", "tester")
-        assert refusal.value.code == 409
         assert keys[0] in refusal.value.message
     else:  # the remediation decides again, on the host as it now is: it waits
         fresh = host_view(await host_of(world), "k")

@@ -24,10 +24,10 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 from lightkube.types import PatchType
 
 from metalmend.lab.controlplane import ControlPlane
-from metalmend.policy.teardown import TeardownSettings
-from metalmend.serve import nodes
 from metalmend.serve.app import create_app
-from metalmend.serve.params import DrainRequest
+from metalmend.teardown import drain as nodes
+from metalmend.teardown.params import DrainRequest
+from metalmend.teardown.policy.settings import TeardownSettings
 
 SERVE_RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "serve.yaml"
 PROMENADE = "/promenade/api/v1.0"

@@ -23,8 +23,8 @@ from lightkube.resources.core_v1 import Node
 from metalmend.lab.controlplane import ControlPlane
 from metalmend.lab.inventory import HostSpec
 from metalmend.lab.kubelet import KubeletSim
-from metalmend.policy.teardown import TeardownSettings
 from metalmend.serve.app import create_app
+from metalmend.teardown.policy.settings import TeardownSettings
 from tests.integration.test_serve_promenade import (
     PROMENADE,
     bearer,

@@ -10,9 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from metalmend.db import Database
-from metalmend.design.documents import parse
-from metalmend.design.store import Conflict, DesignStore
-from metalmend.serve.shipyard import _put_in_buffer
+from metalmend.designs.documents import parse
+from metalmend.designs.store import DesignStore
+from metalmend.errors import Conflict
+from metalmend.siteactions.routes import _put_in_buffer
 
 ROUNDS = 5
 

@@ -18,8 +18,8 @@ from lightkube.types import PatchType
 
 from metalmend.api.resources import BareMetalHost
 from metalmend.db import Database
-from metalmend.design.store import DesignStore
-from metalmend.policy.redeploy import RedeploySettings
+from metalmend.designs.store import DesignStore
+from metalmend.siteactions.policy.redeploy import RedeploySettings
 from tests.integration.test_serve_promenade import status_of
 from tests.integration.test_shipyard_api import (
     Service,

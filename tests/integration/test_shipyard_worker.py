@@ -18,11 +18,11 @@ from sqlalchemy import inspect
 from sqlalchemy.engine import Inspector
 
 from metalmend.db import Database
-from metalmend.policy.siteactions import ActionLifecycle, new_action_id
-from metalmend.shipyard import model
-from metalmend.shipyard.steps import MissingPrecondition, Planned, StepContext, StepFailed
-from metalmend.shipyard.store import ActionStore
-from metalmend.shipyard.worker import ActionWorker
+from metalmend.siteactions import model
+from metalmend.siteactions.policy.actions import ActionLifecycle, new_action_id
+from metalmend.siteactions.steps import MissingPrecondition, Planned, StepContext, StepFailed
+from metalmend.siteactions.store import ActionStore
+from metalmend.siteactions.worker import ActionWorker
 from tests.support import until
 
 LEASE = 1.5  # seconds: short, so that a takeover after a kill is quick
@@ -363,7 +363,7 @@ def test_actions_stored_before_the_caller_column_read_without_one(database_url: 
     caller: its steps then fail rather than run as serve (tests/integration/
     test_site_apply_as_caller.py)."""
     from metalmend.db import migrate
-    from metalmend.shipyard.tables import actions
+    from metalmend.siteactions.tables import actions
 
     db = Database.open(database_url)
     try:

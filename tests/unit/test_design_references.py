@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from metalmend.etcd import access
-from metalmend.etcd.design import ClusterDesign, MemberDesign, SecretRef
-from metalmend.serve import designref
-from metalmend.serve.designref import DesignRef, ReferenceRefused
-from metalmend.serve.settings import ServeSettings, ServeSettingsError, check
+from metalmend.designs import designref
+from metalmend.designs.designref import DesignRef, ReferenceRefused
+from metalmend.serve.settings import ServeSettingsError, check
+from metalmend.teardown.etcd import access
+from metalmend.teardown.etcd.design import ClusterDesign, MemberDesign, SecretRef
+from metalmend.web.settings import ServeSettings
 
 STORE = "deckhand+https://deckhand-int.ucp:9000/api/v1.0/revisions/{}/rendered-documents"
 
@@ -195,7 +196,7 @@ async def test_credentials_are_not_read_for_a_cluster_with_an_http_client_url() 
         asked.append(ref)
         return {"username": b"root", "password": b"pw"}
 
-    with pytest.raises(access.CredentialsError, match="not https") as refused:
+    with pytest.raises(access.CredentialsRefused, match="not https") as refused:
         await access.connect(cluster("https://10.0.0.1:2379", "http://10.0.0.2:2379"), secrets)
     assert "nothing was sent" in str(refused.value)
     assert asked == []

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from metalmend.design import documents, rules
-from metalmend.design.documents import DocumentsRejected, parse
-from metalmend.design.rules import BucketChange, Entry, Placed
+from metalmend.designs import documents, rules
+from metalmend.designs.documents import DocumentsRejected, parse
+from metalmend.designs.rules import BucketChange, Entry, Placed
 
 
 def doc(name: str, value: object = 1, schema: str = "promenade/Node/v1", **metadata: str) -> str:

@@ -1,4 +1,4 @@
-"""Restart safety of the destroy's rules (metalmend.policy.destroy; docs/destroy.md,
+"""Restart safety of the destroy's rules (metalmend.destroy.policy.destroy; docs/destroy.md,
 "Stored, restarted, shared by replicas"), in a simulated world: the service is killed
 between any two actions (everything in memory lost, the stored record kept) and started
 again. Whatever the point, the node ends destroyed, every drive to be erased was erased
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from metalmend.policy import destroy as p
+from metalmend.destroy.policy import destroy as p
 
 START = dt.datetime(2026, 11, 23, 21, 0, tzinfo=dt.UTC)
 DRIVES = (p.DriveFacts("d-os", "/dev/sda", "S0"), p.DriveFacts("d-data", "/dev/sdb", "S1"))

@@ -1,4 +1,4 @@
-"""What a destroy_nodes request may say (metalmend.drydock.model; docs/destroy.md)."""
+"""What a destroy_nodes request may say (metalmend.destroy.model; docs/destroy.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from metalmend.drydock.model import MAX_NODES, RequestProblem, node_names, read_request
+from metalmend.destroy.model import MAX_NODES, RequestProblem, node_names, read_request
 
 
 def body(**changes: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """What the etcd client and the design reader make of hostile or broken input: answers
 are capped, deadlines hold, fields are checked, and every problem is a message naming it
-(metalmend.etcd.client, metalmend.etcd.design; docs/teardown.md)."""
+(metalmend.teardown.etcd.client, metalmend.teardown.etcd.design; docs/teardown.md)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
-from metalmend.etcd import access, design
-from metalmend.etcd import client as etcd
+from metalmend.teardown.etcd import access, design
+from metalmend.teardown.etcd import client as etcd
 
 pytestmark = pytest.mark.unit
 
@@ -217,14 +217,14 @@ REF = design.SecretRef("kube-system", "etcd-client")
 def test_credentials_that_cannot_work_are_refused_naming_the_secret(
     data: dict[str, bytes], says: str
 ) -> None:
-    with pytest.raises(access.CredentialsError, match="kube-system/etcd-client") as refused:
+    with pytest.raises(access.CredentialsRefused, match="kube-system/etcd-client") as refused:
         access.Credentials.from_secret(REF, data)
     assert says in str(refused.value)
 
 
 def test_a_ca_that_is_not_pem_is_refused_without_its_content() -> None:
     credentials = access.Credentials.from_secret(REF, {"ca.crt": b"hunter2-not-a-certificate"})
-    with pytest.raises(access.CredentialsError) as refused:
+    with pytest.raises(access.CredentialsRefused) as refused:
         credentials.tls("etcd cluster k")
     assert "hunter2" not in str(refused.value)
     assert "hunter2" not in repr(credentials)

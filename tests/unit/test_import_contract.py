@@ -1,8 +1,8 @@
 """The package's import contract, read from the source with ``ast`` (run by ``make lint``):
 
-- ``metalmend.policy`` decides without I/O: it imports only the standard library, the
-  shared vocabulary in ``metalmend.api`` (the power vocabulary included), and its own
-  modules;
+- ``metalmend.policy`` and each service component's ``policy`` package decide without I/O:
+  they import only the standard library, the shared vocabulary in ``metalmend.api`` (the
+  power vocabulary included), and the policy packages;
 - the lab (real control plane, emulated BMCs, kubelet simulators) is a harness: nothing
   outside ``metalmend.lab``, the demos (``metalmend.demo``, ``metalmend.demo_site``) and
   ``metalmend.cli`` imports it;
@@ -10,7 +10,15 @@
   that ``metalmend run`` works where the lab's extras (sushy-tools) are not installed;
 - every third-party module the package imports comes from a distribution it declares
   (``[project].dependencies``; the lab and the demo may also use the ``lab`` extra);
-- no test reaches into a controller's private names.
+- no test reaches into a controller's private names;
+- the layers (docs/architecture.md): the CLI above the applications (``metalmend serve``,
+  ``metalmend run``), the controllers, the settings tree, the service components, the
+  web layer / kube / bmc / db, the policy, the shared vocabulary; an import runs only
+  downwards (or within its own package);
+- the service components (teardown, designs, destroy, siteactions) import each other only
+  through their named interfaces, in one direction, and no domain module of theirs imports
+  the HTTP layer;
+- no cycle between packages, nor between modules at import time.
 """
 
 from __future__ import annotations
@@ -30,13 +38,23 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "metalmend"
 
+# The pure decisions: the controllers' (metalmend.policy) and each service component's.
+POLICY_PACKAGES = (
+    "metalmend.policy",
+    "metalmend.teardown.policy",
+    "metalmend.destroy.policy",
+    "metalmend.siteactions.policy",
+)
 # What policy modules may import besides the standard library (a module or its children).
-POLICY_MAY_IMPORT = ("metalmend.api", "metalmend.policy")
+POLICY_MAY_IMPORT = ("metalmend.api", *POLICY_PACKAGES)
 # Imports that break the policy rule but cannot be moved yet, as (module, imported):
 # each with the reason and what removes it. Empty: the policy follows the rule.
 POLICY_EXCEPTIONS: frozenset[tuple[str, str]] = frozenset()
 
-LAB_USERS = ("metalmend.lab", "metalmend.demo", "metalmend.demo_site", "metalmend.cli")
+# The lab and the demos: a harness above everything (metalmend.lab today, the top-level
+# package metalmend_lab once it leaves the wheel); only the CLI's lab commands load it.
+LAB = ("metalmend.lab", "metalmend.demo", "metalmend.demo_site", "metalmend_lab")
+LAB_USERS = (*LAB, "metalmend.cli")
 
 
 @dataclass(frozen=True)
@@ -115,7 +133,8 @@ def test_the_contract_sees_the_package() -> None:
     found = all_imports()
     assert any(i.module == "metalmend.policy.remediation" for i in found)
     assert any(
-        i.module == "metalmend.cli" and i.imported.startswith("metalmend.lab") for i in found
+        i.module == "metalmend.cli" and i.imported.startswith(("metalmend.lab", "metalmend_lab"))
+        for i in found
     )
 
 
@@ -124,7 +143,7 @@ def test_policy_imports_only_the_standard_library_and_the_shared_vocabulary() ->
     wrong = [
         i
         for i in all_imports()
-        if within(i.module, ("metalmend.policy",))
+        if within(i.module, POLICY_PACKAGES)
         and i.imported.partition(".")[0] not in stdlib
         and not within(i.imported, POLICY_MAY_IMPORT)
         and (i.module, i.imported) not in POLICY_EXCEPTIONS
@@ -136,7 +155,8 @@ def test_only_the_lab_the_demo_and_the_cli_import_the_lab() -> None:
     wrong = [
         i
         for i in all_imports()
-        if within(i.imported, ("metalmend.lab",)) and not within(i.module, LAB_USERS)
+        if within(i.imported, ("metalmend.lab", "metalmend_lab"))
+        and not within(i.module, LAB_USERS)
     ]
     assert not wrong, "the lab is a harness, not part of the controller:\n" + show(wrong)
 
@@ -155,8 +175,10 @@ def test_the_cli_loads_the_lab_only_in_the_commands_that_use_it() -> None:
 
 def test_importing_the_policy_loads_no_io_library() -> None:
     program = (
-        "import sys, pkgutil, importlib, metalmend.policy as p\n"
-        "for m in pkgutil.iter_modules(p.__path__): importlib.import_module(f'metalmend.policy.{m.name}')\n"
+        "import sys, pkgutil, importlib\n"
+        f"for name in {POLICY_PACKAGES!r}:\n"
+        "    p = importlib.import_module(name)\n"
+        "    for m in pkgutil.iter_modules(p.__path__): importlib.import_module(f'{name}.{m.name}')\n"
         "print(' '.join(sorted(sys.modules)))"
     )
     result = subprocess.run(
@@ -305,3 +327,205 @@ def test_no_test_reaches_into_a_controllers_private_names() -> None:
         for line, name in _private_uses(ast.parse(path.read_text(), filename=str(path)))
     ]
     assert not wrong, "\n".join(wrong)
+
+
+# ---- layers -----------------------------------------------------------------------------
+
+# From the top down; an import may go to its own layer's package or to any layer below.
+# Packages in one layer do not import each other unless a rule below allows it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("metalmend.cli", "metalmend.cli_node", "metalmend.cli_site", "metalmend.cli_design",
+     "metalmend.cli_service", "metalmend.__main__"),
+    ("metalmend.serve", "metalmend.runner"),  # the applications: serve, run
+    ("metalmend.controllers",),  # run's controllers
+    ("metalmend.settings",),  # the settings tree: every section
+    ("metalmend.siteactions",),  # the service components, one above the other ...
+    ("metalmend.destroy",),
+    ("metalmend.teardown",),
+    ("metalmend.designs",),  # ... (COMPONENT_INTERFACES: through which modules)
+    ("metalmend.web",),  # what the components' routers share
+    ("metalmend.kube", "metalmend.bmc", "metalmend.db"),
+    ("metalmend.policy",),  # the controllers' pure decisions
+    ("metalmend.api", "metalmend.errors", "metalmend.yamlsafe", "metalmend.clock",
+     "metalmend.log", "metalmend.heap", "metalmend"),
+)  # fmt: skip
+
+# The CLI's modules (one package to come) and the base modules use each other freely.
+SIDEWAYS_LAYERS = (0, len(LAYERS) - 1)
+# Within the layer of kube, bmc and db, these go one way (and no other pair at all).
+SIDEWAYS = {("metalmend.bmc", "metalmend.kube"), ("metalmend.db", "metalmend.kube")}
+
+COMPONENTS = (
+    "metalmend.teardown",
+    "metalmend.designs",
+    "metalmend.destroy",
+    "metalmend.siteactions",
+)
+# What a component offers the others; a component imports another through these alone
+# (never its routes, worker, tables or store internals not named here).
+COMPONENT_INTERFACES = {
+    # The teardown claim (invariant 7), and the steps redeploy_server runs in-process.
+    "metalmend.teardown": (
+        "metalmend.teardown.interlock", "metalmend.teardown.drain", "metalmend.teardown.removal",
+        "metalmend.teardown.shutdown",
+        "metalmend.teardown.decommission", "metalmend.teardown.params",
+        "metalmend.teardown.etcd.access", "metalmend.teardown.etcd.design",
+        "metalmend.teardown.etcd.members", "metalmend.teardown.policy",
+    ),
+    # A destroy task as redeploy_server creates and watches one.
+    "metalmend.destroy": (
+        "metalmend.destroy.model", "metalmend.destroy.store", "metalmend.destroy.policy",
+    ),
+    # The design store: its documents, rules, references and how a router reads it.
+    "metalmend.designs": (
+        "metalmend.designs.access", "metalmend.designs.store", "metalmend.designs.documents",
+        "metalmend.designs.rules", "metalmend.designs.designref",
+    ),
+    "metalmend.siteactions": (),
+}  # fmt: skip
+
+# The modules of a component that speak HTTP (its routers and their helpers); the rest of
+# the component is domain code and raises metalmend.errors, never a Status.
+HTTP_MODULES = (
+    "metalmend.teardown.routes", "metalmend.teardown.etcd.routes",
+    "metalmend.teardown.http", "metalmend.teardown.decommission",  # (the flow and its endpoint)
+    "metalmend.designs.routes", "metalmend.designs.access",
+    "metalmend.destroy.routes", "metalmend.siteactions.routes",
+)  # fmt: skip
+HTTP_LAYER = ("metalmend.web", "metalmend.serve", "fastapi", "starlette")
+# What the web layer offers domain code: the RBAC vocabulary lives in kube.rbac, the
+# error vocabulary in metalmend.errors; nothing of web is domain vocabulary.
+
+
+def layer_of(module: str) -> tuple[int, str] | None:
+    """The layer of ``module`` and the package it belongs to there (the longest match)."""
+    best: tuple[int, str] | None = None
+    for rank, packages in enumerate(LAYERS):
+        for package in packages:
+            if (module == package or module.startswith(package + ".")) and (
+                best is None or len(package) > len(best[1])
+            ):
+                best = (rank, package)
+    return best
+
+
+def _package_imports() -> list[Import]:
+    return [i for i in all_imports() if within(i.imported, ("metalmend",)) and not i.type_checking]
+
+
+def test_every_module_has_a_layer() -> None:
+    """A new top-level package or module is placed in LAYERS (and docs/architecture.md)."""
+    homeless = sorted(
+        {
+            module_name(path)
+            for path in PACKAGE.rglob("*.py")
+            if not within(module_name(path), LAB)
+            and (layer_of(module_name(path)) or (0, "metalmend"))[1] == "metalmend"
+            and module_name(path) != "metalmend"
+        }
+    )
+    assert not homeless, "give these a layer:\n" + "\n".join(homeless)
+
+
+def test_imports_run_down_the_layers() -> None:
+    wrong = []
+    for i in _package_imports():
+        if within(i.module, LAB) or within(i.imported, LAB):
+            continue  # the harness: test_only_the_lab_the_demo_and_the_cli_import_the_lab
+        here, there = layer_of(i.module), layer_of(i.imported)
+        assert here is not None, i
+        assert there is not None, i
+        if there[0] < here[0] or (
+            there[0] == here[0]
+            and there[1] != here[1]
+            and here[0] not in SIDEWAYS_LAYERS
+            and (here[1], there[1]) not in SIDEWAYS
+        ):
+            wrong.append(i)
+    assert not wrong, "an import against the layers:\n" + show(wrong)
+
+
+def test_components_meet_only_through_their_interfaces() -> None:
+    wrong = []
+    for i in _package_imports():
+        mine = next((c for c in COMPONENTS if within(i.module, (c,))), None)
+        theirs = next((c for c in COMPONENTS if within(i.imported, (c,))), None)
+        if (
+            mine
+            and theirs
+            and mine != theirs
+            and not within(i.imported, COMPONENT_INTERFACES[theirs])
+        ):
+            wrong.append(i)
+    assert not wrong, "through the other component's interface:\n" + show(wrong)
+
+
+def test_domain_code_does_not_speak_http() -> None:
+    """The components' domain modules raise metalmend.errors; only their routers (and the
+    web layer, the application) build Status answers."""
+    wrong = [
+        i
+        for i in all_imports()
+        if within(i.module, COMPONENTS)
+        and not within(i.module, HTTP_MODULES)
+        and within(i.imported, HTTP_LAYER)
+    ]
+    assert not wrong, "raise metalmend.errors instead:\n" + show(wrong)
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_cycle_between_packages() -> None:
+    """Between the packages under metalmend (and its top-level modules), counting every
+    import, lazy ones too: a lazy import hides a cycle, it does not remove it."""
+    edges: dict[str, set[str]] = {}
+    for i in _package_imports():
+        a, b = ".".join(i.module.split(".")[:2]), ".".join(i.imported.split(".")[:2])
+        if a != b:
+            edges.setdefault(a, set()).add(b)
+    assert not _cycles(edges)
+
+
+def test_no_cycle_between_modules_at_import_time() -> None:
+    modules = {module_name(p) for p in PACKAGE.rglob("*.py")}
+    edges: dict[str, set[str]] = {}
+    for i in _package_imports():
+        if not i.top_level:
+            continue
+        target = i.imported if i.imported in modules else i.imported.rpartition(".")[0]
+        if target in modules and target != i.module and not i.module.startswith(target + "."):
+            edges.setdefault(i.module, set()).add(target)
+    assert not _cycles(edges)

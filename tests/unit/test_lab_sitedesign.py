@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from metalmend.design.documents import dump_all, parse
-from metalmend.etcd.design import from_documents
+from metalmend.designs.documents import dump_all, parse
 from metalmend.lab import drives, sitedesign, siteetcd
 from metalmend.lab.inventory import HostSpec
-from metalmend.policy.deploysite import read_site, redeploy_problems
-from metalmend.policy.redeploy import KUBERNETES_OBJECT, host_documents
+from metalmend.siteactions.policy.deploysite import read_site, redeploy_problems
+from metalmend.siteactions.policy.redeploy import KUBERNETES_OBJECT, host_documents
+from metalmend.teardown.etcd.design import from_documents
 
 
 def hosts(count: int = 3) -> list[HostSpec]:

@@ -9,7 +9,7 @@ import datetime as dt
 
 import pytest
 
-from metalmend.policy.decommission import (
+from metalmend.teardown.policy.decommission import (
     ORDER,
     ClusterState,
     Step,

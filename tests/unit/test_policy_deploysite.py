@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from metalmend.policy.deploysite import (
+from metalmend.siteactions.policy.actions import ActionName, Running, collision
+from metalmend.siteactions.policy.deploysite import (
     HostSeen,
     host_named,
     progress,
     read_site,
     redeploy_problems,
 )
-from metalmend.policy.siteactions import ActionName, Running, collision
 
 NS = ("site",)
 

@@ -1,4 +1,4 @@
-"""The destroy of a node, decided purely (metalmend.policy.destroy; docs/destroy.md)."""
+"""The destroy of a node, decided purely (metalmend.destroy.policy.destroy; docs/destroy.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from metalmend.policy import destroy as p
+from metalmend.destroy.policy import destroy as p
 
 NOW = dt.datetime(2026, 11, 23, 21, 0, tzinfo=dt.UTC)
 S = p.DestroySettings()

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from metalmend.policy.drain import (
+from metalmend.teardown.policy.drain import (
     Cordon,
     Disposition,
     Drained,
@@ -22,7 +22,7 @@ from metalmend.policy.drain import (
     disposition,
     eviction_refusal,
 )
-from metalmend.policy.teardown import TeardownSettings
+from metalmend.teardown.policy.settings import TeardownSettings
 
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
 LATER = NOW + dt.timedelta(seconds=60)

@@ -1,12 +1,12 @@
 """The etcd member removal rule and the health verdict, as tables: members x healthy x
-threshold x leader (metalmend.policy.etcd; docs/teardown.md, "remove-etcd")."""
+threshold x leader (metalmend.teardown.policy.etcd; docs/teardown.md, "remove-etcd")."""
 
 from __future__ import annotations
 
 import pytest
 
-from metalmend.policy import etcd as policy
 from metalmend.policy.decision import Event
+from metalmend.teardown.policy import etcd as policy
 
 pytestmark = pytest.mark.unit
 

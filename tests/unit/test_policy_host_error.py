@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from metalmend.policy import redeploy as policy
-from metalmend.policy.deploysite import HostSeen, known_errors, progress, still_known
-from metalmend.policy.redeploy import HostError, fails_wait, host_error
+from metalmend.siteactions.policy import redeploy as policy
+from metalmend.siteactions.policy.deploysite import HostSeen, known_errors, progress, still_known
+from metalmend.siteactions.policy.redeploy import HostError, fails_wait, host_error
 
 UNBOUND = "Secret t1/h-bmc is not bound to any host"
 REGISTRATION = {"errorType": "registration error", "errorMessage": UNBOUND, "errorCount": 1,

@@ -1,5 +1,5 @@
 """redeploy_server's destroy and deploy_server rules as tables, and a restart between any
-two of their actions (metalmend.policy.redeploy; docs/site-actions.md, "redeploy_server")."""
+two of their actions (metalmend.siteactions.policy.redeploy; docs/site-actions.md, "redeploy_server")."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from metalmend.policy import redeploy as policy
 from metalmend.policy.decision import Event
+from metalmend.siteactions.policy import redeploy as policy
 
 pytestmark = pytest.mark.unit
 
@@ -340,7 +340,7 @@ def test_labels_missing_names_absent_and_different_values_only() -> None:
 
 
 def test_every_redeploy_server_step_has_its_runner_in_order() -> None:
-    from metalmend.shipyard.redeploy import STEPS
+    from metalmend.siteactions.redeploy import STEPS
 
     assert tuple(STEPS) == policy.STEPS
     assert policy.STEPS == (

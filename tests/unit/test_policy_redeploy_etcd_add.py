@@ -1,5 +1,5 @@
 """Adding a redeployed server's etcd member back, as a table: members x healthy x unstarted x
-threshold x already listed (metalmend.policy.etcd.decide_add; docs/site-actions.md,
+threshold x already listed (metalmend.teardown.policy.etcd.decide_add; docs/site-actions.md,
 "redeploy_server")."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from metalmend.etcd import design as designs
-from metalmend.policy import etcd as policy
+from metalmend.teardown.etcd import design as designs
+from metalmend.teardown.policy import etcd as policy
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from metalmend.policy.drain import PodFacts, Requirement
-from metalmend.policy.removal import (
+from metalmend.teardown.policy.drain import PodFacts, Requirement
+from metalmend.teardown.policy.removal import (
     NodeFacts,
     fits,
     labels_to_clear,

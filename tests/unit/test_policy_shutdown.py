@@ -10,14 +10,14 @@ from dataclasses import replace
 
 import pytest
 
-from metalmend.policy.shutdown import (
+from metalmend.teardown.policy.settings import TeardownSettings
+from metalmend.teardown.policy.shutdown import (
     KubeletStopped,
     LabelForShutdown,
     ShutdownFailed,
     ShutdownView,
     decide,
 )
-from metalmend.policy.teardown import TeardownSettings
 
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
 SETTINGS = TeardownSettings(kubelet_stopped_after=40, shutdown_kubelet_timeout=300)

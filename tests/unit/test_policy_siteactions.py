@@ -9,8 +9,8 @@ import datetime as dt
 
 import pytest
 
-from metalmend.design.rules import bucket_diff
-from metalmend.policy.siteactions import (
+from metalmend.designs.rules import bucket_diff
+from metalmend.siteactions.policy.actions import (
     FAILURE_TAG,
     INTERMEDIATE_COMMIT,
     SUCCESS_TAG,

@@ -1,11 +1,11 @@
 """The TokenReview cache and the failed-authentication limit of ``metalmend serve``
-(serve/auth.py; docs/teardown.md, "Authorization"), on a clock the test moves."""
+(web/auth.py; docs/teardown.md, "Authorization"), on a clock the test moves."""
 
 from __future__ import annotations
 
 import pytest
 
-from metalmend.serve.auth import Caller, FailureLimit, ReviewCache
+from metalmend.web.auth import Caller, FailureLimit, ReviewCache
 
 ALICE = Caller("alice", "u1", ("ops",), {})
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from metalmend.serve import params
-from metalmend.serve.params import (
+from metalmend.teardown import params
+from metalmend.teardown.params import (
     ClearLabelsRequest,
     DecommissionRequest,
     DesignRef,

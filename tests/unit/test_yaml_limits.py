@@ -1,4 +1,4 @@
-"""metalmend.design.yamlsafe: PyYAML's safe loader's results within the limits, and every
+"""metalmend.yamlsafe: PyYAML's safe loader's results within the limits, and every
 limit refused before the body is composed, whatever its size (no C recursion: a nesting
 bomb here would kill the test process with SIGSEGV if libyaml composed it)."""
 
@@ -9,8 +9,8 @@ import datetime as dt
 import pytest
 import yaml
 
-from metalmend.design import yamlsafe
-from metalmend.design.yamlsafe import YamlLimits, YamlRefused
+from metalmend import yamlsafe
+from metalmend.yamlsafe import YamlLimits, YamlRefused
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,7 @@
 """The controllers ``metalmend run`` can start, by name.
 
 Each entry wires one controller into a Manager: it asks the manager for the informers it
-needs and adds its Controller. Controllers arrive with their issues; until then ``run``
-syncs nothing and serves health.
+needs and adds its Controller (``registry.py`` lists them by name).
 """
 
 from __future__ import annotations

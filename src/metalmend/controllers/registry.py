@@ -1,7 +1,9 @@
 """Every controller ``metalmend run`` can start, by the name ``--controllers`` takes.
 
 One explicit table, so that what runs is read here rather than inferred from which
-modules happen to have been imported. The order is the order ``--controllers all`` starts
+modules happen to have been imported. The settings name the same controllers, in the same
+order (``metalmend.settings.CONTROLLER_NAMES``, without importing this module; a test holds
+the two equal). The order is the order ``--controllers all`` starts
 them in, following a host through its life: link Nodes to hosts, power hosts, check
 health, remediate.
 """

@@ -33,25 +33,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, MetaData, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from metalmend.db import faults
+from metalmend.db.identity import read_identity
+from metalmend.db.migrate import upgrade
+from metalmend.db.schema import NAMING as NAMING
+from metalmend.db.schema import metadata as metadata
 
 log = logging.getLogger(__name__)
 
-# Constraint names fixed by convention, so a migration can name the constraint it drops
-# on every database (SQLite and PostgreSQL name unnamed ones differently).
-NAMING = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-metadata = MetaData(naming_convention=NAMING)
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 _READ_ONLY = "metalmend_read_only"
@@ -165,8 +159,6 @@ class Database:
             if self._replaced:
                 raise StoreReplaced(self._replaced)
             return
-        from metalmend.db.identity import read_identity
-
         found = read_identity(conn)
         self._next_check = time.monotonic() + IDENTITY_CHECK_SECONDS
         if found is not None and found.id == self._expected:
@@ -230,8 +222,6 @@ class Database:
 
     def upgrade(self) -> None:
         """Bring the schema to the newest migration (Alembic, programmatically)."""
-        from metalmend.db.migrate import upgrade
-
         try:
             upgrade(self)
         except DatabaseUnavailable:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Column, Connection, DateTime, Integer, String, Table, select
 
-from metalmend.db.database import metadata
+from metalmend.db.schema import metadata
 
 store_identity = Table(
     "store_identity",

@@ -9,15 +9,25 @@ IMMEDIATE`` (``Database.begin``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
 
-if TYPE_CHECKING:
-    from metalmend.db.database import Database
+
+class Database(Protocol):
+    """What migrating needs of ``metalmend.db.Database`` (which calls ``upgrade``)."""
+
+    def begin(self) -> AbstractContextManager[Connection]: ...
+
+    def read(self) -> AbstractContextManager[Connection]: ...
+
+    def lock(self, conn: Connection, name: str) -> None: ...
+
 
 SCRIPT_LOCATION = "metalmend.db:migrations"
 UPGRADE_LOCK = "metalmend.db.upgrade"

@@ -56,7 +56,7 @@ from metalmend.kube.writes import delete_exact
 from metalmend.lab.inventory import HostSpec
 from metalmend.lab.osdrive import OsDrive
 from metalmend.lab.sitedesign import node_labels
-from metalmend.policy.teardown import SHUTDOWN_KUBELET_APP
+from metalmend.teardown.policy.settings import SHUTDOWN_KUBELET_APP
 
 log = logging.getLogger("metalmend.lab.kubelet")
 

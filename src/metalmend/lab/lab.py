@@ -547,7 +547,7 @@ def _bmc_reachable(address: str) -> bool:
 def site_design(lab_dir: Path) -> str:
     """The running lab's site design as YAML documents (lab.sitedesign): its hosts'
     BareMetalHosts, Machines and Nodes, and its EtcdClusters when it has a site etcd."""
-    from metalmend.design.documents import dump_all
+    from metalmend.designs.documents import dump_all
     from metalmend.lab import sitedesign
 
     if running_state(lab_dir) is None:

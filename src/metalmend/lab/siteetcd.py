@@ -45,12 +45,12 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import yaml
 
-from metalmend.etcd.client import EtcdClient, EtcdError, Member
 from metalmend.lab import drives
 from metalmend.lab.controlplane import LOOPBACK, Component, free_port
 from metalmend.lab.inventory import HostSpec
 from metalmend.lab.osdrive import OsDrive
 from metalmend.lab.pki import KeyPair
+from metalmend.teardown.etcd.client import EtcdClient, EtcdError, Member
 
 if TYPE_CHECKING:
     from metalmend.lab.kubelet import KubeletSim

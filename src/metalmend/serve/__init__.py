@@ -1,4 +1,6 @@
-"""``metalmend serve``: the REST service hosting Airship's node-teardown API (Promenade's,
-under ``/promenade/api/v1.0``) over the cluster it runs against (docs/teardown.md).
+"""``metalmend serve``: the application that assembles the components' routers (Promenade,
+Deckhand, Drydock, Shipyard: ``metalmend.teardown``, ``designs``, ``destroy``,
+``siteactions``) into one REST service (``app``) and runs it (``server``) against the
+cluster it serves (docs/architecture.md).
 
-Importing this package loads nothing web: ``metalmend.settings`` reads its settings."""
+Importing this package loads nothing web."""

@@ -15,7 +15,6 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import httpx2
 from fastapi import FastAPI, Request
@@ -27,34 +26,33 @@ from starlette.exceptions import HTTPException
 from metalmend import __version__
 from metalmend.clock import SYSTEM_CLOCK
 from metalmend.db import Database, DatabaseUnavailable
-from metalmend.design.store import DesignStore
-from metalmend.drydock.destroy import DrivePool
+from metalmend.designs import routes as deckhand
+from metalmend.designs.store import DesignStore
+from metalmend.destroy import routes as drydock
+from metalmend.destroy.destroy import DrivePool
+from metalmend.destroy.policy.destroy import DestroySettings
+from metalmend.errors import MetalmendError
 from metalmend.kube import errors, impersonate
 from metalmend.kube.events import EventRecorder
 from metalmend.log import fields
-from metalmend.policy.destroy import DestroySettings
-from metalmend.policy.redeploy import RedeploySettings
-from metalmend.policy.teardown import TeardownSettings
-from metalmend.serve import (
-    auth,
-    context,
-    deckhand,
-    decommission,
-    drydock,
-    etcd,
-    promenade,
-    shipyard,
-)
-from metalmend.serve.auth import Gate
-from metalmend.serve.bodies import BodyLimits
-from metalmend.serve.interlock import Interlock
-from metalmend.serve.kubelet import KubeletShutdown
-from metalmend.serve.nodes import Drainer
-from metalmend.serve.params import RequestRejected
-from metalmend.serve.status import Message, StatusError, body, reason_for
-from metalmend.shipyard.redeploy import FIELD_MANAGER
-from metalmend.shipyard.store import ActionStore
-from metalmend.shipyard.worker import ActionWorker
+from metalmend.siteactions import routes as shipyard
+from metalmend.siteactions.policy.redeploy import RedeploySettings
+from metalmend.siteactions.redeploy import FIELD_MANAGER
+from metalmend.siteactions.steps import SiteServices
+from metalmend.siteactions.store import ActionStore
+from metalmend.siteactions.worker import ActionWorker
+from metalmend.teardown import decommission
+from metalmend.teardown import routes as promenade
+from metalmend.teardown.drain import Drainer
+from metalmend.teardown.etcd import routes as etcd
+from metalmend.teardown.interlock import Interlock
+from metalmend.teardown.params import RequestRejected
+from metalmend.teardown.policy.settings import TeardownSettings
+from metalmend.teardown.shutdown import KubeletShutdown
+from metalmend.web import auth, context, deps
+from metalmend.web.auth import Gate
+from metalmend.web.bodies import BodyLimits
+from metalmend.web.status import Message, StatusError, body, reason_for, status_of
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +119,7 @@ def create_app(
         openapi_url=None,
     )
     teardown = teardown or TeardownSettings()
-    app.state.services = Services(
+    app_services = Services(
         client=client,
         gate=Gate(client, limits),
         drainer=Drainer(client, teardown),
@@ -130,19 +128,23 @@ def create_app(
         database=database,
         bodies=bodies or BodyLimits(),
     )
+    _provide(app, app_services)
     # Allowed design URLs and etcd credentials Secrets (serve settings; none by default)
-    app.state.etcd_access = etcd_access or etcd.EtcdAccess()
+    deps.provide(app, etcd.EtcdAccess, etcd_access or etcd.EtcdAccess())
     app.include_router(promenade.router, prefix=promenade.PREFIX)
     app.include_router(etcd.router, prefix=promenade.PREFIX)  # remove-etcd, etcd health
     app.include_router(decommission.router, prefix=promenade.PREFIX)
     app.include_router(deckhand.router, prefix=deckhand.PREFIX)  # design revisions
     # destroy_nodes tasks: they need the database and the BMCs (their drives)
-    interlock = app.state.services.interlock
+    interlock = app_services.interlock
     destroy = destroy or DestroySettings()
     drydock.install(app, client, interlock, database, drives, destroy)
     # Site actions (Shipyard): they need the database and the task worker (destroy).
     shipyard.install(
-        app, _shipyard(app, teardown, destroy, redeploy, site_namespaces, site_label_prefixes)
+        app,
+        _shipyard(
+            app, app_services, teardown, destroy, redeploy, site_namespaces, site_label_prefixes
+        ),
     )
     app.add_middleware(context.ContextMarker)  # X-Context-Marker: checked, echoed, logged
 
@@ -158,6 +160,10 @@ def create_app(
     @app.exception_handler(StatusError)
     async def status_error(request: Request, error: StatusError) -> JSONResponse:
         return response(error.code, error.reason, error.message, error.messages, error.headers)
+
+    @app.exception_handler(MetalmendError)
+    async def domain_error(request: Request, error: MetalmendError) -> JSONResponse:
+        return await status_error(request, status_of(error))
 
     @app.exception_handler(RequestRejected)
     async def rejected(request: Request, error: RequestRejected) -> JSONResponse:
@@ -219,8 +225,21 @@ def create_app(
     return app
 
 
+def _provide(app: FastAPI, services: Services) -> None:
+    """What the routers reach by type (``metalmend.web.deps``)."""
+    deps.provide(app, AsyncClient, services.client)
+    deps.provide(app, Gate, services.gate)
+    deps.provide(app, Drainer, services.drainer)
+    deps.provide(app, KubeletShutdown, services.kubelet)
+    deps.provide(app, Interlock, services.interlock)
+    deps.provide(app, Database, services.database)
+    deps.provide(app, BodyLimits, services.bodies)
+    deps.provide(app, asyncio.Semaphore, services.design_gate)
+
+
 def _shipyard(
     app: FastAPI,
+    services: Services,
     teardown: TeardownSettings,
     destroy: DestroySettings,
     redeploy: RedeploySettings | None,
@@ -228,11 +247,10 @@ def _shipyard(
     label_prefixes: tuple[str, ...],
 ) -> shipyard.Shipyard | None:
     """The action store and worker, and what the steps are given (``shipyard.steps``)."""
-    services: Services = app.state.services
-    tasks: drydock.Drydock | None = app.state.drydock
+    tasks = deps.find(app, drydock.Drydock)
     if services.database is None or tasks is None:
         return None
-    steps = SimpleNamespace(
+    steps = SiteServices(
         client=services.client, design_store=DesignStore(services.database),
         task_store=tasks.store, task_worker=tasks.worker, interlock=services.interlock,
         events=EventRecorder(services.client, component="metalmend-shipyard"),

@@ -16,14 +16,15 @@ import uvicorn
 
 from metalmend.bmc import BmcPool
 from metalmend.db import Database
+from metalmend.designs import designref
 from metalmend.kube.client import async_client, load_config, whoami
-from metalmend.serve import auth, designref
 from metalmend.serve.app import create_app
-from metalmend.serve.bodies import BodyLimits
-from metalmend.serve.etcd import EtcdAccess
 from metalmend.serve.settings import check
 from metalmend.serve.storeguard import guard
 from metalmend.settings import Settings
+from metalmend.teardown.etcd.routes import EtcdAccess
+from metalmend.web import auth
+from metalmend.web.bodies import BodyLimits
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ async def serve(settings: Settings) -> None:
             ssl_keyfile=str(options.tls_key) if options.tls_key else None,
             log_config=None,  # ours (metalmend.log), not uvicorn's
             access_log=True,
-            lifespan="on",  # starts and stops the task worker (serve/tasks.py)
+            lifespan="on",  # starts and stops the task worker (destroy/worker.py)
         )
         server = uvicorn.Server(harden(listening))
         where = f"{options.bind_address}:{options.port}"

@@ -23,7 +23,7 @@ from lightkube.resources.core_v1 import ConfigMap
 from metalmend.db import Database, DatabaseError, read_identity
 from metalmend.kube import errors
 from metalmend.policy.store import StoreId, Verdict, decide_store
-from metalmend.serve.settings import ServeSettings
+from metalmend.web.settings import ServeSettings
 
 log = logging.getLogger(__name__)
 

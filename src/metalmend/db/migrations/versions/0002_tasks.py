@@ -1,6 +1,6 @@
 """Drydock's tasks (docs/destroy.md): one row per task with the lease of the replica
 running it, one row per (task, node) with the node's record as JSON
-(``metalmend.drydock.tables``).
+(``metalmend.destroy.tables``).
 
 Revision ID: 0002_tasks
 Revises: 0001_design_store

@@ -1,6 +1,6 @@
 """Shipyard's actions (docs/site-actions.md): one row per action with the lease of the
 replica running it, one row per (action, step) with the step's record and notes
-(``metalmend.shipyard.tables``).
+(``metalmend.siteactions.tables``).
 
 Revision ID: 0003_actions
 Revises: 0002_tasks

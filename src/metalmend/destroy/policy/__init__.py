@@ -1,0 +1,1 @@
+"""Drydock's destroy, decided purely: standard library and ``metalmend.api`` only."""

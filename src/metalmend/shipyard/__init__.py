@@ -1,1 +1,0 @@
-"""Shipyard's site actions in ``metalmend serve`` (docs/site-actions.md)."""

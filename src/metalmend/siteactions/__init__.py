@@ -1,0 +1,4 @@
+"""Shipyard's configdocs and site actions in ``metalmend serve`` (docs/site-actions.md):
+the rules (``policy/``), the steps of the same names (``deploysite``, ``redeploy``), what a
+step is given (``steps``), stored actions (``tables``, ``model``, ``store``), the action
+worker (``worker``) and the router (``routes``)."""

@@ -1,0 +1,1 @@
+"""Site actions, decided purely: standard library and ``metalmend.api`` only."""

@@ -1,0 +1,567 @@
+"""Shipyard's API under ``/shipyard/api/v1.0`` (docs/site-actions.md): configdocs (a
+buffer over the design store, committed, read and compared by version) and actions
+(stored, run by ``shipyard.worker``). Shipyard's API reference:
+https://airship-shipyard.readthedocs.io/en/latest/API.html.
+
+Configdocs answer YAML as Shipyard does; everything else JSON; errors are Status bodies.
+Each endpoint's permission is a verb on a resource of ``shipyard.metalmend.dev``
+(deploy/rbac/serve.yaml); creating an action is ``create actions`` on the action's NAME,
+so RBAC ``resourceNames`` can let an operator redeploy servers without deploying sites.
+A redeploy_server is also ``create nodes/redeploy`` on each target node (checked again
+when the action starts), and a commit with ``force=true`` is ``create
+configdocs/commit-force``. The action keeps who created it: its design is applied as
+that caller (docs/site-actions.md, "Whose permissions apply a design").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+from metalmend.clock import SYSTEM_CLOCK, Clock
+from metalmend.db import Database
+from metalmend.designs import documents
+from metalmend.designs.access import checked_name, documents_answer, run
+from metalmend.designs.documents import Document, DocumentsRejected
+from metalmend.designs.store import DesignStore
+from metalmend.errors import Conflict, Invalid, NotFound
+from metalmend.log import fields
+from metalmend.siteactions import model, redeploy
+from metalmend.siteactions.policy import actions as siteactions
+from metalmend.siteactions.policy import deploysite
+from metalmend.siteactions.policy.actions import ActionLifecycle, ActionName, Version
+from metalmend.siteactions.store import ActionStore
+from metalmend.siteactions.worker import ActionWorker
+from metalmend.web import auth, bodies, context, deps
+from metalmend.web.status import Message, StatusError, body, documented, errors, notes
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/shipyard/api/v1.0"
+GROUP = "shipyard.metalmend.dev"
+
+CREATE_CONFIGDOCS = auth.Permission("configdocs", "", "create", GROUP)
+GET_CONFIGDOCS = auth.Permission("configdocs", "", "get", GROUP)
+LIST_CONFIGDOCS = auth.Permission("configdocs", "", "list", GROUP)
+COMMIT_CONFIGDOCS = auth.Permission("configdocs", "commit", "create", GROUP)
+GET_RENDERED = auth.Permission("renderedconfigdocs", "", "get", GROUP)
+CREATE_ACTION = auth.Permission("actions", "", "create", GROUP)
+LIST_ACTIONS = auth.Permission("actions", "", "list", GROUP)
+GET_ACTION = auth.Permission("actions", "", "get", GROUP)
+CONTROL_ACTION = auth.Permission("actions", "control", "create", GROUP)
+# A commit past validation: its own permission, since it lets a design no action would
+# accept be committed (and redeploy_server's default revision be one).
+FORCE_COMMIT = auth.Permission("configdocs", "commit-force", "create", GROUP)
+# redeploy_server wipes the target's drives (destroy) and stops its kubelet (decommission):
+# per node, as Drydock's nodes/destroy and Promenade's per-node permissions are
+# (shipyard.redeploy asks it again when the action starts).
+REDEPLOY_NODE = redeploy.REDEPLOY_NODE
+
+VERSION_QUERY = "Query: version=buffer (default)|committed|last_site_action|successful_site_action."
+BUFFER_MODES = ("rejectoncontents", "append", "replace")
+router = APIRouter(tags=["shipyard"])
+
+
+@dataclass
+class Shipyard:
+    store: ActionStore
+    worker: ActionWorker
+    namespaces: tuple[str, ...]
+    clock: Clock = SYSTEM_CLOCK
+    label_prefixes: tuple[str, ...] = ()  # serve.site_label_prefixes
+
+
+def install(app: FastAPI, served: Shipyard | None) -> None:
+    app.include_router(router, prefix=PREFIX)
+    deps.provide(app, Shipyard, served)
+
+
+def start(app: FastAPI) -> None:
+    served = deps.find(app, Shipyard)
+    if served is not None:
+        served.worker.start()
+
+
+async def stop(app: FastAPI) -> None:
+    served = deps.find(app, Shipyard)
+    if served is not None:
+        await served.worker.stop()
+
+
+def _shipyard(request: Request) -> Shipyard:
+    served = deps.find(request.app, Shipyard)
+    if served is None:
+        raise StatusError(503, "ServiceUnavailable", "metalmend serve has no database")
+    return served
+
+
+def _flag(request: Request, name: str) -> bool:
+    found = siteactions.boolean_parameter(name, request.query_params.get(name), False)
+    if isinstance(found, str):
+        raise StatusError(400, "BadRequest", found, errors(found))
+    return found
+
+
+def _history(store: DesignStore) -> siteactions.History:
+    return siteactions.History.of((s.id, s.tags) for s in store.revisions())
+
+
+def _version(request: Request, default: Version = Version.BUFFER) -> Version:
+    raw = request.query_params.get("version")
+    found = siteactions.version_named(raw) if raw is not None else default
+    if not isinstance(found, Version):  # a Version is a str too: ask for what it is
+        raise StatusError(400, "BadRequest", found, errors(found))
+    return found
+
+
+def _revision_of(store: DesignStore, version: Version) -> int:
+    found = siteactions.locate(_history(store), version)
+    if isinstance(found, siteactions.Absent):
+        raise NotFound(f"no {version} version: {found.reason}")
+    return found
+
+
+def _wire(store: DesignStore, revision: int, collection: str | None) -> list[dict[str, Any]]:
+    return [
+        {
+            "schema": e.document.schema,
+            "metadata": dict(e.document.metadata),
+            "data": e.document.data,
+        }
+        for e in store.entries(revision)
+        if collection is None or e.bucket == collection
+    ]
+
+
+def _buffer_changes(store: DesignStore, history: siteactions.History) -> dict[str, str]:
+    """The collections the buffer changes from the committed revision (empty: no buffer)."""
+    buffer = siteactions.locate(history, Version.BUFFER)
+    if isinstance(buffer, siteactions.Absent):
+        return {}
+    committed = siteactions.locate(history, Version.COMMITTED)
+    base = committed if isinstance(committed, int) else 0
+    diff = store.diff(base, buffer)
+    return {name: str(change) for name, change in diff.items() if str(change) != "unmodified"}
+
+
+# ---- configdocs -----------------------------------------------------------------------------
+
+
+_SQLITE_BUFFER = threading.Lock()
+
+
+@contextlib.contextmanager
+def buffer_writer(db: Database) -> Iterator[None]:
+    """Serialize the buffer's writers: a put looks at the buffer, then (replace) rolls it
+    back and puts; two operators putting at once must not both find it empty. On
+    PostgreSQL (replicas) a transaction-level advisory lock, held on a connection of its
+    own while the store's own transactions run; on SQLite (one replica) a lock in the
+    process, since a second write transaction would wait for the first."""
+    if db.dialect == "postgresql":
+        with db.begin() as conn:
+            db.lock(conn, "shipyard-configdocs-buffer")
+            yield
+    else:
+        with _SQLITE_BUFFER:
+            yield
+
+
+def _put_in_buffer(store: DesignStore, name: str, docs: Sequence[Document], mode: str) -> int:
+    with buffer_writer(store.database):
+        return _put_unlocked(store, name, docs, mode)
+
+
+def _put_unlocked(store: DesignStore, name: str, docs: Sequence[Document], mode: str) -> int:
+    history = _history(store)
+    changes = _buffer_changes(store, history)
+    if changes and mode == "rejectoncontents":
+        listed = ", ".join(f"{c} ({s})" for c, s in sorted(changes.items()))
+        raise Conflict(
+            f"the buffer already holds changes not committed: {listed}. Commit them first, or"
+            " put with buffermode=append (add to them) or buffermode=replace (discard them)"
+        )
+    if changes and mode == "replace":
+        committed = siteactions.locate(history, Version.COMMITTED)
+        store.rollback(committed if isinstance(committed, int) else 0)
+    result = store.put(name, docs)
+    if not result.created:
+        raise Invalid(f"collection {name}: the documents are those already stored; nothing changed")
+    return result.revision
+
+
+def _site_problems(docs: Sequence[dict[str, Any]], served: Shipyard) -> list[str]:
+    """What a site action would refuse in these documents (the design's own checks: the
+    cluster-side ones, Secrets and held hosts, wait for the action)."""
+    from metalmend.teardown.etcd import design as etcd_design
+
+    problems = list(deploysite.read_site(docs, served.namespaces, served.label_prefixes).problems)
+    try:
+        etcd_design.from_documents(docs, "the buffer")
+    except etcd_design.DesignError as error:
+        if not error.missing:
+            problems.append(error.message)
+    return problems
+
+
+@router.post(
+    "/configdocs/{collection}",
+    status_code=201,
+    summary="Put a collection of documents (multi-document YAML) into the buffer",
+    description="Query: buffermode=rejectoncontents (default: 409 when the buffer holds"
+    " changes)|append|replace (discard the buffer first); empty-collection=true with an"
+    " empty body deletes the collection. 201: a Status listing what validation found.",
+    responses=documented((201, "Success"), (409, "Conflict"), (413, "RequestEntityTooLarge")),
+    dependencies=[auth.Admit(CREATE_CONFIGDOCS, "collection")],
+)
+async def create_configdocs(collection: str, request: Request) -> JSONResponse:
+    name = checked_name(collection, "collection")
+    served = _shipyard(request)
+    mode = request.query_params.get("buffermode", "rejectoncontents").lower()
+    if mode not in BUFFER_MODES:
+        text = f"buffermode must be one of {', '.join(BUFFER_MODES)}"
+        raise StatusError(400, "BadRequest", text, errors(text))
+    empty = _flag(request, "empty-collection")
+    text = await bodies.read_design(request)
+    async with bodies.design_gate(request):
+        return await _store_configdocs(request, served, name, text, mode, empty)
+
+
+async def _store_configdocs(
+    request: Request, served: Shipyard, name: str, text: str, mode: str, empty: bool
+) -> JSONResponse:
+    try:
+        parsed = await asyncio.to_thread(documents.parse, text, bodies.limits_of(request).yaml)
+    except DocumentsRejected as error:
+        what = f"collection {name}: the documents cannot be read; nothing stored"
+        raise StatusError(400, "BadRequest", what, errors(*error.problems)) from None
+    if bool(parsed) == empty:
+        problem = (
+            "empty-collection=true deletes the collection: send no documents with it"
+            if empty
+            else "no documents: send empty-collection=true to delete the collection"
+        )
+        raise StatusError(400, "BadRequest", problem, errors(problem))
+    revision = await run(request, lambda store: _put_in_buffer(store, name, parsed, mode))
+    buffer = await run(request, lambda store: _wire(store, revision, None))
+    problems = _site_problems(buffer, served)
+    log.info("shipyard: configdocs put", extra=fields(collection=name, revision=revision))
+    message = f"collection {name} is in the buffer (design revision {revision})"
+    lines = [Message(p, True, "ValidationMessage") for p in problems]
+    answer = body(201, "Created", message, lines or notes("validations succeeded"))
+    return JSONResponse(answer, status_code=201)
+
+
+@router.get(
+    "/configdocs/{collection}",
+    summary="A collection's documents at a version (YAML)",
+    description=VERSION_QUERY,
+    responses=documented((200, "documents"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_CONFIGDOCS, "collection")],
+)
+async def get_configdocs(collection: str, request: Request) -> Response:
+    name = checked_name(collection, "collection")
+    version = _version(request)
+
+    def read(store: DesignStore) -> list[dict[str, Any]]:
+        revision = _revision_of(store, version)
+        found = _wire(store, revision, name)
+        if not found and name not in store.revision(revision).buckets:
+            raise NotFound(
+                f"collection {name} is not in the {version} version (revision {revision})"
+            )
+        return found
+
+    return await documents_answer(await run(request, read))
+
+
+@router.get(
+    "/configdocs",
+    summary="Each collection's status between two versions",
+    description="Query: versions=A&versions=B (or version=A,B), or base-version=A&diff-version=B;"
+    " default committed and buffer. The older version (Shipyard's order) is the base.",
+    responses=documented((200, "list"), (404, "NotFound")),
+    dependencies=[auth.Admit(LIST_CONFIGDOCS)],
+)
+async def configdocs_status(request: Request) -> JSONResponse:
+    query = request.query_params
+    raw = [*query.getlist("versions"), *query.getlist("version")]
+    if "base-version" in query or "diff-version" in query:  # the spec's names for the two
+        if raw:
+            text = "give versions (Shipyard's) or base-version/diff-version (the spec's), not both"
+            raise StatusError(400, "BadRequest", text, errors(text))
+        raw = [query.get("base-version", "committed"), query.get("diff-version", "buffer")]
+    wanted = siteactions.compared_versions(raw)
+    if isinstance(wanted, siteactions.BadRequest):
+        raise StatusError(400, "BadRequest", wanted.message, errors(wanted.message))
+
+    def compare(store: DesignStore) -> list[dict[str, Any]]:
+        found = siteactions.compare(_history(store), *wanted)
+        if isinstance(found, siteactions.NotFound):
+            raise NotFound(found.message)
+        diff = store.diff(found.base_revision, found.new_revision)
+        return siteactions.configdocs_status(found, {k: str(v) for k, v in diff.items()})
+
+    return JSONResponse(await run(request, compare))
+
+
+@router.post(
+    "/commitconfigdocs",
+    summary="Commit the buffer: validate it and tag it committed",
+    description="Query: force=true commits despite validation problems;"
+    " dryrun=true only validates.",
+    responses=documented((200, "Success"), (409, "Conflict")),
+    dependencies=[auth.Admit(COMMIT_CONFIGDOCS)],
+)
+async def commit_configdocs(request: Request) -> JSONResponse:
+    served = _shipyard(request)
+    force, dryrun = _flag(request, "force"), _flag(request, "dryrun")
+    if force and not dryrun:
+        gate = deps.of(request, auth.Gate)
+        await gate.authorize(request.state.caller, FORCE_COMMIT, "")
+
+    def buffered(store: DesignStore) -> tuple[int, list[dict[str, Any]]]:
+        history = _history(store)
+        if not _buffer_changes(store, history):
+            raise Conflict("There are no documents in the buffer to commit")
+        revision = siteactions.locate(history, Version.BUFFER)
+        assert isinstance(revision, int)
+        return revision, _wire(store, revision, None)
+
+    revision, docs = await run(request, buffered)
+    problems = _site_problems(docs, served)
+    lines = [Message(p, True, "ValidationMessage") for p in problems]
+    if problems and not force:
+        text = f"the buffer (revision {revision}) does not validate; nothing committed"
+        raise StatusError(400, "BadRequest", text, lines)
+    if dryrun:
+        return JSONResponse(
+            body(200, "Success", f"dry run: revision {revision} would be committed", lines)
+        )
+    await run(request, lambda store: store.tag(revision, siteactions.COMMITTED_TAG, {}))
+    log.info(
+        "shipyard: configdocs committed", extra=fields(revision=revision, forced=bool(problems))
+    )
+    text = f"configdocs committed: design revision {revision}"
+    return JSONResponse(body(200, "Success", text, lines or notes("validations succeeded")))
+
+
+@router.get(
+    "/renderedconfigdocs",
+    summary="Every document at a version (YAML)",
+    description=VERSION_QUERY,
+    responses=documented((200, "documents"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_RENDERED)],
+)
+async def rendered_configdocs(request: Request) -> Response:
+    version = _version(request)
+    return await documents_answer(
+        await run(request, lambda store: _wire(store, _revision_of(store, version), None))
+    )
+
+
+# ---- actions --------------------------------------------------------------------------------
+
+
+async def _action_body(request: Request) -> tuple[ActionName, dict[str, Any]]:
+    raw = await bodies.read_json(request)
+    if not isinstance(raw, dict):
+        raise StatusError(400, "BadRequest", "the body is not a JSON object")
+    try:
+        name = ActionName(str(raw.get("name")))
+    except ValueError:
+        known = ", ".join(ActionName)
+        text = f"{str(raw.get('name'))[:64]!r} is not a supported action; supported: {known}"
+        raise StatusError(400, "BadRequest", text, errors(text)) from None
+    parameters = raw.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise StatusError(400, "BadRequest", "parameters must be a JSON object")
+    return name, parameters
+
+
+def _targets(name: ActionName, parameters: dict[str, Any]) -> tuple[str, ...]:
+    if name is not ActionName.REDEPLOY_SERVER:
+        if parameters:
+            text = f"{name} takes no parameters; given: {', '.join(sorted(parameters))[:200]}"
+            raise StatusError(400, "BadRequest", text, errors(text))
+        return ()
+    found = siteactions.redeploy_parameters(parameters)
+    if isinstance(found, siteactions.BadParameters):
+        raise StatusError(400, "BadRequest", "; ".join(found.problems), errors(*found.problems))
+    return found.target_nodes
+
+
+def _url(action_id: str) -> str:
+    return f"{PREFIX}/actions/{action_id}"
+
+
+@router.post(
+    "/actions",
+    status_code=201,
+    summary="Create an action: deploy_site, update_site or redeploy_server",
+    description="Body: {name, parameters}. Query: allow-intermediate-commits=true. 201 with"
+    " the action; it runs in the background: GET /actions/{id}.",
+    responses=documented((201, "action"), (409, "Conflict")),
+)
+async def create_action(request: Request, credentials: auth.Credentials) -> JSONResponse:
+    gate = deps.of(request, auth.Gate)
+    caller = await auth.authenticate(request, credentials)
+    name, parameters = await _action_body(request)
+    await gate.authorize(caller, CREATE_ACTION, str(name))
+    served = _shipyard(request)
+    allow = _flag(request, "allow-intermediate-commits")
+    targets = _targets(name, parameters)
+    for node in targets:  # each target node: nodes/redeploy (checked again at the start)
+        await gate.authorize(caller, REDEPLOY_NODE, node)
+    committed, skipped = await run(request, lambda store: _admitted(store, name, allow))
+    running = await asyncio.to_thread(served.store.unfinished)
+    collides = siteactions.collision(name, targets, [_running(a) for a in running])
+    if collides:
+        raise StatusError(409, "Conflict", collides, errors(collides))
+    action = _new_action(served, name, parameters, caller, committed, allow, request)
+    if skipped:
+        log.warning(skipped, extra=fields(action=action.id))
+        action = replace(action, notes=(model.Note(action.created, skipped),))
+    await asyncio.to_thread(served.store.create, action)
+    served.worker.wake()
+    log.info(
+        "shipyard: action created",
+        extra=fields(action=action.id, name=str(name), by=caller.username, revision=committed),
+    )
+    headers = {"Location": _url(action.id)}
+    return JSONResponse(action.to_wire(_url(action.id)), status_code=201, headers=headers)
+
+
+def _admitted(store: DesignStore, name: ActionName, allow: bool) -> tuple[int | None, str | None]:
+    """The committed revision, after the site actions' checks: one is committed, and the
+    intermediate-commit guard (before any validation, as the spec words it)."""
+    history = _history(store)
+    committed = siteactions.locate(history, Version.COMMITTED)
+    if name not in siteactions.SITE_ACTIONS:
+        return (committed if isinstance(committed, int) else None), None
+    if isinstance(committed, siteactions.Absent):
+        raise Invalid(
+            f"{name} needs committed configdocs: {committed.reason}"
+            " (metalmend site commit configdocs)"
+        )
+    verdict = siteactions.guard(name, history, committed, allow)
+    if isinstance(verdict, siteactions.Refused):
+        raise StatusError(409, verdict.title, verdict.message, errors(verdict.message))
+    return committed, verdict.log
+
+
+def _running(action: model.Action) -> siteactions.Running:
+    found = siteactions.redeploy_parameters(action.parameters)
+    targets = found.target_nodes if isinstance(found, siteactions.RedeployParameters) else ()
+    return siteactions.Running(action.id, action.name, frozenset(targets))
+
+
+def _new_action(
+    served: Shipyard,
+    name: ActionName,
+    parameters: dict[str, Any],
+    caller: auth.Caller,
+    committed: int | None,
+    allow: bool,
+    request: Request,
+) -> model.Action:
+    now = served.clock.now()
+    action_id = siteactions.new_action_id(now, os.urandom(10))
+    steps = tuple(model.Step(p.name, i) for i, p in enumerate(served.worker.plans[name]))
+    user = caller.username
+    audit = {"action_id": action_id, "datetime": model.iso(now), "user": user, "command": "invoke"}
+    return model.Action(
+        id=action_id, name=str(name), parameters=parameters, lifecycle=ActionLifecycle.PENDING,
+        created=now, updated=now, user=user, context_marker=context.of(request.scope),
+        committed_rev_id=committed, revision=None, allow_intermediate_commits=allow,
+        steps=steps, command_audit=(audit,), caller=caller.who().to_wire(),
+    )  # fmt: skip
+
+
+@router.get(
+    "/actions",
+    summary="Every action, newest first",
+    responses=documented((200, "list")),
+    dependencies=[auth.Admit(LIST_ACTIONS)],
+)
+async def list_actions(request: Request) -> JSONResponse:
+    served = _shipyard(request)
+    found = await asyncio.to_thread(served.store.newest)
+    return JSONResponse([a.listed() for a in found])
+
+
+async def _found(request: Request, action_id: str) -> model.Action:
+    served = _shipyard(request)
+    found = (
+        await asyncio.to_thread(served.store.get, action_id)
+        if siteactions.is_action_id(action_id)
+        else None
+    )
+    if found is None:
+        text = f"no action {action_id[:64]!r}"
+        raise StatusError(404, "NotFound", text, errors(text))
+    return found
+
+
+@router.get(
+    "/actions/{action_id}",
+    summary="One action, its steps and their notes",
+    responses=documented((200, "action"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_ACTION, "action_id", limit=64)],
+)
+async def get_action(action_id: str, request: Request) -> JSONResponse:
+    found = await _found(request, action_id)
+    return JSONResponse(found.to_wire(_url(found.id)))
+
+
+@router.get(
+    "/actions/{action_id}/steps/{step}",
+    summary="One step of an action",
+    responses=documented((200, "step"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_ACTION, "action_id", limit=64)],
+)
+async def get_step(action_id: str, step: str, request: Request) -> JSONResponse:
+    found = (await _found(request, action_id)).step(step)
+    if found is None:
+        text = f"action {action_id} has no step {step[:64]!r}"
+        raise StatusError(404, "NotFound", text, errors(text))
+    return JSONResponse(found.detail())
+
+
+@router.post(
+    "/actions/{action_id}/control/{verb}",
+    status_code=202,
+    summary="Stop an action: the running step ends at its next wait, no further step starts",
+    responses=documented((202, "Accepted"), (404, "NotFound"), (409, "Conflict")),
+    dependencies=[auth.Admit(CONTROL_ACTION, "action_id", limit=64)],
+)
+async def control_action(action_id: str, verb: str, request: Request) -> JSONResponse:
+    if verb != "stop":
+        text = f"{verb[:32]!r} is not an action control; the one control is stop"
+        raise StatusError(400, "BadRequest", text, errors(text))
+    found = await _found(request, action_id)
+    served = _shipyard(request)
+    user = request.state.caller.username
+    audit = {
+        "action_id": found.id,
+        "datetime": model.iso(served.clock.now()),
+        "user": user,
+        "command": "stop",
+    }
+    if not await asyncio.to_thread(served.store.request_stop, found.id, user, audit):
+        text = f"action {found.id} is {found.lifecycle}: it cannot be stopped"
+        raise StatusError(409, "Conflict", text, errors(text))
+    served.worker.stopping(found.id)
+    text = (
+        f"action {found.id}: stop requested; the running step ends at its next wait (or when"
+        " it ends), no further step starts"
+    )
+    return JSONResponse(body(202, "Accepted", text, notes(text)), status_code=202)

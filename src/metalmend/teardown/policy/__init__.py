@@ -1,0 +1,1 @@
+"""The node-teardown steps, decided purely: standard library and ``metalmend.api`` only."""

@@ -1,0 +1,296 @@
+"""Who is calling, and may they: Kubernetes bearer tokens checked with TokenReview, each
+endpoint authorized with a SubjectAccessReview (docs/teardown.md, "Authorization").
+
+Every endpoint names a ``Permission``: a verb on a resource of metalmend's API group
+``promenade.metalmend.dev``, for the Node named in the path. RBAC rules grant them like any
+other (deploy/rbac/serve.yaml); ``resourceNames`` may limit them to some Nodes. The API
+server answers both reviews; metalmend keeps no users.
+
+Two things keep hostile callers from spending the API server's time (docs/teardown.md,
+"Authorization"):
+
+- ``ReviewCache``: each TokenReview answer, authenticated or not, is kept for
+  ``serve.token_cache_seconds`` (10 s, as Kubernetes' delegating authenticator caches the
+  TokenReviews of extension API servers), keyed by the token's SHA-256, never the token.
+  A revoked token therefore works for up to that long; a SubjectAccessReview is never
+  cached, so a removed binding stops working at the next request.
+- ``FailureLimit``: the failed authentications of each client address are a token bucket
+  (``serve.auth_failures_burst``, one back every ``serve.auth_failure_interval``); an
+  address that has spent it gets 429 with ``Retry-After`` and no TokenReview until a
+  token is back. A known good token (cached) is never limited.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import httpx2
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from lightkube import ApiError, AsyncClient
+from lightkube.models.authentication_v1 import TokenReviewSpec
+from lightkube.models.authorization_v1 import ResourceAttributes, SubjectAccessReviewSpec
+from lightkube.resources.authentication_v1 import TokenReview
+from lightkube.resources.authorization_v1 import SubjectAccessReview
+
+from metalmend.errors import Refused
+from metalmend.kube import errors
+from metalmend.kube.rbac import API_GROUP as API_GROUP
+from metalmend.kube.rbac import Caller as Caller
+from metalmend.kube.rbac import Permission as Permission
+from metalmend.log import fields
+from metalmend.web import deps
+from metalmend.web.status import StatusError
+
+log = logging.getLogger(__name__)
+
+
+# One per Promenade endpoint. POST to a step is "create" on the Node's subresource, as a
+# POST to pods/eviction is in Kubernetes.
+DRAIN = Permission("nodes", "drain", "create")
+CLEAR_LABELS = Permission("nodes", "clear-labels", "create")
+REMOVE_ETCD = Permission("nodes", "remove-etcd", "create")
+SHUTDOWN_KUBELET = Permission("nodes", "shutdown-kubelet", "create")
+REMOVE_FROM_CLUSTER = Permission("nodes", "remove-from-cluster", "create")
+DECOMMISSION = Permission("nodes", "decommission", "create")
+ETCD_HEALTH = Permission("etcdclusters", "health", "get")
+
+
+def _unauthorized(detail: str) -> StatusError:
+    return StatusError(401, "Unauthorized", f"Credentials are not established: {detail}")
+
+
+def _throttled(wait: float) -> StatusError:
+    seconds = max(1, math.ceil(wait))
+    return StatusError(
+        429,
+        "TooManyRequests",
+        f"too many failed authentications from this address: try again in {seconds}s",
+        headers={"Retry-After": str(seconds)},
+    )
+
+
+def bearer_token(authorization: str | None) -> str:
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise _unauthorized("send a Kubernetes bearer token (Authorization: Bearer <token>)")
+    return token.strip()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long TokenReview answers are kept, and how many failed authentications a client
+    address may make (``serve`` settings of the same names; the defaults are theirs)."""
+
+    token_cache_seconds: float = 10.0
+    token_cache_size: int = 10_000
+    auth_failures_burst: int = 10
+    auth_failure_interval: float = 1.0
+    addresses: int = 10_000  # client addresses whose failures are counted at once
+
+
+INVALID = "the token is not valid (expired, revoked or unknown)"
+
+
+class ReviewCache:
+    """TokenReview answers by the SHA-256 of their token, each for ``ttl`` seconds, the
+    oldest dropped beyond ``size`` entries. ``None`` is a cached refusal."""
+
+    def __init__(self, ttl: float, size: int, now: Callable[[], float] = time.monotonic) -> None:
+        self.ttl, self.size, self.now = ttl, size, now
+        self._answers: OrderedDict[bytes, tuple[float, Caller | None]] = OrderedDict()
+
+    @staticmethod
+    def key(token: str) -> bytes:
+        return hashlib.sha256(token.encode()).digest()
+
+    def get(self, key: bytes) -> tuple[bool, Caller | None]:
+        """(found, the caller or None for a refusal)."""
+        found = self._answers.get(key)
+        if found is None:
+            return False, None
+        if found[0] <= self.now():
+            del self._answers[key]
+            return False, None
+        return True, found[1]
+
+    def put(self, key: bytes, caller: Caller | None) -> None:
+        self._answers[key] = (self.now() + self.ttl, caller)
+        self._answers.move_to_end(key)
+        while len(self._answers) > self.size:
+            self._answers.popitem(last=False)
+
+
+class FailureLimit:
+    """A token bucket of failed authentications per client address: ``burst`` at most,
+    one back every ``interval`` seconds. Addresses with a full bucket are forgotten; beyond
+    ``addresses`` the least recently failing are."""
+
+    def __init__(
+        self, burst: int, interval: float, addresses: int, now: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.burst, self.interval, self.addresses, self.now = burst, interval, addresses, now
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
+
+    def _tokens(self, address: str) -> float:
+        found = self._buckets.get(address)
+        if found is None:
+            return float(self.burst)
+        tokens, at = found
+        return min(float(self.burst), tokens + (self.now() - at) / self.interval)
+
+    def wait(self, address: str) -> float:
+        """Seconds until ``address`` may try again (0: now)."""
+        tokens = self._tokens(address)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) * self.interval
+
+    def failed(self, address: str) -> None:
+        self._buckets[address] = (max(0.0, self._tokens(address) - 1.0), self.now())
+        self._buckets.move_to_end(address)
+        while len(self._buckets) > self.addresses:
+            self._buckets.popitem(last=False)
+
+
+class Gate:
+    """Authenticates and authorizes callers through the API server of ``client``."""
+
+    def __init__(self, client: AsyncClient, limits: Limits | None = None) -> None:
+        self.client = client
+        self.limits = limits = limits or Limits()
+        self.reviews = ReviewCache(limits.token_cache_seconds, limits.token_cache_size)
+        self.failures = FailureLimit(
+            limits.auth_failures_burst, limits.auth_failure_interval, limits.addresses
+        )
+
+    async def caller(self, authorization: str | None, peer: str = "") -> Caller:
+        """Who sends this token (401 when nobody), for the client at address ``peer``."""
+        token = bearer_token(authorization)
+        key = ReviewCache.key(token)
+        found, caller = self.reviews.get(key)
+        if not found:
+            wait = self.failures.wait(peer)
+            if wait > 0:
+                raise _throttled(wait)
+            caller = await self._review(token)
+            self.reviews.put(key, caller)
+        if caller is None:
+            self.failures.failed(peer)
+            raise _unauthorized(INVALID)
+        return caller
+
+    async def _review(self, token: str) -> Caller | None:
+        review = await self._create(TokenReview(spec=TokenReviewSpec(token=token)))
+        status = review.status
+        if status is None or not status.authenticated or status.user is None:
+            return None
+        user = status.user
+        return Caller(
+            username=user.username or "",
+            uid=user.uid or "",
+            groups=tuple(user.groups or ()),
+            extra={k: list(v) for k, v in (user.extra or {}).items()},
+        )
+
+    async def authorize(self, caller: Caller, permission: Permission, name: str) -> None:
+        review = await self._create(
+            SubjectAccessReview(
+                spec=SubjectAccessReviewSpec(
+                    user=caller.username,
+                    uid=caller.uid or None,
+                    groups=list(caller.groups),
+                    extra=caller.extra or None,
+                    resourceAttributes=ResourceAttributes(
+                        group=permission.group,
+                        resource=permission.resource,
+                        subresource=permission.subresource,
+                        verb=permission.verb,
+                        name=name,
+                    ),
+                )
+            )
+        )
+        if review.status is None or not review.status.allowed:
+            log.info(
+                "refused",
+                extra=fields(user=caller.username, permission=permission.describe(), name=name),
+            )
+            raise Refused(
+                f"Credentials do not permit access: {caller.username} may not"
+                f" {permission.describe()}" + (f" on {name}" if name else ""),
+            )
+
+    async def _create(self, review: Any) -> Any:
+        kind = type(review).__name__
+        try:
+            answer = await self.client.create(review)
+        except ApiError as error:
+            # Our own identity may not create reviews: the deployment's RBAC is incomplete.
+            log.error("cannot create %s: %s", kind, error.status.message)
+            raise StatusError(
+                500,
+                "InternalError",
+                f"metalmend serve cannot check credentials: the API server refused its"
+                f" {kind} ({errors.code(error)} {error.status.message})",
+            ) from None
+        except (httpx2.HTTPError, OSError) as error:
+            raise StatusError(
+                503,
+                "ServiceUnavailable",
+                f"metalmend serve cannot reach the API server to check credentials: {error}",
+            ) from None
+        return answer
+
+
+bearer = HTTPBearer(auto_error=False, description="A Kubernetes bearer token")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+async def admit(
+    request: Request,
+    credentials: HTTPAuthorizationCredentials | None,
+    permission: Permission,
+    name: str,
+) -> None:
+    """Authenticate the caller (TokenReview) and authorize ``permission`` on ``name``
+    (SubjectAccessReview): 401/403 as Status bodies. Every endpoint's first step."""
+    gate = deps.of(request, Gate)
+    caller = await authenticate(request, credentials)
+    await gate.authorize(caller, permission, name)
+    request.state.caller = caller  # who the teardown claim names (serve.interlock)
+
+
+def Admit(permission: Permission, name: str | None = None, *, limit: int | None = None) -> Any:
+    """The gate as a FastAPI dependency, one per endpoint (``dependencies=[Admit(...)]``):
+    the caller authenticated and authorized for ``permission`` on the path parameter
+    ``name`` (its first ``limit`` characters; no name: the whole collection) before the
+    endpoint runs, else 401, 403 or 429. The caller is then ``request.state.caller``."""
+
+    async def admitted(request: Request, credentials: Credentials) -> Caller:
+        target = str(request.path_params.get(name, "")) if name else ""
+        await admit(request, credentials, permission, target[:limit])
+        caller: Caller = request.state.caller
+        return caller
+
+    return Depends(admitted)
+
+
+async def authenticate(
+    request: Request, credentials: HTTPAuthorizationCredentials | None
+) -> Caller:
+    """The caller of ``request`` (TokenReview, cached briefly), or 401/429."""
+    gate = deps.of(request, Gate)
+    header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
+    return await gate.caller(header, request.client.host if request.client else "")
+
+
+def caller_of(request: Request) -> str:
+    """The user name of the request's caller (set once authenticated), for the claim."""
+    caller = getattr(request.state, "caller", None)
+    return str(getattr(caller, "username", "") or "")
