@@ -24,11 +24,13 @@ test: venv k8s helm tools lint
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+# metalmend itself, and the lab and demos (metalmend-lab, lab/pyproject.toml: the `lab`,
+# `demo` and `demo-site` verbs), both editable from this checkout.
+$(STAMP): pyproject.toml lab/pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "metalmend needs Python >= 3.11 (set PYTHON=...)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,lab]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]' -e ./lab
 	touch $@
 
 k8s:

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from metalmend.etcd import design, members
-from metalmend.lab import lab, siteetcd
+from metalmend_lab import lab, siteetcd
 
 RETRIES = 20
 HEALTH = 20

@@ -34,10 +34,10 @@ from typing import IO
 import httpx
 import yaml
 
-from metalmend.lab.assets import Binaries, find_binaries
-from metalmend.lab.pki import CertificateAuthority, KeyPair, write_signing_key
+from metalmend_lab.assets import Binaries, find_binaries
+from metalmend_lab.pki import CertificateAuthority, KeyPair, write_signing_key
 
-log = logging.getLogger("metalmend.lab.controlplane")
+log = logging.getLogger("metalmend_lab.controlplane")
 
 LOOPBACK = "127.0.0.1"
 ADMIN_USER = "metalmend-admin"

@@ -6,7 +6,7 @@ described by ``.lab/lab.json`` (supervisor and component pids, ports), which is 
 and ``status`` find it, and which lets ``down`` clean up even after the supervisor was
 killed with SIGKILL.
 
-The supervisor restarts ``metalmend run``, ``metalmend serve`` (lab.serve) and the lab's
+The supervisor restarts ``metalmend run``, ``metalmend serve`` (servedeploy) and the lab's
 provisioner (lab.provisioner) when they die,
 as a Deployment's kubelet would (CrashLoopBackOff, with lab-sized waits: 1 s doubling to
 30 s, back to 1 s once it has run for a minute), so that crash tests can kill the
@@ -37,10 +37,10 @@ from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Node
 
 from metalmend.kube.crds import install_crds
-from metalmend.lab import hosts, provisioner, siteetcd
-from metalmend.lab import policies as lab_policies
-from metalmend.lab import serve as lab_serve
-from metalmend.lab.controlplane import (
+from metalmend_lab import hosts, provisioner, siteetcd
+from metalmend_lab import policies as lab_policies
+from metalmend_lab import servedeploy as lab_serve
+from metalmend_lab.controlplane import (
     LOOPBACK,
     Component,
     ControlPlane,
@@ -49,9 +49,9 @@ from metalmend.lab.controlplane import (
     start_component,
     tls_context,
 )
-from metalmend.lab.drives import DEFAULT_ERASE_SECONDS
-from metalmend.lab.inventory import HardwareConfig, status_path
-from metalmend.lab.pki import KeyPair
+from metalmend_lab.drives import DEFAULT_ERASE_SECONDS
+from metalmend_lab.inventory import HardwareConfig, status_path
+from metalmend_lab.pki import KeyPair
 
 
 class LabError(RuntimeError):
@@ -130,7 +130,7 @@ class LabOptions:
     soft_power_off_timeout: float = 30.0
     provision_delay: float = provisioner.DEFAULT_DELAY  # seconds an image takes to write
     apiserver_args: tuple[str, ...] = ()  # extra kube-apiserver flags (a benchmark's audit log)
-    serve: bool = True  # `metalmend serve` and .lab/endpoints.json (lab.serve)
+    serve: bool = True  # `metalmend serve` and .lab/endpoints.json (servedeploy)
 
 
 RESTART_FIRST_WAIT = 1.0  # seconds before the first restart after a crash
@@ -359,7 +359,7 @@ def start_controllers(running: RunningLab, controllers: str, soft_timeout: float
 
 def start_serve(running: RunningLab) -> None:
     """`metalmend serve`, restarted when it dies as `metalmend run` is, and
-    .lab/endpoints.json saying how to call it (lab.serve)."""
+    .lab/endpoints.json saying how to call it (servedeploy)."""
     lab_dir = running.plane.workdir.parent
     component, endpoints = lab_serve.start(running.plane, running.client(), lab_dir)
     _record(running, component)
@@ -548,7 +548,7 @@ def site_design(lab_dir: Path) -> str:
     """The running lab's site design as YAML documents (lab.sitedesign): its hosts'
     BareMetalHosts, Machines and Nodes, and its EtcdClusters when it has a site etcd."""
     from metalmend.design.documents import dump_all
-    from metalmend.lab import sitedesign
+    from metalmend_lab import sitedesign
 
     if running_state(lab_dir) is None:
         raise LabError(f"no lab is running in {lab_dir}")
@@ -568,7 +568,7 @@ FAULTS = ("hang", "recover", "bmc-down", "bmc-up", "bmc-slow", "ignore-soft", "h
 
 def inject_fault(lab_dir: Path, host: str, kind: str) -> None:
     """Record a fault for the hardware process to apply (within 0.2 s)."""
-    from metalmend.lab.faults import Faults, faults_path, write_faults
+    from metalmend_lab.faults import Faults, faults_path, write_faults
 
     if kind not in FAULTS:
         raise ValueError(f"unknown fault {kind!r}; one of: {', '.join(FAULTS)}")

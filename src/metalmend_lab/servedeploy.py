@@ -35,11 +35,11 @@ from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding, RoleBinding
 
 from metalmend.kube import errors
-from metalmend.lab import siteetcd
-from metalmend.lab.controlplane import LOOPBACK, Component, ControlPlane, free_port, start_component
-from metalmend.lab.hosts import NAMESPACE as HOSTS_NAMESPACE
+from metalmend_lab import siteetcd
+from metalmend_lab.controlplane import LOOPBACK, Component, ControlPlane, free_port, start_component
+from metalmend_lab.hosts import NAMESPACE as HOSTS_NAMESPACE
 
-DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SERVE_RBAC = DEPLOY / "rbac" / "serve.yaml"
 SHUTDOWN_KUBELET = DEPLOY / "teardown" / "shutdown-kubelet.yaml"
 COMPONENT = "metalmend-serve"

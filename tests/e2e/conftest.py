@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from metalmend.bmc import BmcTarget, Credentials, parse
-from metalmend.lab import lab
-from metalmend.lab.controlplane import free_port
-from metalmend.lab.inventory import HostSpec
+from metalmend_lab import lab
+from metalmend_lab.controlplane import free_port
+from metalmend_lab.inventory import HostSpec
 
 LAB_GRACE = 6.0  # node-monitor grace period of the e2e lab
 LOG_LINES_ON_FAILURE = 80

@@ -32,10 +32,10 @@ from lightkube.types import PatchType
 from metalmend.api.names import REBOOT
 from metalmend.api.resources import BareMetalHost
 from metalmend.api.stamps import parse_stamp
-from metalmend.lab import lab
-from metalmend.lab.controlplane import free_port
-from metalmend.lab.hosts import NAMESPACE as HOSTS
 from metalmend.serve.storeguard import CONFIGMAP as STORE_RECORD
+from metalmend_lab import lab
+from metalmend_lab.controlplane import free_port
+from metalmend_lab.hosts import NAMESPACE as HOSTS
 from tests.e2e.conftest import host
 from tests.support import bind_bmc_secrets
 

@@ -37,10 +37,10 @@ from metalmend.api.resources import BareMetalHost, Machine
 from metalmend.etcd import members
 from metalmend.etcd.client import EtcdClient
 from metalmend.etcd.design import from_documents
-from metalmend.lab import drives, lab, provisioner, siteetcd
-from metalmend.lab.hosts import NAMESPACE
-from metalmend.lab.osdrive import OsDrive
 from metalmend.policy.redeploy import host_documents
+from metalmend_lab import drives, lab, provisioner, siteetcd
+from metalmend_lab.hosts import NAMESPACE
+from metalmend_lab.osdrive import OsDrive
 
 PROMENADE = "/promenade/api/v1.0"
 TIMEOUTS = (

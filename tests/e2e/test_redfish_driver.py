@@ -26,8 +26,8 @@ from metalmend.bmc.errors import AuthenticationFailed, BadAddress, BmcError
 from metalmend.bmc.pool import BmcPool, BmcTarget, Credentials
 from metalmend.bmc.redfish import RedfishDriver
 from metalmend.bmc.settings import BmcSettings
-from metalmend.lab.controlplane import LOOPBACK, free_port
-from metalmend.lab.pki import CertificateAuthority
+from metalmend_lab.controlplane import LOOPBACK, free_port
+from metalmend_lab.pki import CertificateAuthority
 from tests.support import until
 
 USER = "chassis-admin"

@@ -24,12 +24,12 @@ from metalmend.bmc.address import parse
 from metalmend.bmc.errors import Unsupported
 from metalmend.bmc.pool import BmcPool, BmcTarget, Credentials
 from metalmend.bmc.settings import BmcSettings
-from metalmend.lab import drives
-from metalmend.lab.controlplane import LOOPBACK, free_port
-from metalmend.lab.hosts import emulator_argv, emulator_config
-from metalmend.lab.inventory import HardwareConfig, HostSpec
-from metalmend.lab.pki import CertificateAuthority
 from metalmend.policy.rootdevice import RootDeviceHints, os_drive
+from metalmend_lab import drives
+from metalmend_lab.controlplane import LOOPBACK, free_port
+from metalmend_lab.hosts import emulator_argv, emulator_config
+from metalmend_lab.inventory import HardwareConfig, HostSpec
+from metalmend_lab.pki import CertificateAuthority
 
 ERASE_SECONDS = 3.0
 SETTINGS = BmcSettings(timeout=10.0)
@@ -249,4 +249,4 @@ async def test_ipmi_cannot_list_or_erase_drives_and_nothing_is_sent() -> None:
 
 def test_the_lab_emulator_is_sushy_tools_with_drives() -> None:
     argv = emulator_argv(Path("conf"))
-    assert argv[:3] == [sys.executable, "-m", "metalmend.lab.emulator"]
+    assert argv[:3] == [sys.executable, "-m", "metalmend_lab.emulator"]

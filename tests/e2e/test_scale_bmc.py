@@ -20,8 +20,8 @@ from metalmend.bmc import BmcPool, BmcTarget, Credentials, PowerState, parse, re
 from metalmend.bmc.driver import PowerAction
 from metalmend.bmc.errors import AuthenticationFailed
 from metalmend.bmc.settings import BmcSettings
-from metalmend.lab.controlplane import LOOPBACK
-from metalmend.lab.pki import CertificateAuthority
+from metalmend_lab.controlplane import LOOPBACK
+from metalmend_lab.pki import CertificateAuthority
 
 SYSTEMS = 3
 Server = tuple[dict[str, Any], Path, Path]  # (ports file, CA, journal directory)
@@ -39,7 +39,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                      "password": f"p{i}"} for i in range(SYSTEMS)],
     }  # fmt: skip
     (tmp / "config.json").write_text(json.dumps(config))
-    argv = [sys.executable, "-m", "metalmend.lab.scalebmc", str(tmp / "config.json")]
+    argv = [sys.executable, "-m", "metalmend_lab.scalebmc", str(tmp / "config.json")]
     process = subprocess.Popen(argv)
     try:
         deadline = time.monotonic() + 20

@@ -29,8 +29,8 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 from metalmend.db import Database
 from metalmend.design.documents import parse
 from metalmend.design.store import DesignStore
-from metalmend.lab import lab, siteetcd
 from metalmend.serve.app import create_app
+from metalmend_lab import lab, siteetcd
 
 SERVE_RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "serve.yaml"
 PROMENADE = "/promenade/api/v1.0"

@@ -29,9 +29,9 @@ from metalmend.api.resources import BareMetalHost
 from metalmend.bmc import BmcPool, BmcTarget, Credentials, PowerState, parse
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
 from metalmend.bmc.settings import BmcSettings
-from metalmend.lab import lab
-from metalmend.lab.controlplane import free_port
-from metalmend.lab.inventory import HostSpec
+from metalmend_lab import lab
+from metalmend_lab.controlplane import free_port
+from metalmend_lab.inventory import HostSpec
 from tests.support import until
 
 NAMESPACE = "shared-endpoint"

@@ -20,8 +20,8 @@ import yaml
 from lightkube import ApiError, Client, KubeConfig
 from lightkube.resources.core_v1 import Pod
 
-from metalmend.lab.assets import find_binaries
-from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig, free_port
+from metalmend_lab.assets import find_binaries
+from metalmend_lab.controlplane import ControlPlane, ControlPlaneConfig, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "chart"

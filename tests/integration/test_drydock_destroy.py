@@ -33,11 +33,11 @@ from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LAB
 from metalmend.bmc.errors import Unsupported
 from metalmend.bmc.storage import EraseStatus
 from metalmend.db import Database
-from metalmend.lab.controlplane import ControlPlane
-from metalmend.lab.serve import grant_bmc_credentials
 from metalmend.policy.destroy import DestroySettings
 from metalmend.serve import drydock
 from metalmend.serve.app import create_app
+from metalmend_lab.controlplane import ControlPlane
+from metalmend_lab.servedeploy import grant_bmc_credentials
 from tests.integration.test_serve_promenade import bearer, status_of, token
 from tests.support import until
 

@@ -24,7 +24,7 @@ from lightkube.types import PatchType
 from metalmend.api.resources import CRD_DIR, BareMetalHost
 from metalmend.kube import served_schema
 from metalmend.kube.crds import install_crds
-from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig, free_port
+from metalmend_lab.controlplane import ControlPlane, ControlPlaneConfig, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BMH_CRD = "metal3.io_baremetalhosts.yaml"

@@ -18,8 +18,8 @@ import pytest
 from metalmend.etcd import members
 from metalmend.etcd.client import EtcdClient
 from metalmend.etcd.design import ClusterDesign, Design, MemberDesign
-from metalmend.lab.assets import find_binaries
-from metalmend.lab.controlplane import LOOPBACK, Component, free_port
+from metalmend_lab.assets import find_binaries
+from metalmend_lab.controlplane import LOOPBACK, Component, free_port
 
 TOKEN = "metalmend-redeploy-rejoin"
 

@@ -19,8 +19,8 @@ from lightkube.resources.core_v1 import ConfigMap
 from metalmend.kube.health import serving
 from metalmend.kube.manager import Manager
 from metalmend.kube.workqueue import Backoff
-from metalmend.lab.controlplane import ControlPlane, free_port
-from metalmend.lab.proxies import TcpProxy
+from metalmend_lab.controlplane import ControlPlane, free_port
+from metalmend_lab.proxies import TcpProxy
 from tests.support import bind_bmc_secrets, until
 
 

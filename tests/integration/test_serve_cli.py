@@ -18,7 +18,7 @@ import pytest
 import yaml
 from lightkube import Client, codecs
 
-from metalmend.lab.controlplane import ControlPlane, free_port
+from metalmend_lab.controlplane import ControlPlane, free_port
 
 SERVE_RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "serve.yaml"
 

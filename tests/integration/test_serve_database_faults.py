@@ -28,9 +28,9 @@ from sqlalchemy.engine import make_url
 
 from metalmend.db import Database, DatabaseUnavailable
 from metalmend.db.database import UNAVAILABLE
-from metalmend.lab.controlplane import ControlPlane
 from metalmend.policy.destroy import DestroySettings
 from metalmend.serve.app import create_app
+from metalmend_lab.controlplane import ControlPlane
 from tests.integration.test_drydock_destroy import Bmc, add_host, destroy
 from tests.integration.test_serve_promenade import bearer, serve_kubeconfig, status_of, token
 from tests.postgres import PostgresUnavailable, ThrowawayPostgres

@@ -23,11 +23,11 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 from lightkube.types import PatchType
 
-from metalmend.lab.controlplane import ControlPlane
 from metalmend.policy.teardown import TeardownSettings
 from metalmend.serve import nodes
 from metalmend.serve.app import create_app
 from metalmend.serve.params import DrainRequest
+from metalmend_lab.controlplane import ControlPlane
 
 SERVE_RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "serve.yaml"
 PROMENADE = "/promenade/api/v1.0"

@@ -28,10 +28,10 @@ from lightkube.types import PatchType
 from metalmend.api.resources import BareMetalHost
 from metalmend.db import Database
 from metalmend.design.store import DesignStore
-from metalmend.lab.controlplane import ControlPlane
 from metalmend.policy.destroy import DestroySettings
 from metalmend.policy.redeploy import RedeploySettings
 from metalmend.serve.app import create_app
+from metalmend_lab.controlplane import ControlPlane
 from tests.integration.test_serve_promenade import bearer, lines, serve_kubeconfig, status_of, token
 
 __all__ = ["serve_kubeconfig"]

@@ -37,12 +37,12 @@ from metalmend.api.resources import BareMetalHost, Machine
 from metalmend.db import Database
 from metalmend.design.store import DesignStore
 from metalmend.kube.crds import install_crds
-from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig
 from metalmend.policy.destroy import DestroySettings
 from metalmend.policy.siteactions import ActionLifecycle, new_action_id
 from metalmend.serve.app import create_app
 from metalmend.shipyard import model
 from metalmend.shipyard.store import ActionStore
+from metalmend_lab.controlplane import ControlPlane, ControlPlaneConfig
 from tests.integration.test_policies import scoped
 from tests.integration.test_serve_promenade import bearer, lines, status_of, token
 from tests.integration.test_shipyard_api import (
