@@ -286,15 +286,18 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
         def emulator_ready() -> bool:
             try:
                 return httpx.get(
-                    f"https://127.0.0.1:{emulator_port}/redfish/v1/", verify=context, timeout=1
+                    f"https://127.0.0.1:{emulator_port}/redfish/v1/", verify=context, timeout=5
                 ).status_code in (200, 401)
             except httpx.HTTPError:
                 return False
 
         _record(
             running,
-            start_component("redfish-emulator", hosts.emulator_argv(conf), workdir, emulator_ready),
-        )
+            start_component(
+                "redfish-emulator", hosts.emulator_argv(conf), workdir, emulator_ready,
+                waiting_for=f"GET https://127.0.0.1:{emulator_port}/redfish/v1/ to answer",
+            ),
+        )  # fmt: skip
     site = siteetcd.plan(options.lab_dir, config.hosts, running.plane.binaries.etcd)
     config_file = workdir / "config.json"
     config.write(config_file)
@@ -303,6 +306,7 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
         start_component(
             "hardware", hosts.hardware_argv(config_file), workdir,
             lambda: status_path(options.lab_dir).exists(),
+            waiting_for=f"the hosts' BMCs up and {status_path(options.lab_dir)} written",
         ),
     )  # fmt: skip
     hosts.register(running.client(), config)
@@ -313,7 +317,13 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
         serving = ca.issue("design-server", "design-server", ip_addresses=(LOOPBACK,), server=True)
         argv = siteetcd.design_server_argv(options.lab_dir, site, serving)
         ready = lambda: siteetcd.design_served(site, ca.pair.cert)  # noqa: E731
-        _record(running, start_component("design-server", argv, workdir, ready))
+        _record(
+            running,
+            start_component(
+                "design-server", argv, workdir, ready,
+                waiting_for=f"the site design to be served at {site.design_url}",
+            ),
+        )  # fmt: skip
         running.state.design_ref = site.design_url
 
 
@@ -324,7 +334,13 @@ def start_provisioner(running: RunningLab, config_file: Path, delay: float) -> N
     status = provisioner.status_path(lab_dir)
     status.unlink(missing_ok=True)  # ready once it has looked at the hosts
     argv = provisioner.argv(config_file, running.kubeconfig, delay)
-    _record(running, start_component(provisioner.COMPONENT, argv, lab_dir, status.exists))
+    _record(
+        running,
+        start_component(
+            provisioner.COMPONENT, argv, lab_dir, status.exists,
+            waiting_for=f"its first look at the hosts ({status} written)",
+        ),
+    )  # fmt: skip
     running.restarting[provisioner.COMPONENT] = Restarts()
 
 
@@ -349,11 +365,17 @@ def start_controllers(running: RunningLab, controllers: str, soft_timeout: float
 
     def ready() -> bool:
         try:
-            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
 
-    _record(running, start_component("metalmend", argv, running.plane.workdir.parent, ready))
+    _record(
+        running,
+        start_component(
+            "metalmend", argv, running.plane.workdir.parent, ready,
+            waiting_for=f"metalmend run's GET http://127.0.0.1:{port}/readyz to answer 200",
+        ),
+    )  # fmt: skip
     running.restarting["metalmend"] = Restarts()
 
 

@@ -189,11 +189,14 @@ def start(plane: ControlPlane, client: Client, lab_dir: Path) -> tuple[Component
 
     def ready() -> bool:
         try:
-            answer = httpx.get(f"{url}/healthz", verify=trusted, timeout=1)
+            answer = httpx.get(f"{url}/healthz", verify=trusted, timeout=5)
         except httpx.HTTPError:
             return False
         return answer.status_code == 200
 
     argv = serve_argv(kubeconfig, port, serving.cert, serving.key, config)
-    component = start_component(COMPONENT, argv, lab_dir, ready)
+    component = start_component(
+        COMPONENT, argv, lab_dir, ready,
+        waiting_for=f"metalmend serve's GET {url}/healthz to answer 200",
+    )  # fmt: skip
     return component, Endpoints(url, str(ca), admin_token(plane, client))

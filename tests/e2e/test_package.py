@@ -12,7 +12,6 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from lightkube import Client, KubeConfig
 from lightkube.types import PatchType
@@ -25,6 +24,7 @@ from metalmend_lab.controlplane import free_port
 from metalmend_lab.hosts import NAMESPACE
 from tests.e2e.conftest import host
 from tests.packaging import REPO, Installed, build_wheel, clean_env, install_without_extras
+from tests.support import answers, started
 
 PACKAGE = REPO / "src" / "metalmend"
 
@@ -116,23 +116,16 @@ def installed_run(
         cwd=installed.venv, env=clean_env(),
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while not ready(f"http://127.0.0.1:{port}/readyz"):
-            assert process.poll() is None, process.communicate()[1]
-            assert time.monotonic() < deadline, "the installed metalmend run never got ready"
-            time.sleep(0.2)
+        started(
+            answers(f"http://127.0.0.1:{port}/readyz"),
+            f"the installed metalmend run to answer 200 on http://127.0.0.1:{port}/readyz",
+            process,
+        )
         yield process
     finally:
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=20)
         assert "Traceback" not in stderr, stderr
-
-
-def ready(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_installed_run_reboots_a_host_on_request(
@@ -168,11 +161,11 @@ def test_installed_serve_answers(
         env={**clean_env(), "METALMEND_SERVE_STORE_NAMESPACE": NAMESPACE},
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while not ready(f"http://127.0.0.1:{port}/healthz"):
-            assert process.poll() is None, process.communicate()[1]
-            assert time.monotonic() < deadline, "the installed metalmend serve never answered"
-            time.sleep(0.2)
+        started(
+            answers(f"http://127.0.0.1:{port}/healthz"),
+            f"the installed metalmend serve to answer 200 on http://127.0.0.1:{port}/healthz",
+            process,
+        )
     finally:
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=20)

@@ -30,6 +30,7 @@ from metalmend_lab.controlplane import LOOPBACK, free_port
 from metalmend_lab.hosts import emulator_argv, emulator_config
 from metalmend_lab.inventory import HardwareConfig, HostSpec
 from metalmend_lab.pki import CertificateAuthority
+from tests.support import STARTUP
 
 ERASE_SECONDS = 3.0
 SETTINGS = BmcSettings(timeout=10.0)
@@ -69,7 +70,7 @@ class Lab:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )  # fmt: skip
         trust = ssl.create_default_context(cafile=self.ca_file)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + STARTUP
         while True:
             try:
                 httpx.get(f"https://{LOOPBACK}:{self.port}/redfish/v1/", verify=trust, timeout=1)

@@ -2,17 +2,14 @@
 decommission NODE`` and ``metalmend etcd health``: the node-teardown API of ``metalmend
 serve`` (docs/teardown.md) from a shell.
 
-Which service: ``--url`` (and ``--ca`` for a certificate the system does not trust), else
-the lab's ``.lab/endpoints.json`` (``--dir``, ``$METALMEND_LAB_DIR``). Who calls: ``--token``,
-else the bearer token of the kubeconfig (``--kubeconfig``, ``$KUBECONFIG``,
-``~/.kube/config``), except that in the lab, without ``--kubeconfig``, the lab admin's token
-of endpoints.json is used (the lab's kubeconfig holds a client certificate, not a token).
+Which service and as whom (``--url``/``--ca``, else the lab's endpoints.json; ``--token``,
+else the kubeconfig's), and the HTTP client: ``metalmend.cli.client``.
 
 Requests are synchronous and a step may take long (a drain: up to its timeout): progress
 is printed to stderr while it runs; the Status body is printed at the end, as Airship's
 Shipyard CLI prints one (``Error:`` / ``Reason:`` / ``- Error:`` lines). Exit codes: 0
 success; 1 the service answered a failure; 2 a usage or configuration problem; 3 the
-service cannot be reached. Which service, as whom, and the HTTP client: ``cli.client``.
+service cannot be reached.
 """
 
 from __future__ import annotations
