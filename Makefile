@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-site test k8s helm kwok image tools lint bench venv clean
+.PHONY: demo demo-site test k8s helm metal3 kwok image test-image tools lint bench venv clean
 
 demo: venv k8s
 	$(BIN)/metalmend demo
@@ -19,16 +19,21 @@ demo-site: venv k8s
 # worker starts its own control plane. Most of a lab test's time is waiting on the lab.
 TEST_WORKERS ?= 2
 
-test: venv k8s helm tools lint
+# Every tool a test needs is built here, before pytest starts (cold Go builds take minutes
+# on a busy machine: never inside a test, under its timeout); the tests only use the
+# cached results and name the make target when one is missing.
+test: venv k8s helm metal3 tools test-image lint
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+# metalmend itself, and the lab and demos (metalmend-lab, lab/pyproject.toml: the `lab`,
+# `demo` and `demo-site` verbs), both editable from this checkout.
+$(STAMP): pyproject.toml lab/pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "metalmend needs Python >= 3.11 (set PYTHON=...)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,lab]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]' -e ./lab
 	touch $@
 
 k8s:
@@ -37,6 +42,11 @@ k8s:
 # helm, for the chart's tests (deploy/chart): built once from its Go module, cached by version.
 helm:
 	@bash tools/helm/build.sh >/dev/null
+
+# Upstream baremetal-operator's CRDs (tests/integration/test_metal3.py): generated once by
+# controller-gen from their published Go modules, cached by version.
+metal3:
+	@bash tools/metal3/crds.sh >/dev/null
 
 # kwok, for the scale benchmark's thousands of Nodes (benchmarks/scale.py): built once from
 # its Go module, cached by version. Not needed by the tests.
@@ -47,6 +57,15 @@ kwok:
 # cached by content. Needs root (podman); tools/image/build.sh installs what it lacks.
 image:
 	@nice -n 10 bash tools/image/build.sh
+
+# The image for its tests (tests/e2e/test_image.py), where they can run it: as root, with
+# runc or apt-get to install it (the tests skip otherwise, saying why).
+test-image:
+	@if [ "$$(id -u)" = 0 ] && { [ -x /usr/sbin/runc ] || command -v apt-get >/dev/null 2>&1; }; then \
+	  nice -n 10 bash tools/image/build.sh >/dev/null; \
+	else \
+	  echo "metalmend: not root, or no runc: the image is not built and its tests will be skipped"; \
+	fi
 
 # Debian's ipmitool: an independent IPMI client that proves the lab BMCs speak real IPMI;
 # iproute2's ss: shows which addresses our IPMI sockets listen on.

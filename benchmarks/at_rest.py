@@ -46,8 +46,8 @@ from lightkube.resources.core_v1 import Node
 
 from benchmarks.shared import WRITES, apiserver_requests, start_metalmend, wait
 from metalmend.api.resources import BareMetalHost
-from metalmend.lab import lab
-from metalmend.lab.hosts import NAMESPACE, fence_health_check
+from metalmend_lab import lab
+from metalmend_lab.hosts import NAMESPACE, fence_health_check
 
 HOSTS = 4
 WINDOW = 60.0

@@ -41,7 +41,7 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
 from benchmarks import design_store
 from metalmend import yamlsafe
-from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig, free_port
+from metalmend_lab.controlplane import ControlPlane, ControlPlaneConfig, free_port
 
 SERVE_RBAC = Path(__file__).resolve().parents[1] / "deploy" / "rbac" / "serve.yaml"
 DECKHAND = "/deckhand/api/v1.0"

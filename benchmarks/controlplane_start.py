@@ -17,7 +17,7 @@ from pathlib import Path
 from lightkube import Client, KubeConfig
 
 from metalmend.kube.crds import install_crds
-from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig
+from metalmend_lab.controlplane import ControlPlane, ControlPlaneConfig
 
 
 def one_run(workdir: Path) -> dict[str, float]:

@@ -31,7 +31,7 @@ from metalmend.api.resources import (
     Metal3RemediationTemplate,
 )
 from metalmend.kube.crds import install_crds
-from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig, free_port
+from metalmend_lab.controlplane import ControlPlane, ControlPlaneConfig, free_port
 
 MACHINES = 100
 TIMEOUT = 2  # seconds

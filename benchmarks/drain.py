@@ -35,9 +35,9 @@ from typing import Any
 
 import httpx
 
-from metalmend.lab import lab
-from metalmend.lab.controlplane import ControlPlane
-from metalmend.lab.kubelet import SLOW_STOP_ANNOTATION
+from metalmend_lab import lab
+from metalmend_lab.controlplane import ControlPlane
+from metalmend_lab.kubeletsim import SLOW_STOP_ANNOTATION
 
 NAMESPACE = "drain-bench"
 NODE, SPARE = "worker-0", "worker-1"

@@ -36,9 +36,9 @@ from lightkube.resources.core_v1 import Secret
 from benchmarks.shared import WRITES, apiserver_requests, start_metalmend
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
-from metalmend.lab import lab
-from metalmend.lab.controlplane import ControlPlane, free_port
-from metalmend.lab.hosts import NAMESPACE
+from metalmend_lab import lab
+from metalmend_lab.controlplane import ControlPlane, free_port
+from metalmend_lab.hosts import NAMESPACE
 
 WINDOW = 60.0
 

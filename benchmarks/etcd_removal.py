@@ -26,8 +26,8 @@ from pathlib import Path
 
 import httpx
 
-from metalmend.lab import lab, siteetcd
 from metalmend.teardown.etcd import design, members
+from metalmend_lab import lab, siteetcd
 
 RETRIES = 20
 HEALTH = 20

@@ -44,9 +44,9 @@ from lightkube.types import PatchType
 from benchmarks.shared import one_reboot
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
-from metalmend.lab import lab
-from metalmend.lab.controlplane import free_port
-from metalmend.lab.hosts import NAMESPACE
+from metalmend_lab import lab
+from metalmend_lab.controlplane import free_port
+from metalmend_lab.hosts import NAMESPACE
 
 REBOOTS = 30
 HOSTILE_NAMESPACE = "hostile-tenant"

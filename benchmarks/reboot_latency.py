@@ -36,9 +36,9 @@ from lightkube import AsyncClient, KubeConfig
 
 from benchmarks.shared import one_reboot
 from metalmend.api.resources import BareMetalHost
-from metalmend.lab import lab
-from metalmend.lab.emulator import KEEPALIVE_ENV, POWER_DELAY_ENV
-from metalmend.lab.hosts import NAMESPACE
+from metalmend_lab import lab
+from metalmend_lab.emulator import KEEPALIVE_ENV, POWER_DELAY_ENV
+from metalmend_lab.hosts import NAMESPACE
 
 REBOOTS = int(os.environ.get("METALMEND_BENCH_REBOOTS", "1000"))
 READS = 1000

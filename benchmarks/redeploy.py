@@ -25,8 +25,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from metalmend import demo_site
-from metalmend.lab import lab, sitetimeline
+from metalmend_lab import demo_site, lab, sitetimeline
 
 TARGETS = ("worker-1", "worker-2")
 

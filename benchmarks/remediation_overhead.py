@@ -3,7 +3,7 @@ controllers running as `metalmend run` and real BMCs (sushy-tools Redfish and py
 IPMI). For each: total time from the hang to the remediation object's removal, and
 metalmend's own share of it (total minus configured waits — node-monitor grace, health
 check timeout, boot delay — minus BMC power changes and kubelet registration; see
-metalmend.lab.timeline). p50/p99; target: under 2 s per remediation in total.
+metalmend_lab.timeline). p50/p99; target: under 2 s per remediation in total.
 
 Beside it, the same critical path with upstream's polling (from its code: CAPM3's
 Metal3Remediation re-checks every 5 s and does not watch hosts; BMO re-reads host power
@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from benchmarks.shared import wait
-from metalmend.lab import lab
-from metalmend.lab.hosts import NAMESPACE, fence_health_check
-from metalmend.lab.timeline import Recorder, Settings, breakdown, total
+from metalmend_lab import lab
+from metalmend_lab.hosts import NAMESPACE, fence_health_check
+from metalmend_lab.timeline import Recorder, Settings, breakdown, total
 
 REMEDIATIONS = 20
 HOSTS = 3

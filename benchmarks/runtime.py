@@ -25,7 +25,7 @@ from metalmend.api.resources import BareMetalHost
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.crds import install_crds
 from metalmend.kube.informer import Informer
-from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig
+from metalmend_lab.controlplane import ControlPlane, ControlPlaneConfig
 
 OBJECTS = 5000
 

@@ -12,7 +12,7 @@ tens of hosts):
 - BMCs: lab.scalebmc, one process serving every host's ComputerSystem over real Redfish
   (TLS from the lab CA, basic auth with each host's own Secret), one 127.0.0.1 port per
   host as a site has one BMC per server; metalmend's Redfish driver drives it unchanged;
-- per host, as ``lab up`` registers them (lab.hosts.register_host): a labelled, bound BMC
+- per host, as ``lab up`` registers them (metalmend_lab.hosts.register_host): a labelled, bound BMC
   Secret, a BareMetalHost (online, provisioned) and its Machine; one MachineHealthCheck
   over every Machine with the lab's remediation template.
 
@@ -85,9 +85,9 @@ from metalmend.api.resources import (
     Metal3RemediationTemplate,
 )
 from metalmend.kube.crds import install_crds
-from metalmend.lab import lab
-from metalmend.lab.assets import REPO_ROOT
-from metalmend.lab.controlplane import (
+from metalmend_lab import lab
+from metalmend_lab.assets import REPO_ROOT
+from metalmend_lab.controlplane import (
     LOOPBACK,
     Component,
     ControlPlane,
@@ -95,8 +95,8 @@ from metalmend.lab.controlplane import (
     free_port,
     start_component,
 )
-from metalmend.lab.hosts import NAMESPACE, register_host
-from metalmend.lab.inventory import HostSpec
+from metalmend_lab.hosts import NAMESPACE, register_host
+from metalmend_lab.inventory import HostSpec
 
 HOSTS = int(os.environ.get("METALMEND_BENCH_SCALE_HOSTS", "1000"))
 POLL = 20.0  # host-power's poll interval: the production default (PowerSettings)
@@ -178,7 +178,7 @@ def start_bmcs(
                      "password": credentials[n][1]} for n in names],
     }  # fmt: skip
     (workdir / "bmc.json").write_text(json.dumps(config))
-    argv = [sys.executable, "-m", "metalmend.lab.scalebmc", str(workdir / "bmc.json")]
+    argv = [sys.executable, "-m", "metalmend_lab.scalebmc", str(workdir / "bmc.json")]
     component = start_component("scale-bmc", argv, workdir, ports_file.exists, timeout=300)
     ports = json.loads(ports_file.read_text())
     specs = [

@@ -18,9 +18,9 @@ from lightkube.types import PatchType
 from metalmend.api.names import REBOOT
 from metalmend.api.resources import BareMetalHost
 from metalmend.api.stamps import parse_stamp
-from metalmend.lab import lab
-from metalmend.lab.controlplane import ControlPlane, free_port
-from metalmend.lab.hosts import NAMESPACE
+from metalmend_lab import lab
+from metalmend_lab.controlplane import ControlPlane, free_port
+from metalmend_lab.hosts import NAMESPACE
 
 WRITES = ("POST", "PATCH", "PUT", "APPLY", "DELETE")
 

@@ -17,7 +17,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Namespace
 
 from metalmend.kube.crds import install_crds
-from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig
+from metalmend_lab.controlplane import ControlPlane, ControlPlaneConfig
 
 # The databases of metalmend serve's stores: `database_url` is a SQLite file or a fresh
 # PostgreSQL database of a throwaway cluster (tests/postgres.py), one test per kind.

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import ssl
+import subprocess
+import time
 from collections.abc import Awaitable, Callable
 
+import httpx
 from lightkube import ApiError, Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
@@ -37,6 +41,56 @@ async def until(check: Callable[[], bool | Awaitable[bool]], within: float = 30.
             await asyncio.sleep(0.05)
 
     await asyncio.wait_for(poll(), within)
+
+
+# How long a process a test starts (metalmend run or serve, a BMC, an emulator) may take to
+# answer: on a busy 2-core machine a cold Python start with its imports and the database's
+# migrations takes tens of seconds. Minutes, not seconds: a healthy start ends the wait at
+# once, and a failed one shows why (the process's exit and output), not a timeout.
+STARTUP = 180.0
+
+
+def started(
+    ready: Callable[[], bool],
+    what: str,
+    process: subprocess.Popen[str] | subprocess.Popen[bytes] | None = None,
+    within: float = STARTUP,
+) -> None:
+    """Wait until ``ready()``; fail naming ``what`` was waited for and for how long, or at
+    once with its output when ``process`` exited meanwhile."""
+    begun = time.monotonic()
+    while not ready():
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"waiting for {what}: the process exited ({process.returncode})"
+                                 f"{_output(process)}")  # fmt: skip
+        if time.monotonic() - begun > within:
+            raise AssertionError(f"waited {within:.0f} s for {what}, in vain")
+        time.sleep(0.2)
+
+
+def _output(process: subprocess.Popen[str] | subprocess.Popen[bytes]) -> str:
+    if process.stderr is None:
+        return ""
+    try:
+        _, err = process.communicate(timeout=5)
+    except (subprocess.TimeoutExpired, ValueError):
+        return ""
+    text = err.decode(errors="replace") if isinstance(err, bytes) else (err or "")
+    return f":\n{text}" if text else ""
+
+
+def answers(
+    url: str, verify: ssl.SSLContext | bool = True, ok: Callable[[int], bool] = lambda s: s == 200
+) -> Callable[[], bool]:
+    """A ``ready`` for ``started``: ``url`` answers with a status ``ok`` accepts."""
+
+    def ready() -> bool:
+        try:
+            return ok(httpx.get(url, verify=verify, timeout=2).status_code)
+        except httpx.HTTPError:
+            return False
+
+    return ready
 
 
 def grant(

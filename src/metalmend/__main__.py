@@ -1,3 +1,3 @@
-from metalmend.cli import main
+from metalmend.cli.main import main
 
 main()

@@ -3,18 +3,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
-from metalmend.bmc import BmcTarget, Credentials, parse
-from metalmend.lab import lab
-from metalmend.lab.controlplane import free_port
-from metalmend.lab.inventory import HostSpec
+from metalmend.bmc import BmcError, BmcPool, BmcSettings, BmcTarget, Credentials, parse
+from metalmend_lab import lab
+from metalmend_lab.controlplane import free_port
+from metalmend_lab.inventory import HostSpec
+from tests.support import STARTUP, answers, started
 
 LAB_GRACE = 6.0  # node-monitor grace period of the e2e lab
 LOG_LINES_ON_FAILURE = 80
@@ -47,7 +48,40 @@ def hosts_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.RunningL
         controllers="node-link",
     )
     with lab.started(options) as running:
+        bmcs_answer(running)
         yield running
+
+
+def bmcs_answer(running: lab.RunningLab, within: float = STARTUP) -> None:
+    """Every host's BMC answers a power read through metalmend's own drivers, so that no
+    test spends its first BMC deadline on a BMC still starting on a busy machine."""
+
+    async def read_all() -> None:
+        assert running.hardware is not None
+        pool = BmcPool(BmcSettings(timeout=10, ca_bundle=str(running.plane.ca.pair.cert)))
+        waiting = {h.name: h for h in running.hardware.hosts}
+        last: dict[str, str] = {}
+        deadline = time.monotonic() + within
+        try:
+            while waiting:
+                for name, spec in list(waiting.items()):
+                    try:
+                        await pool.power_state(target(spec))
+                        del waiting[name]
+                    except BmcError as error:
+                        last[name] = str(error)
+                if waiting and time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"waited {within:.0f} s for the lab's BMCs to answer a power read;"
+                        " still silent: "
+                        + "; ".join(f"{n} ({waiting[n].bmc}): {last.get(n)}" for n in waiting)
+                    )
+                if waiting:
+                    await asyncio.sleep(0.5)
+        finally:
+            await pool.close()
+
+    asyncio.run(read_all())
 
 
 def host(running: lab.RunningLab, kind: str) -> HostSpec:
@@ -80,14 +114,12 @@ class Metalmend:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         if self not in _started:
             _started.append(self)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise AssertionError(f"metalmend ({self.controllers}) did not become ready")
+        started(
+            answers(f"http://127.0.0.1:{port}/readyz"),
+            f"metalmend run --controllers {self.controllers} to answer 200 on"
+            f" http://127.0.0.1:{port}/readyz (log: {self.log})",
+            self.process,
+        )
 
     def log_tail(self, lines: int) -> str:
         try:

@@ -27,8 +27,8 @@ from metalmend.bmc import (
 )
 from metalmend.bmc.errors import BmcError
 from metalmend.bmc.settings import BmcSettings
-from metalmend.lab import lab
-from metalmend.lab.controlplane import free_port
+from metalmend_lab import lab
+from metalmend_lab.controlplane import free_port
 from tests.e2e.conftest import host, target
 from tests.support import until
 

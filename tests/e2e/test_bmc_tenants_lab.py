@@ -16,7 +16,7 @@ from lightkube.resources.core_v1 import Namespace, Secret
 from metalmend.api.names import REBOOT
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL
-from metalmend.lab import lab
+from metalmend_lab import lab
 from tests.e2e.conftest import Metalmend, host
 from tests.e2e.test_reboot import annotate, rebooted_after
 from tests.support import until

@@ -26,8 +26,8 @@ from lightkube.resources.core_v1 import Namespace, Secret
 
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL
-from metalmend.lab import lab
-from metalmend.lab.pki import CertificateAuthority
+from metalmend_lab import lab
+from metalmend_lab.pki import CertificateAuthority
 from tests.e2e.conftest import Metalmend
 from tests.support import until
 

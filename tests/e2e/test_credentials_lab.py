@@ -18,9 +18,9 @@ from metalmend.api.resources import BareMetalHost
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL
 from metalmend.controllers.hostpower import setup
 from metalmend.kube.manager import Manager
-from metalmend.lab import lab
-from metalmend.lab.hosts import NAMESPACE
 from metalmend.settings import BmcSettings, PowerSettings, RuntimeSettings, Settings
+from metalmend_lab import lab
+from metalmend_lab.hosts import NAMESPACE
 from tests.e2e.conftest import host
 from tests.support import reconciles, until
 

@@ -29,9 +29,9 @@ from lightkube.types import PatchType
 
 from metalmend.api.names import REBOOT
 from metalmend.api.resources import BareMetalHost
-from metalmend.lab import lab
-from metalmend.lab.hosts import NAMESPACE
 from metalmend.policy.hostpower import RetrySettings, retry_delay
+from metalmend_lab import lab
+from metalmend_lab.hosts import NAMESPACE
 from tests.e2e.conftest import Metalmend, host
 from tests.support import grant, until
 

@@ -21,8 +21,8 @@ from metalmend.api.resources import (
     Metal3Remediation,
     Metal3RemediationTemplate,
 )
-from metalmend.lab import lab
-from metalmend.lab.hosts import NAMESPACE
+from metalmend_lab import lab
+from metalmend_lab.hosts import NAMESPACE
 from tests.support import until
 
 GRACE = 6.0

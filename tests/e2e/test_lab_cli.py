@@ -17,9 +17,9 @@ from lightkube import Client, KubeConfig
 from lightkube.types import PatchType
 
 from metalmend.api.resources import BareMetalHost
-from metalmend.lab.assets import find_binaries
-from metalmend.lab.inventory import status_path
-from metalmend.lab.lab import LabState, alive
+from metalmend_lab.assets import find_binaries
+from metalmend_lab.inventory import status_path
+from metalmend_lab.lab import LabState, alive
 
 
 def metalmend(*args: str, lab_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:

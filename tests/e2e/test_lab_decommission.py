@@ -26,7 +26,7 @@ from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 
-from metalmend.lab import lab
+from metalmend_lab import lab
 
 PROMENADE = "/promenade/api/v1.0"
 TIMEOUTS = (

@@ -29,8 +29,8 @@ import pytest
 from lightkube.resources.core_v1 import Event, Node
 
 from metalmend.api.resources import BareMetalHost
-from metalmend.lab import drives, lab
-from metalmend.lab.hosts import NAMESPACE
+from metalmend_lab import drives, lab
+from metalmend_lab.hosts import NAMESPACE
 
 TASKS = "/drydock/api/v1.0/tasks"
 ERASE_SECONDS = 4.0

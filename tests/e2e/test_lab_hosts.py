@@ -13,8 +13,8 @@ from lightkube.resources.core_v1 import Node
 from metalmend.api.resources import BareMetalHost, Machine
 from metalmend.bmc import BmcError, BmcPool, PowerState
 from metalmend.bmc.settings import BmcSettings
-from metalmend.lab import lab
-from metalmend.lab.hosts import NAMESPACE
+from metalmend_lab import lab
+from metalmend_lab.hosts import NAMESPACE
 from tests.e2e.conftest import LAB_GRACE, host, target
 from tests.support import until
 

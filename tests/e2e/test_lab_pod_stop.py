@@ -18,8 +18,8 @@ from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
 
-from metalmend.lab import lab
-from metalmend.lab.kubelet import SLOW_STOP_ANNOTATION
+from metalmend_lab import lab
+from metalmend_lab.kubeletsim import SLOW_STOP_ANNOTATION
 from tests.support import until
 
 

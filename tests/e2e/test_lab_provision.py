@@ -34,13 +34,13 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from metalmend.api.resources import BareMetalHost, Machine
-from metalmend.lab import drives, lab, provisioner, siteetcd
-from metalmend.lab.hosts import NAMESPACE
-from metalmend.lab.osdrive import OsDrive
 from metalmend.siteactions.policy.redeploy import host_documents
 from metalmend.teardown.etcd import members
 from metalmend.teardown.etcd.client import EtcdClient
 from metalmend.teardown.etcd.design import from_documents
+from metalmend_lab import drives, lab, provisioner, siteetcd
+from metalmend_lab.hosts import NAMESPACE
+from metalmend_lab.osdrive import OsDrive
 
 PROMENADE = "/promenade/api/v1.0"
 TIMEOUTS = (

@@ -21,9 +21,9 @@ import httpx
 import pytest
 from lightkube.resources.core_v1 import Event, Node, Pod
 
-from metalmend.lab import drives, lab, siteetcd
-from metalmend.lab.hosts import NAMESPACE
 from metalmend.teardown.etcd.client import EtcdClient
+from metalmend_lab import drives, lab, siteetcd
+from metalmend_lab.hosts import NAMESPACE
 from tests.e2e.test_lab_provision import hardware, lab_dir, wait_for
 
 SHIPYARD = "/shipyard/api/v1.0"

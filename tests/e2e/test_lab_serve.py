@@ -20,8 +20,8 @@ import httpx
 import pytest
 from lightkube.resources.core_v1 import Node
 
-from metalmend.lab import lab
-from metalmend.lab.controlplane import free_port
+from metalmend_lab import lab
+from metalmend_lab.controlplane import free_port
 
 PROMENADE = "/promenade/api/v1.0"
 

@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc import BmcPool, PowerState
 from metalmend.bmc.settings import BmcSettings
-from metalmend.lab import lab
-from metalmend.lab.hosts import NAMESPACE
+from metalmend_lab import lab
+from metalmend_lab.hosts import NAMESPACE
 from tests.e2e.conftest import Metalmend, host, target
 from tests.support import until
 

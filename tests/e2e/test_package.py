@@ -1,6 +1,7 @@
 """``pip install metalmend`` without extras, as a user installs it: the wheel built from this
-checkout, in a clean virtualenv; ``metalmend run`` from it reboots a lab host and
-``metalmend serve`` from it answers (docs/install.md)."""
+checkout, in a clean virtualenv, without the lab and the demos (metalmend-lab);
+``metalmend run`` from it reboots a lab host and ``metalmend serve`` from it answers
+(docs/install.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from lightkube import Client, KubeConfig
 from lightkube.types import PatchType
@@ -19,11 +19,12 @@ from lightkube.types import PatchType
 from metalmend.api.names import REBOOT
 from metalmend.api.resources import BareMetalHost
 from metalmend.api.stamps import parse_stamp
-from metalmend.lab import lab
-from metalmend.lab.controlplane import free_port
-from metalmend.lab.hosts import NAMESPACE
+from metalmend_lab import lab
+from metalmend_lab.controlplane import free_port
+from metalmend_lab.hosts import NAMESPACE
 from tests.e2e.conftest import host
 from tests.packaging import REPO, Installed, build_wheel, clean_env, install_without_extras
+from tests.support import answers, started
 
 PACKAGE = REPO / "src" / "metalmend"
 
@@ -57,10 +58,19 @@ def test_the_wheel_carries_every_file_the_package_reads(installed: Installed) ->
     assert "metalmend/crds/metal3.io_baremetalhosts.yaml" in names
 
 
-def test_run_and_serve_help_without_the_lab_extra(installed: Installed, tmp_path: Path) -> None:
-    for module in ("sushy_tools", "bcrypt"):
-        probe = subprocess.run([str(installed.python), "-c", f"import {module}"], check=False)
-        assert probe.returncode != 0, f"{module} must not come with the base install"
+def test_the_wheel_carries_neither_the_lab_nor_the_demos(installed: Installed) -> None:
+    names = zipfile.ZipFile(installed.wheel).namelist()
+    assert [n for n in names if n.startswith("metalmend_lab") or "/lab/" in n] == []
+    assert [n for n in names if "demo" in n] == []
+    assert all(n.startswith(("metalmend/", "metalmend-")) for n in names)
+
+
+def test_run_and_serve_help_without_the_lab(installed: Installed, tmp_path: Path) -> None:
+    for module in ("metalmend_lab", "sushy_tools", "bcrypt"):
+        probe = subprocess.run(
+            [str(installed.python), "-c", f"import {module}"], cwd=tmp_path, check=False
+        )
+        assert probe.returncode != 0, f"{module} must not come with metalmend"
     for command in ("run", "serve"):
         result = metalmend(installed, command, "--help", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
@@ -68,15 +78,15 @@ def test_run_and_serve_help_without_the_lab_extra(installed: Installed, tmp_path
         assert "Traceback" not in result.stderr
 
 
-def test_lab_commands_without_the_extra_name_the_extra_in_one_line(
+def test_lab_commands_without_the_lab_say_how_to_get_it_in_one_line(
     installed: Installed, tmp_path: Path
 ) -> None:
-    for args in (("lab", "up"), ("lab", "status"), ("demo",)):
+    for args in (("lab", "up"), ("lab", "status"), ("demo",), ("demo-site",)):
         result = metalmend(installed, *args, cwd=tmp_path)
         assert result.returncode == 1
         assert result.stderr.strip().splitlines() == [
-            "metalmend: the lab and the demo need the 'lab' extra"
-            " (pip install 'metalmend[lab]'); bcrypt is not installed"
+            "metalmend: the lab and the demos come with metalmend-lab, which is not installed"
+            " here: in a checkout of metalmend, run 'pip install ./lab' (make venv does)"
         ]
 
 
@@ -106,23 +116,16 @@ def installed_run(
         cwd=installed.venv, env=clean_env(),
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while not ready(f"http://127.0.0.1:{port}/readyz"):
-            assert process.poll() is None, process.communicate()[1]
-            assert time.monotonic() < deadline, "the installed metalmend run never got ready"
-            time.sleep(0.2)
+        started(
+            answers(f"http://127.0.0.1:{port}/readyz"),
+            f"the installed metalmend run to answer 200 on http://127.0.0.1:{port}/readyz",
+            process,
+        )
         yield process
     finally:
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=20)
         assert "Traceback" not in stderr, stderr
-
-
-def ready(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_installed_run_reboots_a_host_on_request(
@@ -158,11 +161,11 @@ def test_installed_serve_answers(
         env={**clean_env(), "METALMEND_SERVE_STORE_NAMESPACE": NAMESPACE},
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while not ready(f"http://127.0.0.1:{port}/healthz"):
-            assert process.poll() is None, process.communicate()[1]
-            assert time.monotonic() < deadline, "the installed metalmend serve never answered"
-            time.sleep(0.2)
+        started(
+            answers(f"http://127.0.0.1:{port}/healthz"),
+            f"the installed metalmend serve to answer 200 on http://127.0.0.1:{port}/healthz",
+            process,
+        )
     finally:
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=20)

@@ -21,10 +21,10 @@ from metalmend.api.resources import BareMetalHost
 from metalmend.api.stamps import parse_stamp, stamp
 from metalmend.bmc import BmcPool, PowerState
 from metalmend.bmc.settings import BmcSettings
-from metalmend.lab import lab
-from metalmend.lab import policies as lab_policies
-from metalmend.lab.hosts import NAMESPACE
-from metalmend.lab.inventory import HostSpec
+from metalmend_lab import lab
+from metalmend_lab import policies as lab_policies
+from metalmend_lab.hosts import NAMESPACE
+from metalmend_lab.inventory import HostSpec
 from tests.e2e.conftest import Metalmend, host, target
 from tests.support import until
 

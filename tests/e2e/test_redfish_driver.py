@@ -26,9 +26,9 @@ from metalmend.bmc.errors import AuthenticationFailed, BadAddress, BmcError
 from metalmend.bmc.pool import BmcPool, BmcTarget, Credentials
 from metalmend.bmc.redfish import RedfishDriver
 from metalmend.bmc.settings import BmcSettings
-from metalmend.lab.controlplane import LOOPBACK, free_port
-from metalmend.lab.pki import CertificateAuthority
-from tests.support import until
+from metalmend_lab.controlplane import LOOPBACK, free_port
+from metalmend_lab.pki import CertificateAuthority
+from tests.support import STARTUP, until
 
 USER = "chassis-admin"
 PASSWORD = "Cl3ar-only-in-the-header"
@@ -110,7 +110,7 @@ def emulator(workdir: Path, names: list[str]) -> Iterator[Emulator]:
     )
     trust = ssl.create_default_context(cafile=bmc.ca_file)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + STARTUP
         while True:
             try:
                 httpx.get(f"{bmc.endpoint}/redfish/v1/", verify=trust, timeout=1)

@@ -24,12 +24,13 @@ from metalmend.bmc.address import parse
 from metalmend.bmc.errors import Unsupported
 from metalmend.bmc.pool import BmcPool, BmcTarget, Credentials
 from metalmend.bmc.settings import BmcSettings
-from metalmend.lab import drives
-from metalmend.lab.controlplane import LOOPBACK, free_port
-from metalmend.lab.hosts import emulator_argv, emulator_config
-from metalmend.lab.inventory import HardwareConfig, HostSpec
-from metalmend.lab.pki import CertificateAuthority
 from metalmend.policy.rootdevice import RootDeviceHints, os_drive
+from metalmend_lab import drives
+from metalmend_lab.controlplane import LOOPBACK, free_port
+from metalmend_lab.hosts import emulator_argv, emulator_config
+from metalmend_lab.inventory import HardwareConfig, HostSpec
+from metalmend_lab.pki import CertificateAuthority
+from tests.support import STARTUP
 
 ERASE_SECONDS = 3.0
 SETTINGS = BmcSettings(timeout=10.0)
@@ -69,7 +70,7 @@ class Lab:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )  # fmt: skip
         trust = ssl.create_default_context(cafile=self.ca_file)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + STARTUP
         while True:
             try:
                 httpx.get(f"https://{LOOPBACK}:{self.port}/redfish/v1/", verify=trust, timeout=1)
@@ -249,4 +250,4 @@ async def test_ipmi_cannot_list_or_erase_drives_and_nothing_is_sent() -> None:
 
 def test_the_lab_emulator_is_sushy_tools_with_drives() -> None:
     argv = emulator_argv(Path("conf"))
-    assert argv[:3] == [sys.executable, "-m", "metalmend.lab.emulator"]
+    assert argv[:3] == [sys.executable, "-m", "metalmend_lab.emulator"]

@@ -28,9 +28,9 @@ from metalmend.api.resources import (
     MachineHealthCheck,
     Metal3Remediation,
 )
-from metalmend.lab import lab
-from metalmend.lab.hosts import NAMESPACE, fence_health_check
-from metalmend.lab.timeline import Recorder
+from metalmend_lab import lab
+from metalmend_lab.hosts import NAMESPACE, fence_health_check
+from metalmend_lab.timeline import Recorder
 from tests.e2e.conftest import Metalmend
 
 GRACE = 6.0

@@ -8,7 +8,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,9 @@ from metalmend.bmc import BmcPool, BmcTarget, Credentials, PowerState, parse, re
 from metalmend.bmc.driver import PowerAction
 from metalmend.bmc.errors import AuthenticationFailed
 from metalmend.bmc.settings import BmcSettings
-from metalmend.lab.controlplane import LOOPBACK
-from metalmend.lab.pki import CertificateAuthority
+from metalmend_lab.controlplane import LOOPBACK
+from metalmend_lab.pki import CertificateAuthority
+from tests.support import started
 
 SYSTEMS = 3
 Server = tuple[dict[str, Any], Path, Path]  # (ports file, CA, journal directory)
@@ -39,12 +39,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                      "password": f"p{i}"} for i in range(SYSTEMS)],
     }  # fmt: skip
     (tmp / "config.json").write_text(json.dumps(config))
-    argv = [sys.executable, "-m", "metalmend.lab.scalebmc", str(tmp / "config.json")]
+    argv = [sys.executable, "-m", "metalmend_lab.scalebmc", str(tmp / "config.json")]
     process = subprocess.Popen(argv)
     try:
-        deadline = time.monotonic() + 20
-        while not (tmp / "ports.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        started(
+            (tmp / "ports.json").exists, f"the scale BMCs to listen ({tmp / 'ports.json'})", process
+        )
         yield json.loads((tmp / "ports.json").read_text()), ca.pair.cert, tmp
     finally:
         process.terminate()

@@ -29,8 +29,9 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 from metalmend.db import Database
 from metalmend.designs.documents import parse
 from metalmend.designs.store import DesignStore
-from metalmend.lab import lab, siteetcd
 from metalmend.serve.app import create_app
+from metalmend_lab import lab, siteetcd
+from tests.support import started
 
 SERVE_RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "serve.yaml"
 PROMENADE = "/promenade/api/v1.0"
@@ -46,10 +47,9 @@ def site_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.RunningLa
         client = Client(KubeConfig.from_file(running.kubeconfig), field_manager="metalmend-tests")
         for obj in codecs.load_all_yaml(SERVE_RBAC.read_text()):
             client.apply(obj, force=True)
-        deadline = time.monotonic() + 30
-        while len(list(client.list(Node))) < 3:  # the kubelets register the Nodes
-            assert time.monotonic() < deadline, "the lab's Nodes did not register"
-            time.sleep(0.2)
+        started(  # the kubelets register the Nodes
+            lambda: len(list(client.list(Node))) >= 3, "the lab's 3 kubelets to register Nodes"
+        )
         yield running
 
 

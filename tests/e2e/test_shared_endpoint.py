@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from lightkube import AsyncClient, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
@@ -29,10 +27,10 @@ from metalmend.api.resources import BareMetalHost
 from metalmend.bmc import BmcPool, BmcTarget, Credentials, PowerState, parse
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
 from metalmend.bmc.settings import BmcSettings
-from metalmend.lab import lab
-from metalmend.lab.controlplane import free_port
-from metalmend.lab.inventory import HostSpec
-from tests.support import until
+from metalmend_lab import lab
+from metalmend_lab.controlplane import free_port
+from metalmend_lab.inventory import HostSpec
+from tests.support import answers, started, until
 
 NAMESPACE = "shared-endpoint"
 REDFISH_CHANGE = 15.0  # sushy-tools' fake driver lands changes in 1-11 s
@@ -114,13 +112,12 @@ def host_power(chassis_lab: lab.RunningLab, shared_hosts: dict[str, str]) -> Ite
     log = Path(chassis_lab.plane.workdir.parent) / "metalmend-shared-endpoint.log"
     with log.open("ab") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    started(
+        answers(f"http://127.0.0.1:{port}/readyz"),
+        f"metalmend run --controllers host-power to answer 200 on"
+        f" http://127.0.0.1:{port}/readyz (log: {log})",
+        process,
+    )
     yield
     process.terminate()
     process.wait(timeout=15)

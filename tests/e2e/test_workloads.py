@@ -20,7 +20,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 
-from metalmend.lab import lab
+from metalmend_lab import lab
 from tests.e2e.conftest import LAB_GRACE
 from tests.support import until
 

@@ -24,7 +24,7 @@ from metalmend.kube.leader import LeadershipLost, LeaseTiming
 from metalmend.kube.manager import LeaderElection, Manager
 from metalmend.kube.workqueue import Backoff
 from metalmend.kube.writes import patch_annotations, patch_status
-from metalmend.lab.controlplane import ControlPlane
+from metalmend_lab.controlplane import ControlPlane
 from tests.support import until
 
 TIMING = LeaseTiming(lease_duration=3.0, renew_deadline=2.0, retry_period=0.5)

@@ -22,7 +22,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Node
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 
-from metalmend.lab.controlplane import ControlPlane
+from metalmend_lab.controlplane import ControlPlane
 from tests.support import grant
 
 

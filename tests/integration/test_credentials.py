@@ -27,8 +27,8 @@ from metalmend.api.resources import BareMetalHost
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL
 from metalmend.controllers.hostpower import setup
 from metalmend.kube.manager import Manager
-from metalmend.lab.controlplane import ControlPlane, free_port
 from metalmend.settings import BmcSettings, PowerSettings, RuntimeSettings, Settings
+from metalmend_lab.controlplane import ControlPlane, free_port
 from tests.support import bind_bmc_secrets, until
 
 PASSWORD = "hunter2-bmc-password"

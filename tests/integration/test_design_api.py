@@ -15,8 +15,8 @@ from lightkube import AsyncClient, Client, KubeConfig
 
 from metalmend.db import Database
 from metalmend.designs.store import DesignStore
-from metalmend.lab.controlplane import ControlPlane
 from metalmend.serve.app import create_app
+from metalmend_lab.controlplane import ControlPlane
 from tests.integration.test_serve_promenade import bearer, lines, serve_kubeconfig, status_of, token
 
 __all__ = ["serve_kubeconfig"]  # a fixture this module uses

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from lightkube import Client, codecs
 
-from metalmend.lab.controlplane import ControlPlane, free_port
+from metalmend_lab.controlplane import ControlPlane, free_port
 from tests.integration.test_serve_cli import SERVE_RBAC, metalmend, wait_serving
 from tests.integration.test_serve_promenade import token
 

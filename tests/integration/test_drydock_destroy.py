@@ -35,10 +35,10 @@ from metalmend.bmc.storage import EraseStatus
 from metalmend.db import Database
 from metalmend.destroy import routes as drydock
 from metalmend.destroy.policy.destroy import DestroySettings
-from metalmend.lab.controlplane import ControlPlane
-from metalmend.lab.serve import grant_bmc_credentials
 from metalmend.serve.app import create_app
 from metalmend.web import deps
+from metalmend_lab.controlplane import ControlPlane
+from metalmend_lab.servedeploy import grant_bmc_credentials
 from tests.integration.test_serve_promenade import bearer, status_of, token
 from tests.support import until
 

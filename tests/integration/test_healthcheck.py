@@ -30,8 +30,8 @@ from metalmend.api.resources import (
 from metalmend.controllers.healthcheck import WRITES_IN_FLIGHT, setup
 from metalmend.kube.crds import FIELD_MANAGER, install_crds, wait_established
 from metalmend.kube.manager import Manager
-from metalmend.lab.controlplane import ControlPlane
 from metalmend.settings import RuntimeSettings, Settings
+from metalmend_lab.controlplane import ControlPlane
 from tests.support import reconciles, until
 
 TIMEOUT = 2  # seconds a KernelDeadlock=True must last

@@ -26,9 +26,9 @@ from metalmend.controllers import metrics as hostpower_metrics
 from metalmend.kube import metrics
 from metalmend.kube.events import EventRecorder
 from metalmend.kube.manager import Manager
-from metalmend.lab.controlplane import ControlPlane, free_port
 from metalmend.policy.hostpower import RetrySettings, retry_delay
 from metalmend.settings import BmcSettings, RuntimeSettings, Settings
+from metalmend_lab.controlplane import ControlPlane, free_port
 from tests.support import until
 
 WINDOW = 20.0  # seconds the hosts fail for

@@ -18,8 +18,8 @@ from lightkube.resources.core_v1 import ConfigMap, PodTemplate
 
 from metalmend.kube.informer import Informer, without_managed_fields
 from metalmend.kube.workqueue import Backoff
-from metalmend.lab.controlplane import ControlPlane
-from metalmend.lab.proxies import TcpProxy
+from metalmend_lab.controlplane import ControlPlane
+from metalmend_lab.proxies import TcpProxy
 from tests.support import grant, until
 
 

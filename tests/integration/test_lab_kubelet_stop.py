@@ -14,9 +14,9 @@ import pytest
 from lightkube import ApiError, AsyncClient, Client
 from lightkube.resources.core_v1 import Node, Pod
 
-from metalmend.lab.controlplane import ControlPlane
-from metalmend.lab.inventory import HostSpec
-from metalmend.lab.kubelet import SLOW_STOP_ANNOTATION, KubeletSim
+from metalmend_lab.controlplane import ControlPlane
+from metalmend_lab.inventory import HostSpec
+from metalmend_lab.kubeletsim import SLOW_STOP_ANNOTATION, KubeletSim
 from tests.support import until
 
 

@@ -23,10 +23,10 @@ from lightkube.types import PatchType
 from metalmend.api.resources import Machine, MachineHealthCheck, Metal3RemediationTemplate
 from metalmend.controllers import healthcheck, machineremediation, nodelink, remediation
 from metalmend.kube.manager import Manager
-from metalmend.lab.controlplane import ControlPlane
-from metalmend.lab.hosts import register_host
-from metalmend.lab.inventory import HostSpec
 from metalmend.settings import RuntimeSettings, Settings
+from metalmend_lab.controlplane import ControlPlane
+from metalmend_lab.hosts import register_host
+from metalmend_lab.inventory import HostSpec
 from tests.support import until
 
 HOSTS = 12  # many Machines under one check, as at scale

@@ -18,7 +18,7 @@ from lightkube.resources.core_v1 import Secret
 from lightkube.types import PatchType
 
 from metalmend.api.resources import BareMetalHost
-from metalmend.lab.controlplane import ControlPlane
+from metalmend_lab.controlplane import ControlPlane
 from tests.support import grant
 
 POLICIES = Path(__file__).resolve().parents[2] / "deploy" / "policies"

@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from metalmend.lab.assets import find_binaries
-from metalmend.lab.controlplane import LOOPBACK, Component, free_port
 from metalmend.teardown.etcd import members
 from metalmend.teardown.etcd.client import EtcdClient
 from metalmend.teardown.etcd.design import ClusterDesign, Design, MemberDesign
+from metalmend_lab.assets import find_binaries
+from metalmend_lab.controlplane import LOOPBACK, Component, free_port
 
 TOKEN = "metalmend-redeploy-rejoin"
 

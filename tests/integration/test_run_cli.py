@@ -19,9 +19,9 @@ from lightkube.resources.core_v1 import ConfigMap
 from metalmend.kube.health import serving
 from metalmend.kube.manager import Manager
 from metalmend.kube.workqueue import Backoff
-from metalmend.lab.controlplane import ControlPlane, free_port
-from metalmend.lab.proxies import TcpProxy
-from tests.support import bind_bmc_secrets, until
+from metalmend_lab.controlplane import ControlPlane, free_port
+from metalmend_lab.proxies import TcpProxy
+from tests.support import STARTUP, bind_bmc_secrets, until
 
 
 def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -76,7 +76,7 @@ def test_unknown_controller_is_refused(control_plane: ControlPlane) -> None:
 RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "metalmend.yaml"
 
 
-def wait_ready(port: int, within: float = 30) -> httpx.Response | None:
+def wait_ready(port: int, within: float = STARTUP) -> httpx.Response | None:
     deadline = time.monotonic() + within
     answer = None
     while time.monotonic() < deadline:
@@ -272,7 +272,7 @@ def test_health_binds_on_ipv6(control_plane: ControlPlane) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline, answer = time.monotonic() + 30, None
+        deadline, answer = time.monotonic() + STARTUP, None
         while time.monotonic() < deadline and answer is None:
             try:
                 answer = httpx.get(f"http://[::1]:{port}/healthz", timeout=1)

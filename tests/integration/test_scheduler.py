@@ -12,7 +12,7 @@ import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
-from metalmend.lab.controlplane import ControlPlane
+from metalmend_lab.controlplane import ControlPlane
 from tests.integration.test_controlplane import eventually
 
 

@@ -11,7 +11,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +23,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.rbac_authorization_v1 import ClusterRole
 
-from metalmend.lab.controlplane import ControlPlane, free_port
+from metalmend_lab.controlplane import ControlPlane, free_port
 from tests.integration.test_serve_promenade import bearer, token
+from tests.support import answers, started
 
 SERVE_RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "serve.yaml"
 DECKHAND = "/deckhand/api/v1.0"
@@ -76,15 +76,9 @@ def serve(control_plane: ControlPlane, kube: Client, tmp_path: Path) -> Iterator
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     running = Serve(process, f"http://127.0.0.1:{port}", port)
-    deadline = time.monotonic() + 60
-    while True:  # any answer (401 without a token) means it serves
-        running.alive()
-        try:
-            httpx.get(f"{running.base}{DECKHAND}/revisions", timeout=2)
-            break
-        except httpx.HTTPError:
-            assert time.monotonic() < deadline, "metalmend serve did not answer in 60 s"
-            time.sleep(0.2)
+    url = f"{running.base}{DECKHAND}/revisions"
+    # any answer (401 without a token) means it serves
+    started(answers(url, ok=lambda _: True), f"metalmend serve to answer {url}", process)
     yield running
     process.terminate()
     process.wait(20)

@@ -18,7 +18,8 @@ import pytest
 import yaml
 from lightkube import Client, codecs
 
-from metalmend.lab.controlplane import ControlPlane, free_port
+from metalmend_lab.controlplane import ControlPlane, free_port
+from tests.support import answers, started
 
 SERVE_RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "serve.yaml"
 
@@ -31,15 +32,8 @@ def metalmend(*args: str) -> subprocess.Popen[str]:
 
 
 def wait_serving(url: str, verify: ssl.SSLContext, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert process.poll() is None, process.communicate()[1]
-        try:
-            httpx.get(url, verify=verify, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise AssertionError("metalmend serve did not answer")
+    """Any answer from ``url`` means it serves."""
+    started(answers(url, verify, ok=lambda _: True), f"metalmend serve to answer {url}", process)
 
 
 def test_serve_speaks_https_with_the_given_certificate_and_answers_status_bodies(

@@ -19,7 +19,7 @@ from lightkube import ApiError, Client, codecs
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
 
-from metalmend.lab.controlplane import ControlPlane, free_port
+from metalmend_lab.controlplane import ControlPlane, free_port
 from tests.integration.test_serve_cli import SERVE_RBAC, metalmend, wait_serving
 from tests.integration.test_serve_promenade import budget_blocks, make_pod, set_status, token
 

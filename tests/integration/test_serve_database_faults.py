@@ -30,10 +30,10 @@ from metalmend.db import Database, DatabaseUnavailable
 from metalmend.db.database import UNAVAILABLE
 from metalmend.destroy.policy.destroy import DestroySettings
 from metalmend.destroy.routes import Drydock
-from metalmend.lab.controlplane import ControlPlane
 from metalmend.serve.app import create_app
 from metalmend.siteactions.routes import Shipyard
 from metalmend.web import deps
+from metalmend_lab.controlplane import ControlPlane
 from tests.integration.test_drydock_destroy import Bmc, add_host, destroy
 from tests.integration.test_serve_promenade import bearer, serve_kubeconfig, status_of, token
 from tests.postgres import PostgresUnavailable, ThrowawayPostgres

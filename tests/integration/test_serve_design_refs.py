@@ -31,11 +31,11 @@ from lightkube.resources.core_v1 import Node
 from metalmend.db import Database
 from metalmend.designs.documents import parse
 from metalmend.designs.store import DesignStore
-from metalmend.lab.assets import find_binaries
-from metalmend.lab.controlplane import LOOPBACK, Component, ControlPlane, free_port
-from metalmend.lab.pki import CertificateAuthority
 from metalmend.serve.app import create_app
 from metalmend.teardown.etcd.routes import EtcdAccess
+from metalmend_lab.assets import find_binaries
+from metalmend_lab.controlplane import LOOPBACK, Component, ControlPlane, free_port
+from metalmend_lab.pki import CertificateAuthority
 from tests.integration import test_serve_promenade as promenade_tests
 from tests.integration.test_serve_promenade import bearer, status_of, token
 from tests.integration.test_shipyard_api import also

@@ -23,11 +23,11 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 from lightkube.types import PatchType
 
-from metalmend.lab.controlplane import ControlPlane
 from metalmend.serve.app import create_app
 from metalmend.teardown import drain as nodes
 from metalmend.teardown.params import DrainRequest
 from metalmend.teardown.policy.settings import TeardownSettings
+from metalmend_lab.controlplane import ControlPlane
 
 SERVE_RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "serve.yaml"
 PROMENADE = "/promenade/api/v1.0"

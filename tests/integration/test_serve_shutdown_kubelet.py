@@ -20,11 +20,11 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node
 
-from metalmend.lab.controlplane import ControlPlane
-from metalmend.lab.inventory import HostSpec
-from metalmend.lab.kubelet import KubeletSim
 from metalmend.serve.app import create_app
 from metalmend.teardown.policy.settings import TeardownSettings
+from metalmend_lab.controlplane import ControlPlane
+from metalmend_lab.inventory import HostSpec
+from metalmend_lab.kubeletsim import KubeletSim
 from tests.integration.test_serve_promenade import (
     PROMENADE,
     bearer,

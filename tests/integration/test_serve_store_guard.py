@@ -22,10 +22,10 @@ from lightkube.resources.core_v1 import ConfigMap
 
 from metalmend.db import Database
 from metalmend.db import database as database_module
-from metalmend.lab.controlplane import ControlPlane, free_port
 from metalmend.serve.app import create_app
 from metalmend.serve.storeguard import CONFIGMAP, StoreRefused, guard
 from metalmend.web.settings import ServeSettings
+from metalmend_lab.controlplane import ControlPlane, free_port
 from tests.integration.test_serve_cli import metalmend, wait_serving
 from tests.integration.test_serve_promenade import bearer, serve_kubeconfig, status_of, token
 

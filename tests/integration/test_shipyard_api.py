@@ -29,9 +29,9 @@ from metalmend.api.resources import BareMetalHost
 from metalmend.db import Database
 from metalmend.designs.store import DesignStore
 from metalmend.destroy.policy.destroy import DestroySettings
-from metalmend.lab.controlplane import ControlPlane
 from metalmend.serve.app import create_app
 from metalmend.siteactions.policy.redeploy import RedeploySettings
+from metalmend_lab.controlplane import ControlPlane
 from tests.integration.test_serve_promenade import bearer, lines, serve_kubeconfig, status_of, token
 
 __all__ = ["serve_kubeconfig"]

@@ -38,11 +38,11 @@ from metalmend.db import Database
 from metalmend.designs.store import DesignStore
 from metalmend.destroy.policy.destroy import DestroySettings
 from metalmend.kube.crds import install_crds
-from metalmend.lab.controlplane import ControlPlane, ControlPlaneConfig
 from metalmend.serve.app import create_app
 from metalmend.siteactions import model
 from metalmend.siteactions.policy.actions import ActionLifecycle, new_action_id
 from metalmend.siteactions.store import ActionStore
+from metalmend_lab.controlplane import ControlPlane, ControlPlaneConfig
 from tests.integration.test_policies import scoped
 from tests.integration.test_serve_promenade import bearer, lines, status_of, token
 from tests.integration.test_shipyard_api import (

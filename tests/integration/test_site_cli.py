@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from lightkube import Client
 
-from metalmend.lab.controlplane import ControlPlane
+from metalmend_lab.controlplane import ControlPlane
 from tests.integration.test_design_cli import Serve, serve
 from tests.integration.test_serve_promenade import token
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from metalmend.lab import assets
+from metalmend_lab import assets
 
 
 def executable(path: Path) -> Path:

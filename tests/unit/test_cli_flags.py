@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from metalmend import log, runner
-from metalmend.cli import app
+from metalmend.cli.main import app
 from metalmend.settings import (
     DEFAULTS,
     FenceMethod,

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from metalmend.cli_node import CliError, query, resolve
+from metalmend.cli.client import CliError, resolve
+from metalmend.cli.node import query
 
 LAB = {"url": "https://127.0.0.1:4321", "ca": "/lab/ca.crt", "token": "lab-admin",
        "design_ref": "http://127.0.0.1:99/api/v1.0/revisions/1/rendered-documents"}  # fmt: skip

@@ -3,13 +3,15 @@
 - ``metalmend.policy`` and each service component's ``policy`` package decide without I/O:
   they import only the standard library, the shared vocabulary in ``metalmend.api`` (the
   power vocabulary included), and the policy packages;
-- the lab (real control plane, emulated BMCs, kubelet simulators) is a harness: nothing
-  outside ``metalmend.lab``, the demos (``metalmend.demo``, ``metalmend.demo_site``) and
-  ``metalmend.cli`` imports it;
-- ``metalmend.cli`` loads the lab and the demo only inside the commands that use them, so
-  that ``metalmend run`` works where the lab's extras (sushy-tools) are not installed;
-- every third-party module the package imports comes from a distribution it declares
-  (``[project].dependencies``; the lab and the demo may also use the ``lab`` extra);
+- the lab and the demos (real control plane, emulated BMCs, kubelet simulators) are a
+  harness of their own, the package ``metalmend_lab`` (the distribution metalmend-lab,
+  lab/pyproject.toml, never in metalmend's wheel or image): nothing in ``metalmend``
+  imports it, not even lazily; its verbs reach the ``metalmend`` command through an
+  entry point, and without it they say in one line how to get it;
+- the lab's verbs load the lab only inside their commands, so that ``metalmend --help``
+  does not load it (nor sushy-tools);
+- every third-party module the packages import comes from a distribution they declare
+  (``[project].dependencies``; the lab also from its own, lab/pyproject.toml);
 - no test reaches into a controller's private names;
 - the layers (docs/architecture.md): the CLI above the applications (``metalmend serve``,
   ``metalmend run``), the controllers, the settings tree, the service components, the
@@ -36,7 +38,11 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "src" / "metalmend"
+SRC = Path(__file__).resolve().parents[2] / "src"
+PACKAGE = SRC / "metalmend"
+LAB = SRC / "metalmend_lab"
+LAB_MODULES = ("metalmend_lab",)
+LAB_PROJECT = SRC.parent / "lab" / "pyproject.toml"
 
 # The pure decisions: the controllers' (metalmend.policy) and each service component's.
 POLICY_PACKAGES = (
@@ -51,10 +57,8 @@ POLICY_MAY_IMPORT = ("metalmend.api", *POLICY_PACKAGES)
 # each with the reason and what removes it. Empty: the policy follows the rule.
 POLICY_EXCEPTIONS: frozenset[tuple[str, str]] = frozenset()
 
-# The lab and the demos: a harness above everything (metalmend.lab today, the top-level
-# package metalmend_lab once it leaves the wheel); only the CLI's lab commands load it.
-LAB = ("metalmend.lab", "metalmend.demo", "metalmend.demo_site", "metalmend_lab")
-LAB_USERS = (*LAB, "metalmend.cli")
+# Top-level modules of the lab's own dependencies (lab/pyproject.toml).
+LAB_DEPENDENCIES = ("sushy_tools", "sushy", "bcrypt")
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class Import:
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    parts = path.relative_to(SRC).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -93,7 +97,7 @@ def imports_of(path: Path) -> Iterator[Import]:
             elif isinstance(child, ast.ImportFrom):
                 base = _absolute(child, module, is_package)
                 for alias in child.names:
-                    # `from metalmend.lab import lab` imports metalmend.lab.lab; a name that
+                    # `from metalmend_lab import lab` imports metalmend_lab.lab; a name that
                     # is not a module still means its package, which the prefix check sees.
                     name = f"{base}.{alias.name}" if alias.name != "*" else base
                     yield Import(module, name, child.lineno, top_level, type_checking)
@@ -121,7 +125,9 @@ def within(name: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def all_imports() -> list[Import]:
-    return [i for path in sorted(PACKAGE.rglob("*.py")) for i in imports_of(path)]
+    """Every import of metalmend and of the lab (metalmend_lab)."""
+    paths = sorted([*PACKAGE.rglob("*.py"), *LAB.rglob("*.py")])
+    return [i for path in paths for i in imports_of(path)]
 
 
 def show(found: list[Import]) -> str:
@@ -132,8 +138,9 @@ def test_the_contract_sees_the_package() -> None:
     """Guards the checks below against passing vacuously (a moved tree, a broken walk)."""
     found = all_imports()
     assert any(i.module == "metalmend.policy.remediation" for i in found)
+    assert any(i.module == "metalmend.cli.main" for i in found)
     assert any(
-        i.module == "metalmend.cli" and i.imported.startswith(("metalmend.lab", "metalmend_lab"))
+        i.module == "metalmend_lab.cli" and i.imported.startswith("metalmend_lab.lab")
         for i in found
     )
 
@@ -151,24 +158,28 @@ def test_policy_imports_only_the_standard_library_and_the_shared_vocabulary() ->
     assert not wrong, "policy must decide without I/O:\n" + show(wrong)
 
 
-def test_only_the_lab_the_demo_and_the_cli_import_the_lab() -> None:
+def test_nothing_in_metalmend_imports_the_lab() -> None:
+    """Not even lazily: the production wheel and image do not carry metalmend_lab."""
     wrong = [
         i
         for i in all_imports()
-        if within(i.imported, ("metalmend.lab", "metalmend_lab"))
-        and not within(i.module, LAB_USERS)
+        if within(i.module, ("metalmend",)) and within(i.imported, ("metalmend_lab",))
     ]
-    assert not wrong, "the lab is a harness, not part of the controller:\n" + show(wrong)
+    assert not wrong, "the lab is a harness, not part of metalmend:\n" + show(wrong)
 
 
-def test_the_cli_loads_the_lab_only_in_the_commands_that_use_it() -> None:
+def test_the_lab_verbs_load_the_lab_only_in_the_commands_that_use_it() -> None:
+    """metalmend_lab.cli is loaded at every start of ``metalmend`` (its entry point)."""
     eager = [
         i
         for i in all_imports()
-        if i.module == "metalmend.cli"
+        if i.module == "metalmend_lab.cli"
         and i.top_level
         and not i.type_checking
-        and within(i.imported, ("metalmend.lab", "metalmend.demo", "metalmend.demo_site"))
+        and (
+            (within(i.imported, ("metalmend_lab",)) and i.imported != "metalmend_lab.cli")
+            or i.imported.partition(".")[0] in LAB_DEPENDENCIES
+        )
     ]
     assert not eager, "import these inside the lab commands:\n" + show(eager)
 
@@ -189,47 +200,74 @@ def test_importing_the_policy_loads_no_io_library() -> None:
     assert not [m for m in loaded if within(m, io)]
 
 
-@pytest.mark.parametrize("command", [["--help"], ["run", "--help"], ["version"]])
-def test_the_cli_works_without_the_lab(command: list[str]) -> None:
-    """As where only the controller is installed: importing the lab, the demo or the lab's
-    extras fails, and the commands that do not need them still work."""
+def without_the_lab(*command: str) -> subprocess.CompletedProcess[str]:
+    """``metalmend COMMAND`` as where only metalmend is installed: importing the lab or its
+    dependencies fails (its entry point's metadata may be left behind)."""
     program = textwrap.dedent(
         f"""
         import importlib.abc, sys
 
         class NoLab(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("sushy_tools", "bcrypt") or name.startswith(
-                    ("metalmend.lab", "metalmend.demo", "metalmend.demo_site")
-                ):
+                if name.split(".")[0] in ("metalmend_lab", *{LAB_DEPENDENCIES!r}):
                     raise ModuleNotFoundError(f"{{name}} is not installed here", name=name)
                 return None
 
         sys.meta_path.insert(0, NoLab())
-        sys.argv = ["metalmend", *{command!r}]
-        from metalmend.cli import main
+        sys.argv = ["metalmend", *{list(command)!r}]
+        from metalmend.cli.main import main
         main()
         """
     )
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
     )
+
+
+@pytest.mark.parametrize("command", [["--help"], ["run", "--help"], ["version"]])
+def test_the_cli_works_without_the_lab(command: list[str]) -> None:
+    result = without_the_lab(*command)
     assert result.returncode == 0, result.stderr
     assert result.stdout
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["lab", "up"],
+        ["lab", "status", "--dir", "x"],
+        ["lab", "--help"],
+        ["demo"],
+        ["demo-site", "--keep"],
+    ],
+)
+def test_the_lab_verbs_without_the_lab_say_how_to_get_it_in_one_line(command: list[str]) -> None:
+    result = without_the_lab(*command)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "metalmend: the lab and the demos come with metalmend-lab, which is not installed"
+        " here: in a checkout of metalmend, run 'pip install ./lab' (make venv does)"
+    ]
+
+
 def test_lab_up_offers_the_labs_own_default_controllers() -> None:
-    from metalmend import cli
-    from metalmend.lab import lab
+    from metalmend_lab import cli, lab
 
     assert cli.LAB_CONTROLLERS == lab.DEFAULT_CONTROLLERS
 
 
 def test_lab_up_offers_the_provisioners_own_default_delay() -> None:
-    from metalmend import cli
-    from metalmend.lab import provisioner
+    from metalmend_lab import cli, provisioner
 
     assert cli.LAB_PROVISION_DELAY == provisioner.DEFAULT_DELAY
+
+
+def test_the_lab_is_the_version_of_metalmend_it_was_made_with() -> None:
+    """The lab uses metalmend's internals: it pins the version of its own checkout."""
+    core = tomllib.loads((SRC.parent / "pyproject.toml").read_text())["project"]
+    lab = tomllib.loads(LAB_PROJECT.read_text())["project"]
+    assert lab["version"] == core["version"]
+    assert f"metalmend=={core['version']}" in lab["dependencies"]
 
 
 def _distribution(requirement: str) -> str:
@@ -239,25 +277,23 @@ def _distribution(requirement: str) -> str:
 
 
 def test_every_third_party_import_is_a_declared_dependency() -> None:
-    """What the package imports must be installed by installing the package: the core
-    from ``[project].dependencies``, the lab and the demo also from the ``lab`` extra.
+    """What the packages import must be installed by installing them: metalmend's from
+    its ``[project].dependencies``, the lab's also from its own (lab/pyproject.toml).
     (A module that arrives only as someone else's dependency can vanish with their
     next release.)"""
-    project = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((SRC.parent / "pyproject.toml").read_text())["project"]
     core = {_distribution(r) for r in project["dependencies"]}
-    lab = core | {_distribution(r) for r in project["optional-dependencies"]["lab"]}
+    lab = core | {
+        _distribution(r) for r in tomllib.loads(LAB_PROJECT.read_text())["project"]["dependencies"]
+    }
     providers = importlib.metadata.packages_distributions()
     stdlib = sys.stdlib_module_names
     wrong = []
     for i in all_imports():
         top = i.imported.partition(".")[0]
-        if top in stdlib or top == "metalmend" or i.type_checking:
+        if top in stdlib or top in ("metalmend", "metalmend_lab") or i.type_checking:
             continue
-        declared = (
-            lab
-            if within(i.module, ("metalmend.lab", "metalmend.demo", "metalmend.demo_site"))
-            else core
-        )
+        declared = lab if within(i.module, ("metalmend_lab",)) else core
         offered = {_distribution(d) for d in providers.get(top, [])}
         if not offered & declared:
             wrong.append(f"{i.module}:{i.line} imports {top} (from {sorted(offered) or '?'})")
@@ -334,8 +370,7 @@ def test_no_test_reaches_into_a_controllers_private_names() -> None:
 # From the top down; an import may go to its own layer's package or to any layer below.
 # Packages in one layer do not import each other unless a rule below allows it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("metalmend.cli", "metalmend.cli_node", "metalmend.cli_site", "metalmend.cli_design",
-     "metalmend.cli_service", "metalmend.__main__"),
+    ("metalmend.cli", "metalmend.__main__"),
     ("metalmend.serve", "metalmend.runner"),  # the applications: serve, run
     ("metalmend.controllers",),  # run's controllers
     ("metalmend.settings",),  # the settings tree: every section
@@ -350,7 +385,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "metalmend.log", "metalmend.heap", "metalmend"),
 )  # fmt: skip
 
-# The CLI's modules (one package to come) and the base modules use each other freely.
+# The CLI's modules and the base modules use each other freely.
 SIDEWAYS_LAYERS = (0, len(LAYERS) - 1)
 # Within the layer of kube, bmc and db, these go one way (and no other pair at all).
 SIDEWAYS = {("metalmend.bmc", "metalmend.kube"), ("metalmend.db", "metalmend.kube")}
@@ -419,7 +454,7 @@ def test_every_module_has_a_layer() -> None:
         {
             module_name(path)
             for path in PACKAGE.rglob("*.py")
-            if not within(module_name(path), LAB)
+            if not within(module_name(path), LAB_MODULES)
             and (layer_of(module_name(path)) or (0, "metalmend"))[1] == "metalmend"
             and module_name(path) != "metalmend"
         }
@@ -430,8 +465,8 @@ def test_every_module_has_a_layer() -> None:
 def test_imports_run_down_the_layers() -> None:
     wrong = []
     for i in _package_imports():
-        if within(i.module, LAB) or within(i.imported, LAB):
-            continue  # the harness: test_only_the_lab_the_demo_and_the_cli_import_the_lab
+        if within(i.module, LAB_MODULES) or within(i.imported, LAB_MODULES):
+            continue  # the harness: test_nothing_in_metalmend_imports_the_lab
         here, there = layer_of(i.module), layer_of(i.imported)
         assert here is not None, i
         assert there is not None, i

@@ -9,8 +9,8 @@ import inspect
 import time
 from pathlib import Path
 
-from metalmend.lab import drives, siteetcd
-from metalmend.lab.inventory import HardwareConfig, HostSpec
+from metalmend_lab import drives, siteetcd
+from metalmend_lab.inventory import HardwareConfig, HostSpec
 
 
 def test_every_host_has_an_os_drive_and_one_or_two_data_drives() -> None:
@@ -55,7 +55,7 @@ def test_the_erase_ledger_erases_in_step_once_and_resumes_from_its_files(tmp_pat
 
 
 def test_lab_up_offers_the_labs_own_default_erase_time() -> None:
-    from metalmend import cli
+    from metalmend_lab import cli
 
     default = inspect.signature(cli.lab_up).parameters["erase_seconds"].default
     assert default == drives.DEFAULT_ERASE_SECONDS

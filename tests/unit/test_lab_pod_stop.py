@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from metalmend.lab.kubelet import (
+from metalmend_lab.kubeletsim import (
     SLOW_STOP_ANNOTATION,
     SLOW_STOP_LIMIT,
     Ending,

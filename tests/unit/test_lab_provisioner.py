@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from metalmend.lab import drives, provisioner
-from metalmend.lab.inventory import HostSpec
-from metalmend.lab.kubelet import KubeletSim
-from metalmend.lab.osdrive import OsDrive, image_of, os_release
-from metalmend.lab.provisioner import HostFacts, MarkProvisioned, MarkProvisioning, WriteOs, decide
+from metalmend_lab import drives, provisioner
+from metalmend_lab.inventory import HostSpec
+from metalmend_lab.kubeletsim import KubeletSim
+from metalmend_lab.osdrive import OsDrive, image_of, os_release
+from metalmend_lab.provisioner import HostFacts, MarkProvisioned, MarkProvisioning, WriteOs, decide
 
 URL = "http://127.0.0.1/images/os.qcow2"
 OLD = "http://127.0.0.1/images/old.qcow2"

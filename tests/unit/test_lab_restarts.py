@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from metalmend.lab.controlplane import Component, ControlPlane, ControlPlaneConfig
-from metalmend.lab.lab import (
+from metalmend_lab.controlplane import Component, ControlPlane, ControlPlaneConfig
+from metalmend_lab.lab import (
     RESTART_HEALTHY_RUN,
     RESTART_MAX_WAIT,
     LabError,

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from metalmend.designs.documents import dump_all, parse
-from metalmend.lab import drives, sitedesign, siteetcd
-from metalmend.lab.inventory import HostSpec
 from metalmend.siteactions.policy.deploysite import read_site, redeploy_problems
 from metalmend.siteactions.policy.redeploy import KUBERNETES_OBJECT, host_documents
 from metalmend.teardown.etcd.design import from_documents
+from metalmend_lab import drives, sitedesign, siteetcd
+from metalmend_lab.inventory import HostSpec
 
 
 def hosts(count: int = 3) -> list[HostSpec]:
@@ -113,7 +113,7 @@ def test_without_a_site_etcd_only_the_hosts() -> None:
 def test_lab_design_without_a_running_lab_says_so(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from metalmend.cli import app
+    from metalmend.cli.main import app
 
     result = CliRunner().invoke(app, ["lab", "design", "--dir", str(tmp_path)])
     assert result.exit_code == 1

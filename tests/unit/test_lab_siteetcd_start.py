@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from metalmend.lab.siteetcd import MemberPlan, SitePlan, Start, Wait, decide_start, has_data
 from metalmend.teardown.etcd.client import Member
+from metalmend_lab.siteetcd import MemberPlan, SitePlan, Start, Wait, decide_start, has_data
 
 
 def site() -> SitePlan:

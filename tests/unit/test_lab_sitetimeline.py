@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from metalmend.lab.sitetimeline import StepSpan, due, spans, split, svg
+from metalmend_lab.sitetimeline import StepSpan, due, spans, split, svg
 
 
 def test_a_milestone_counts_only_after_what_must_come_first() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from metalmend.lab.pki import CertificateAuthority, write_signing_key
+from metalmend_lab.pki import CertificateAuthority, write_signing_key
 
 
 def load(path: Path) -> x509.Certificate:

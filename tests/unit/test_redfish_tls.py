@@ -13,7 +13,7 @@ from metalmend.bmc.address import parse
 from metalmend.bmc.errors import BmcError
 from metalmend.bmc.redfish import RedfishDriver, tls_context
 from metalmend.bmc.settings import BmcSettings
-from metalmend.lab.pki import CertificateAuthority
+from metalmend_lab.pki import CertificateAuthority
 
 
 @pytest.fixture

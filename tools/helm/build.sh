@@ -3,7 +3,9 @@
 # pinned in versions.env and go.mod, once, into a cache outside the repository keyed by
 # that version. A second run finds the cache and does nothing.
 #
-#   tools/helm/build.sh      build helm if missing, print its path
+#   tools/helm/build.sh      build helm if missing, print its path (make helm)
+#   tools/helm/build.sh --cached   print it only if built already; else say so, exit 1
+#                                  (the tests: they never build, make does)
 #   METALMEND_CACHE=DIR      cache root (default: ${XDG_CACHE_HOME:-~/.cache}/metalmend)
 #   METALMEND_HELM=PATH      use this helm binary instead (nothing is built)
 set -euo pipefail
@@ -21,6 +23,7 @@ if [ -x "$dir/helm" ]; then
   echo "$dir/helm"
   exit 0
 fi
+[ "${1:-}" != --cached ] || gotool_fail "helm $HELM_VERSION is not built yet: run 'make helm' (make test does)"
 
 gotool_build helm "$here" helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
   "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"

@@ -11,7 +11,10 @@
 # constraints and this directory>; an existing tag is reused at once. The base tarball is
 # cached under ~/.cache/metalmend/image, keyed by the suite and mmdebstrap's options.
 #
-#   tools/image/build.sh       build (or find) the image; print its tag
+#   tools/image/build.sh       build (or find) the image; print its tag (make image; make
+#                              test runs it first, as root, when podman can run)
+#   tools/image/build.sh --cached   print the tag only if that image exists; else say so,
+#                              exit 1 (the tests: they never build, make does)
 #   METALMEND_IMAGE_REBUILD=1  rebuild even when cached (a base with newer Debian packages)
 #
 # Needs root (podman's storage and runc); installs mmdebstrap, podman and runc from Debian
@@ -27,7 +30,10 @@ PYTHON="${PYTHON:-python3}"
 fail() { echo "metalmend: cannot build the image: $1" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || fail "podman here runs as root (run 'sudo make image')"
 
-if ! command -v mmdebstrap >/dev/null || ! command -v podman >/dev/null || [ ! -x /usr/sbin/runc ]; then
+cached_only=""
+[ "${1:-}" != --cached ] || cached_only=1
+if [ -z "$cached_only" ] && { ! command -v mmdebstrap >/dev/null || ! command -v podman >/dev/null \
+     || [ ! -x /usr/sbin/runc ]; }; then
   command -v apt-get >/dev/null || fail "mmdebstrap, podman and runc are missing and there is no apt-get"
   echo "metalmend: installing mmdebstrap, podman and runc from Debian" >&2
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
@@ -37,13 +43,18 @@ fi
 # Debian's podman with Debian's runc, as root, without systemd: these flags everywhere.
 podman() { command podman --runtime /usr/sbin/runc --cgroup-manager cgroupfs "$@"; }
 
-key="$(cd "$repo" && { find src -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 \
+# src/metalmend only: the lab (src/metalmend_lab, its own distribution) is not in the image.
+key="$(cd "$repo" && { find src/metalmend -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 \
         | sort -z | xargs -0 sha256sum; sha256sum pyproject.toml constraints.txt \
         tools/image/build.sh tools/image/Containerfile; } | sha256sum | cut -c1-16)"
 tag="localhost/metalmend:$key"
-if [ -z "${METALMEND_IMAGE_REBUILD:-}" ] && podman image exists "$tag"; then
+if [ -z "${METALMEND_IMAGE_REBUILD:-}" ] && podman image exists "$tag" 2>/dev/null; then
   echo "$tag"
   exit 0
+fi
+if [ -n "$cached_only" ]; then
+  echo "metalmend: the image $tag is not built yet: run 'sudo make image' (make test does, as root)" >&2
+  exit 1
 fi
 
 mkdir -p "$cache"
@@ -69,8 +80,9 @@ base="localhost/metalmend-base:$base_key"
 podman image exists "$base" || podman import --quiet "$base_tar" "$base" >/dev/null \
   || fail "podman import of $base_tar failed"
 
-# The wheelhouse: this checkout's wheel, its dependencies as pinned, and pip (run from its
-# wheel inside the build, never installed into the image).
+# The wheelhouse: this checkout's wheel (metalmend alone: the lab and the demos are the
+# separate metalmend-lab, lab/pyproject.toml), its dependencies as pinned, and pip (run
+# from its wheel inside the build, never installed into the image).
 mkdir -p "$work/context/wheels"
 "$PYTHON" -m pip wheel --quiet --disable-pip-version-check -c "$repo/constraints.txt" \
   -w "$work/context/wheels" "$repo" pip >&2 || fail "pip wheel failed"

@@ -8,7 +8,7 @@
 #
 # Binaries named by TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD /
 # TEST_ASSET_KUBE_CONTROLLER_MANAGER or found in KUBEBUILDER_ASSETS are used instead of these
-# (see metalmend.lab.assets); this script is only needed when they are not set.
+# (see metalmend_lab.assets); this script is only needed when they are not set.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env

@@ -3,7 +3,7 @@
 # Leases, without a kubelet each) from its published Go module at the version pinned in
 # versions.env and go.mod, once, into a cache outside the repository keyed by that version.
 # The scale benchmark (benchmarks/scale.py) runs it for thousands of Nodes; the lab's own
-# kubelet simulator (lab/kubelet.py) is one Python process per host and does not scale
+# kubelet simulator (src/metalmend_lab/kubeletsim.py) is one Python process per host and does not scale
 # that far. kwok does nothing without Stages (what to write to a Node, when): the module's
 # own node-initialize and node-heartbeat-with-lease stages are copied from the module
 # cache into the same cache directory, next to the binary (stages/*.yaml), not into this

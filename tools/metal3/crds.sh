@@ -7,7 +7,10 @@
 # made here from the same source. Cached outside the repository, keyed by the versions;
 # never committed (docs/install.md, "Beside metal3").
 #
-#   tools/metal3/crds.sh     generate if missing, print the directory of the CRD files
+#   tools/metal3/crds.sh           generate if missing, print the directory of the CRD files
+#                                  (make metal3; make test runs it before the tests)
+#   tools/metal3/crds.sh --cached  print it only if generated already; else say so, exit 1
+#                                  (the tests: they never build, make does)
 #   METALMEND_CACHE=DIR      cache root (default: ${XDG_CACHE_HOME:-~/.cache}/metalmend)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -22,6 +25,10 @@ fail() { echo "metalmend: cannot make upstream metal3 CRDs: $1" >&2; exit 1; }
 if [ -s "$out/metal3.io_baremetalhosts.yaml" ]; then
   echo "$out"
   exit 0
+fi
+if [ "${1:-}" = --cached ]; then
+  echo "metalmend: upstream metal3 CRDs not generated yet ($out): run 'make metal3' (make test does)" >&2
+  exit 1
 fi
 command -v go >/dev/null 2>&1 || fail "'go' is not on PATH (install Go >= 1.26)"
 mkdir -p "$cache"

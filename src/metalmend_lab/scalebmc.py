@@ -1,4 +1,4 @@
-"""BMCs for thousands of lab hosts in one process: ``python -m metalmend.lab.scalebmc FILE``.
+"""BMCs for thousands of lab hosts in one process: ``python -m metalmend_lab.scalebmc FILE``.
 
 The lab's sushy-tools emulator (``lab.emulator``) is a Flask application that serves every
 system from one endpoint, one request at a time; its per-host IPMI BMCs are one socket and

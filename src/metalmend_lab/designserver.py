@@ -1,6 +1,6 @@
 """The lab's design service: the site's design documents (YAML) over https on 127.0.0.1,
 at a Deckhand-shaped path, for the design reference of remove-etcd, the etcd health
-endpoint and decommission (``python -m metalmend.lab.designserver FILE PORT PATH CERT
+endpoint and decommission (``python -m metalmend_lab.designserver FILE PORT PATH CERT
 KEY``, started by ``metalmend lab up`` with a certificate of the lab's CA; see
 ``lab.siteetcd``). https, because metalmend serve fetches a design only from an https URL
 its settings allow (the lab allows this one: docs/security.md).
@@ -16,7 +16,7 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from metalmend.lab.controlplane import LOOPBACK
+from metalmend_lab.controlplane import LOOPBACK
 
 
 def handler(document: Path, path: str) -> type[BaseHTTPRequestHandler]:

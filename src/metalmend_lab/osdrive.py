@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from metalmend.lab import drives
+from metalmend_lab import drives
 
 OS_RELEASE = Path("etc") / "os-release"
 KUBELET_DISABLED = Path("etc") / "systemd" / "kubelet.disabled"

@@ -1,7 +1,7 @@
 """``metalmend design put|revisions|documents|tag|diff``: the design revisions of
 ``metalmend serve`` (docs/design-store.md, Deckhand's API) from a shell.
 
-Which service and as whom exactly as ``metalmend node`` (``metalmend.cli_node``):
+Which service and as whom exactly as ``metalmend node`` (``metalmend.cli.client``):
 ``--url``/``--ca``, else the lab's ``.lab/endpoints.json``; ``--token``, else the
 kubeconfig's bearer token, or the lab admin's in the lab. Tables for people, ``--yaml``
 for the documents as the service answered them. A refusal prints the Status body
@@ -23,9 +23,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from metalmend.cli_node import Ca, CliError, Kubeconfig, LabDir, Token, Url
-from metalmend.cli_service import Target, parsed, run_command
-from metalmend.cli_service import request as service_request
+from metalmend.cli.client import (
+    Ca,
+    CliError,
+    Kubeconfig,
+    LabDir,
+    Target,
+    Token,
+    Url,
+    parsed,
+    run_command,
+)
+from metalmend.cli.client import request as service_request
 
 DECKHAND = "/deckhand/api/v1.0"
 YAML = "application/x-yaml"

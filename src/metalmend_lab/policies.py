@@ -20,9 +20,9 @@ from lightkube import Client, codecs
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 
-from metalmend.lab.controlplane import ADMIN_USER
+from metalmend_lab.controlplane import ADMIN_USER
 
-DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 POLICIES = DEPLOY / "policies"
 # The files of the chart's defaults (policies.machineHealthCheck, rebootAnnotationValues,
 # bmcSpecWriters.enabled: true; rebootAnnotationWriters is off by default).
@@ -34,7 +34,7 @@ CHART_DEFAULTS = (
 BMC_WRITERS_CONFIGMAP = "metalmend-bmc-writers"
 BMC_SECRET_BINDING = "metalmend-bmc-secret-binding"  # its writers are in the policy itself
 PARAMS_NAMESPACE = "metalmend-system"  # where the chart's release (and its params) live
-LAB_ADMIN_ACCOUNT = "lab-admin"  # lab.serve's caller token
+LAB_ADMIN_ACCOUNT = "lab-admin"  # servedeploy's caller token
 FIELD_MANAGER = "metalmend-lab"
 
 

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from metalmend.lab.inventory import HostSpec
+from metalmend_lab.inventory import HostSpec
 
 KUBERNETES_OBJECT = "metalmend/KubernetesObject/v1"  # policy.redeploy's design documents
 BMH_API = "metal3.io/v1alpha1"

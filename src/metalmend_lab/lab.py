@@ -6,7 +6,7 @@ described by ``.lab/lab.json`` (supervisor and component pids, ports), which is 
 and ``status`` find it, and which lets ``down`` clean up even after the supervisor was
 killed with SIGKILL.
 
-The supervisor restarts ``metalmend run``, ``metalmend serve`` (lab.serve) and the lab's
+The supervisor restarts ``metalmend run``, ``metalmend serve`` (servedeploy) and the lab's
 provisioner (lab.provisioner) when they die,
 as a Deployment's kubelet would (CrashLoopBackOff, with lab-sized waits: 1 s doubling to
 30 s, back to 1 s once it has run for a minute), so that crash tests can kill the
@@ -37,10 +37,10 @@ from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Node
 
 from metalmend.kube.crds import install_crds
-from metalmend.lab import hosts, provisioner, siteetcd
-from metalmend.lab import policies as lab_policies
-from metalmend.lab import serve as lab_serve
-from metalmend.lab.controlplane import (
+from metalmend_lab import hosts, provisioner, siteetcd
+from metalmend_lab import policies as lab_policies
+from metalmend_lab import servedeploy as lab_serve
+from metalmend_lab.controlplane import (
     LOOPBACK,
     Component,
     ControlPlane,
@@ -49,9 +49,9 @@ from metalmend.lab.controlplane import (
     start_component,
     tls_context,
 )
-from metalmend.lab.drives import DEFAULT_ERASE_SECONDS
-from metalmend.lab.inventory import HardwareConfig, status_path
-from metalmend.lab.pki import KeyPair
+from metalmend_lab.drives import DEFAULT_ERASE_SECONDS
+from metalmend_lab.inventory import HardwareConfig, status_path
+from metalmend_lab.pki import KeyPair
 
 
 class LabError(RuntimeError):
@@ -130,7 +130,7 @@ class LabOptions:
     soft_power_off_timeout: float = 30.0
     provision_delay: float = provisioner.DEFAULT_DELAY  # seconds an image takes to write
     apiserver_args: tuple[str, ...] = ()  # extra kube-apiserver flags (a benchmark's audit log)
-    serve: bool = True  # `metalmend serve` and .lab/endpoints.json (lab.serve)
+    serve: bool = True  # `metalmend serve` and .lab/endpoints.json (servedeploy)
 
 
 RESTART_FIRST_WAIT = 1.0  # seconds before the first restart after a crash
@@ -286,15 +286,18 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
         def emulator_ready() -> bool:
             try:
                 return httpx.get(
-                    f"https://127.0.0.1:{emulator_port}/redfish/v1/", verify=context, timeout=1
+                    f"https://127.0.0.1:{emulator_port}/redfish/v1/", verify=context, timeout=5
                 ).status_code in (200, 401)
             except httpx.HTTPError:
                 return False
 
         _record(
             running,
-            start_component("redfish-emulator", hosts.emulator_argv(conf), workdir, emulator_ready),
-        )
+            start_component(
+                "redfish-emulator", hosts.emulator_argv(conf), workdir, emulator_ready,
+                waiting_for=f"GET https://127.0.0.1:{emulator_port}/redfish/v1/ to answer",
+            ),
+        )  # fmt: skip
     site = siteetcd.plan(options.lab_dir, config.hosts, running.plane.binaries.etcd)
     config_file = workdir / "config.json"
     config.write(config_file)
@@ -303,6 +306,7 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
         start_component(
             "hardware", hosts.hardware_argv(config_file), workdir,
             lambda: status_path(options.lab_dir).exists(),
+            waiting_for=f"the hosts' BMCs up and {status_path(options.lab_dir)} written",
         ),
     )  # fmt: skip
     hosts.register(running.client(), config)
@@ -313,7 +317,13 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
         serving = ca.issue("design-server", "design-server", ip_addresses=(LOOPBACK,), server=True)
         argv = siteetcd.design_server_argv(options.lab_dir, site, serving)
         ready = lambda: siteetcd.design_served(site, ca.pair.cert)  # noqa: E731
-        _record(running, start_component("design-server", argv, workdir, ready))
+        _record(
+            running,
+            start_component(
+                "design-server", argv, workdir, ready,
+                waiting_for=f"the site design to be served at {site.design_url}",
+            ),
+        )  # fmt: skip
         running.state.design_ref = site.design_url
 
 
@@ -324,7 +334,13 @@ def start_provisioner(running: RunningLab, config_file: Path, delay: float) -> N
     status = provisioner.status_path(lab_dir)
     status.unlink(missing_ok=True)  # ready once it has looked at the hosts
     argv = provisioner.argv(config_file, running.kubeconfig, delay)
-    _record(running, start_component(provisioner.COMPONENT, argv, lab_dir, status.exists))
+    _record(
+        running,
+        start_component(
+            provisioner.COMPONENT, argv, lab_dir, status.exists,
+            waiting_for=f"its first look at the hosts ({status} written)",
+        ),
+    )  # fmt: skip
     running.restarting[provisioner.COMPONENT] = Restarts()
 
 
@@ -349,17 +365,23 @@ def start_controllers(running: RunningLab, controllers: str, soft_timeout: float
 
     def ready() -> bool:
         try:
-            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
 
-    _record(running, start_component("metalmend", argv, running.plane.workdir.parent, ready))
+    _record(
+        running,
+        start_component(
+            "metalmend", argv, running.plane.workdir.parent, ready,
+            waiting_for=f"metalmend run's GET http://127.0.0.1:{port}/readyz to answer 200",
+        ),
+    )  # fmt: skip
     running.restarting["metalmend"] = Restarts()
 
 
 def start_serve(running: RunningLab) -> None:
     """`metalmend serve`, restarted when it dies as `metalmend run` is, and
-    .lab/endpoints.json saying how to call it (lab.serve)."""
+    .lab/endpoints.json saying how to call it (servedeploy)."""
     lab_dir = running.plane.workdir.parent
     component, endpoints = lab_serve.start(running.plane, running.client(), lab_dir)
     _record(running, component)
@@ -548,7 +570,7 @@ def site_design(lab_dir: Path) -> str:
     """The running lab's site design as YAML documents (lab.sitedesign): its hosts'
     BareMetalHosts, Machines and Nodes, and its EtcdClusters when it has a site etcd."""
     from metalmend.designs.documents import dump_all
-    from metalmend.lab import sitedesign
+    from metalmend_lab import sitedesign
 
     if running_state(lab_dir) is None:
         raise LabError(f"no lab is running in {lab_dir}")
@@ -568,7 +590,7 @@ FAULTS = ("hang", "recover", "bmc-down", "bmc-up", "bmc-slow", "ignore-soft", "h
 
 def inject_fault(lab_dir: Path, host: str, kind: str) -> None:
     """Record a fault for the hardware process to apply (within 0.2 s)."""
-    from metalmend.lab.faults import Faults, faults_path, write_faults
+    from metalmend_lab.faults import Faults, faults_path, write_faults
 
     if kind not in FAULTS:
         raise ValueError(f"unknown fault {kind!r}; one of: {', '.join(FAULTS)}")

@@ -1,5 +1,5 @@
 """The lab's provisioner: what baremetal-operator and Ironic do to a lab host given an image
-(``python -m metalmend.lab.provisioner CONFIG KUBECONFIG``, started by ``metalmend lab up``
+(``python -m metalmend_lab.provisioner CONFIG KUBECONFIG``, started by ``metalmend lab up``
 and restarted when it dies, as ``metalmend run`` is).
 
 It looks at the lab's BareMetalHosts every ``--poll`` seconds. A host that is available
@@ -20,7 +20,7 @@ next look. A restarted provisioner writes the OS of a host found in ``provisioni
 
 Power is not its business: host-power (``metalmend run``) powers the host as
 ``spec.online`` says; a host on without an OS sits at its firmware, its kubelet silent,
-until the OS is written (``lab.kubelet``).
+until the OS is written (``kubeletsim``).
 
 The rules are ``decide``'s (pure); the loop only observes and acts.
 """
@@ -47,10 +47,10 @@ from lightkube import ApiError, AsyncClient, KubeConfig
 
 from metalmend.api.resources import BareMetalHost
 from metalmend.kube import errors, writes
-from metalmend.lab.inventory import HardwareConfig
-from metalmend.lab.osdrive import OsDrive
+from metalmend_lab.inventory import HardwareConfig
+from metalmend_lab.osdrive import OsDrive
 
-log = logging.getLogger("metalmend.lab.provisioner")
+log = logging.getLogger("metalmend_lab.provisioner")
 
 AVAILABLE_STATES = ("available", "ready")  # metal3: "ready" is available's deprecated name
 PROVISIONING = "provisioning"
@@ -247,13 +247,13 @@ def argv(
     config_file: Path, kubeconfig: Path, delay: float, poll: float = DEFAULT_POLL
 ) -> list[str]:
     return [
-        sys.executable, "-m", "metalmend.lab.provisioner", str(config_file), str(kubeconfig),
+        sys.executable, "-m", "metalmend_lab.provisioner", str(config_file), str(kubeconfig),
         "--delay", f"{delay:g}", "--poll", f"{poll:g}",
     ]  # fmt: skip
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="metalmend.lab.provisioner")
+    parser = argparse.ArgumentParser(prog="metalmend_lab.provisioner")
     parser.add_argument("config", type=Path, help="the lab's hardware config.json")
     parser.add_argument("kubeconfig", type=Path)
     parser.add_argument("--delay", type=float, default=DEFAULT_DELAY)

@@ -2,49 +2,30 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from metalmend import __version__
 from metalmend import settings as settings_
-from metalmend.cli_design import design_app
-from metalmend.cli_node import etcd_app, node_app
-from metalmend.cli_site import site_app
+from metalmend.cli.design import design_app
+from metalmend.cli.node import etcd_app, node_app
+from metalmend.cli.site import site_app
 from metalmend.kube.leader import LeadershipLost
-
-# The lab (and its extras: sushy-tools, bcrypt) is imported inside the lab commands only, so
-# that `metalmend run` works where only the controller's dependencies are installed.
-if TYPE_CHECKING:
-    from metalmend.lab import lab as lab_
 
 # Locals are never shown in tracebacks: they can hold BMC passwords.
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_show_locals=False
 )
-lab_app = typer.Typer(no_args_is_help=True, help="A real local cluster for demos and tests.")
-app.add_typer(lab_app, name="lab")
 credentials_app = typer.Typer(no_args_is_help=True, help="BMC credential Secrets.")
-app.add_typer(credentials_app, name="credentials")
-app.add_typer(node_app, name="node")  # the node-teardown API of `metalmend serve`
-app.add_typer(etcd_app, name="etcd")
-app.add_typer(design_app, name="design")  # the design revisions (Deckhand) of `metalmend serve`
-app.add_typer(site_app, name="site")  # configdocs and site actions (Shipyard) of `metalmend serve`
 out = Console()
 err = Console(stderr=True)
-
-LabDir = Annotated[
-    Path, typer.Option("--dir", help="Lab state directory.", envvar="METALMEND_LAB_DIR")
-]
-NodeGrace = Annotated[
-    float,
-    typer.Option("--node-grace", help="Seconds without heartbeats before a Node is Unknown."),
-]
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -58,181 +39,52 @@ def version() -> None:
     out.print(__version__)
 
 
-# The lab's own default (lab.lab.DEFAULT_CONTROLLERS), written here too so that --help
-# does not load the lab; tests/unit/test_import_contract.py checks that they agree.
-LAB_CONTROLLERS = "node-link,host-power,machine-health-check,metal3-remediation,machine-remediation"
-LAB_PROVISION_DELAY = 2.0  # lab.provisioner.DEFAULT_DELAY, likewise
+# Verbs that other distributions add to this command, found by their entry points in
+# this group: `register(app)` adds them. The lab and the demos (metalmend-lab, installed
+# from a checkout: lab/pyproject.toml) add `lab`, `demo` and `demo-site`; metalmend itself
+# never imports them, so the production wheel and image run without them.
+PLUGIN_GROUP = "metalmend.cli"
+LAB_PLUGIN = "lab"
+LAB_VERBS = ("lab", "demo", "demo-site")
+LAB_MISSING = (
+    "the lab and the demos come with metalmend-lab, which is not installed here: in a"
+    " checkout of metalmend, run 'pip install ./lab' (make venv does)"
+)
 
 
-@lab_app.command("up")
-def lab_up(
-    lab_dir: LabDir = Path(".lab"),
-    detach: Annotated[bool, typer.Option(help="Return once ready; stop with 'lab down'.")] = False,
-    node_grace: NodeGrace = 20.0,
-    hosts: Annotated[int, typer.Option(help="Bare-metal hosts to simulate.", min=0, max=50)] = 0,
-    bmc: Annotated[str, typer.Option(help="Their BMCs: redfish, ipmi or mixed.")] = "mixed",
-    boot_delay: Annotated[
-        float, typer.Option(help="Seconds from power-on until a host's kubelet registers.")
-    ] = 3.0,
-    erase_seconds: Annotated[
-        float, typer.Option(help="Seconds a drive's secure erase takes (Redfish hosts).", min=0)
-    ] = 5.0,
-    provision_delay: Annotated[
-        float,
-        typer.Option(help="Seconds the lab's provisioner takes to write an image.", min=0),
-    ] = LAB_PROVISION_DELAY,
-    controllers: Annotated[
-        str, typer.Option(help="Controllers 'metalmend run' runs against the lab ('' for none).")
-    ] = LAB_CONTROLLERS,
-) -> None:
-    """Start the lab: control plane, CRDs, and (with --hosts) BMCs, hosts and kubelets."""
-    from metalmend.lab import lab as lab_
-
-    if bmc not in ("redfish", "ipmi", "mixed"):
-        fail(f"--bmc must be redfish, ipmi or mixed, not {bmc!r}", code=2)
-    options = lab_.LabOptions(
-        lab_dir=lab_dir,
-        node_monitor_grace_period=node_grace,
-        hosts=hosts,
-        bmc=bmc,
-        boot_delay=boot_delay,
-        erase_seconds=erase_seconds,
-        provision_delay=provision_delay,
-        controllers=controllers,
-    )
-    if detach:
-        state = lab_.up_detached(options)
-        _print_ready(state, foreground=False)
-        return
-    lab_.up(options, lambda state: _print_ready(state, foreground=True))
-    out.print("lab stopped")
+def _add_plugins(app: typer.Typer) -> None:
+    added = set()
+    for entry in importlib.metadata.entry_points(group=PLUGIN_GROUP):
+        try:
+            register: Callable[[typer.Typer], None] = entry.load()
+        except ModuleNotFoundError as error:
+            # Metadata left behind by a package that is gone: as if not installed.
+            if (error.name or "").partition(".")[0] != entry.module.partition(".")[0]:
+                raise
+            continue
+        register(app)
+        added.add(entry.name)
+    if LAB_PLUGIN not in added:
+        for verb in LAB_VERBS:
+            app.command(
+                verb,
+                help="(not installed: needs metalmend-lab, from a checkout: pip install ./lab)",
+                add_help_option=False,
+                context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+            )(_lab_missing)
 
 
-def _print_ready(state: lab_.LabState, foreground: bool) -> None:
-    out.print(f"[green]lab ready[/green] in {state.started_in_seconds:.1f}s: {state.server}")
-    out.print(f"  kubectl --kubeconfig {state.kubeconfig} get baremetalhosts")
-    out.print("  Ctrl-C stops it" if foreground else "  'metalmend lab down' stops it")
-    sys.stdout.flush()
+def _lab_missing() -> None:
+    fail(LAB_MISSING)
 
 
-@lab_app.command("down")
-def lab_down(lab_dir: LabDir = Path(".lab")) -> None:
-    """Stop the lab and every process it started."""
-    from metalmend.lab import lab as lab_
-
-    if lab_.down(lab_dir):
-        out.print("lab stopped")
-    else:
-        out.print(f"no lab is running in {lab_dir}")
-
-
-@lab_app.command("status")
-def lab_status(lab_dir: LabDir = Path(".lab")) -> None:
-    """Show what the lab runs."""
-    from metalmend.lab import lab as lab_
-
-    report = lab_.status(lab_dir)
-    if not report.running:
-        out.print(f"no lab is running in {lab_dir}")
-        raise typer.Exit(1)
-    readiness = "[green]ok[/green]" if report.apiserver_ready else "[red]not ready[/red]"
-    out.print(f"server {report.server}  readyz {readiness}")
-    out.print(f"kubeconfig {report.kubeconfig}")
-    from metalmend.lab.serve import ENDPOINTS, Endpoints
-
-    if (endpoints := Endpoints.read(lab_dir)) is not None:
-        out.print(f"teardown API {endpoints.url}  ({lab_dir / ENDPOINTS})")
-    table = Table("component", "pid", "running", "restarts")
-    for c in report.components:
-        running = "yes" if c.running else "[red]no[/red]"
-        table.add_row(c.name, str(c.pid), running, str(c.restarts))
-    out.print(table)
-    if report.hosts:
-        hosts_table = Table(
-            "host", "BMC", "power", "kubelet", "Node", "Ready", "pods", "BMC reachable"
-        )
-        for h in report.hosts:
-            hosts_table.add_row(
-                h.name, h.bmc, h.power, h.kubelet, "yes" if h.node else "no", h.ready,
-                str(h.pods), "yes" if h.bmc_reachable else f"[red]no[/red] ({h.bmc_line})",
-            )  # fmt: skip
-        out.print(hosts_table)
-    if (site := report.site_etcd) is not None:
-        healthy = sum(1 for m in site.members if m.healthy)
-        out.print(
-            f"site etcd {site.cluster}: {healthy} of {len(site.members)} members healthy"
-            f" (the site needs {site.threshold}); design_ref {site.design_ref}"
-        )
-        etcd_table = Table("etcd member", "client URL", "process", "healthy")
-        for m in site.members:
-            ok = "yes" if m.healthy else "[red]no[/red]"
-            etcd_table.add_row(m.host, m.client_url, m.process, ok)
-        out.print(etcd_table)
-
-
-@lab_app.command("fault")
-def lab_fault(
-    host: Annotated[str, typer.Argument(help="Host name, e.g. worker-0.")],
-    kind: Annotated[
-        str,
-        typer.Argument(
-            help="hang | recover | bmc-down | bmc-up | bmc-slow | ignore-soft | honour-soft"
-        ),
-    ],
-    lab_dir: LabDir = Path(".lab"),
-) -> None:
-    """Inject a fault into a lab host (a hung kernel, an unreachable or slow BMC...)."""
-    from metalmend.lab import lab as lab_
-
-    try:
-        lab_.inject_fault(lab_dir, host, kind)
-    except ValueError as error:
-        fail(str(error), code=2)
-    out.print(f"{host}: {kind}")
-
-
-@lab_app.command("design")
-def lab_design(
-    lab_dir: LabDir = Path(".lab"),
-    output: Annotated[
-        Path | None, typer.Option("--output", help="Write the documents here, not to stdout.")
-    ] = None,
-) -> None:
-    """Print the running lab's site design: documents for the design store's bucket."""
-    from metalmend.lab import lab as lab_
-
-    try:
-        text = lab_.site_design(lab_dir)
-    except lab_.LabError as error:
-        fail(str(error))
-    if output is None:
-        sys.stdout.write(text)
-    else:
-        output.write_text(text)
-        err.print(f"site design written to {output}")
-
-
-@app.command()
-def demo(
-    lab_dir: LabDir = Path(".lab-demo"),
-    keep: Annotated[bool, typer.Option(help="Keep the lab running until Ctrl-C.")] = False,
-) -> None:
-    """Start the lab and show metalmend working in it."""
-    from metalmend.demo import run_demo
-
-    run_demo(lab_dir, out, keep=keep)
-
-
-@app.command("demo-site")
-def demo_site(
-    lab_dir: LabDir = Path(".lab-demo"),
-    keep: Annotated[bool, typer.Option(help="Keep the lab running until Ctrl-C.")] = False,
-) -> None:
-    """Start the lab and show site actions: the design deployed, a server redeployed live,
-    the intermediate-commit guard."""
-    from metalmend.demo_site import run_site_demo
-
-    run_site_demo(lab_dir, out, keep=keep)
+_add_plugins(app)
+# After the plugins' verbs, so that --help lists `lab` first among the groups, as before.
+app.add_typer(credentials_app, name="credentials")
+app.add_typer(node_app, name="node")  # the node-teardown API of `metalmend serve`
+app.add_typer(etcd_app, name="etcd")
+app.add_typer(design_app, name="design")  # the design revisions (Deckhand) of `metalmend serve`
+app.add_typer(site_app, name="site")  # configdocs and site actions (Shipyard) of `metalmend serve`
 
 
 # `metalmend run`'s flags, each setting one field of the settings tree (metalmend.settings):
@@ -527,42 +379,8 @@ def credentials_bind(
         raise typer.Exit(1)
 
 
-def _lab_errors() -> tuple[type[Exception], ...]:
-    """The lab's expected failures (a missing binary, a control plane that did not start),
-    shown as one line. Only a lab command can raise them, and it has loaded the lab."""
-    if "metalmend.lab.lab" not in sys.modules:
-        return ()
-    from metalmend.lab import lab as lab_
-    from metalmend.lab.assets import AssetsError
-    from metalmend.lab.controlplane import ControlPlaneError
-
-    return (AssetsError, ControlPlaneError, lab_.LabError)
-
-
-# Top-level modules of the `lab` extra (pyproject.toml): their absence means the extra is
-# not installed, which a lab command says in one line instead of a traceback.
-LAB_EXTRA_MODULES = frozenset({"sushy_tools", "sushy", "bcrypt"})
-LAB_EXTRA_HINT = "pip install 'metalmend[lab]'"
-
-
 def main() -> None:
     try:
         app()
-    except ModuleNotFoundError as error:
-        if (error.name or "").partition(".")[0] not in LAB_EXTRA_MODULES:
-            raise
-        err.print(
-            f"metalmend: the lab and the demo need the 'lab' extra ({LAB_EXTRA_HINT});"
-            f" {error.name} is not installed",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
-        sys.exit(1)
-    except Exception as error:
-        if not isinstance(error, _lab_errors()):
-            raise
-        err.print(f"metalmend: {error}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -29,12 +29,12 @@ from metalmend.api.resources import (
 from metalmend.bmc import BmcPool, BmcTarget, Credentials, parse
 from metalmend.bmc.settings import BmcSettings
 from metalmend.kube.crds import crd_name, load_crds
-from metalmend.lab import lab
-from metalmend.lab.assets import find_binaries
-from metalmend.lab.hosts import NAMESPACE, fence_health_check
-from metalmend.lab.inventory import HostSpec
-from metalmend.lab.timeline import MILESTONES, PATH, Recorder, Timeline, breakdown, svg, total
-from metalmend.lab.timeline import Settings as TimelineSettings
+from metalmend_lab import lab
+from metalmend_lab.assets import find_binaries
+from metalmend_lab.hosts import NAMESPACE, fence_health_check
+from metalmend_lab.inventory import HostSpec
+from metalmend_lab.timeline import MILESTONES, PATH, Recorder, Timeline, breakdown, svg, total
+from metalmend_lab.timeline import Settings as TimelineSettings
 
 GRACE = 8.0  # seconds of silence before the node-lifecycle controller marks a Node Unknown
 MHC_TIMEOUT = 3.0  # seconds a Node must stay Unknown before it is remediated

@@ -33,8 +33,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from metalmend.cli_node import EXIT_FAILURE, Ca, CliError, Kubeconfig, LabDir, Token, Url
-from metalmend.cli_service import Target, parsed, request, run_command
+from metalmend.cli.client import (
+    EXIT_FAILURE,
+    Ca,
+    CliError,
+    Kubeconfig,
+    LabDir,
+    Target,
+    Token,
+    Url,
+    parsed,
+    request,
+    run_command,
+)
 
 SHIPYARD = "/shipyard/api/v1.0"
 VERSIONS = ("buffer", "committed", "last_site_action", "successful_site_action")

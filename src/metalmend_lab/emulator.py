@@ -1,5 +1,5 @@
 """The lab's Redfish emulator: sushy-tools' own Flask application and process, with the
-lab hosts' drives added (``python -m metalmend.lab.emulator --config FILE --fake``).
+lab hosts' drives added (``python -m metalmend_lab.emulator --config FILE --fake``).
 
 sushy-tools serves storage only from a static table, with a fixed model, serial number and
 media type for every drive, and has no ``Drive.SecureErase``. This module replaces its
@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-from metalmend.lab.drives import DEFAULT_ERASE_SECONDS, DriveSpec, EraseLedger, EraseTask
+from metalmend_lab.drives import DEFAULT_ERASE_SECONDS, DriveSpec, EraseLedger, EraseTask
 
 DRIVES_KEY = "METALMEND_DRIVES"  # {system uuid: {"host": name, "drives": [DriveSpec]}}
 LAB_DIR_KEY = "METALMEND_LAB_DIR"

@@ -1,5 +1,5 @@
 """The lab's servers: power, BMCs and kubelets, in one process (``python -m
-metalmend.lab.hardware CONFIG``), started by ``metalmend lab up``.
+metalmend_lab.hardware CONFIG``), started by ``metalmend lab up``.
 
 Per host (what each part is lives in its own module; this one puts them together):
 - power and BMC (``lab.bmcs``): for IPMI hosts the power lives here behind a pyghmi BMC
@@ -7,7 +7,7 @@ Per host (what each part is lives in its own module; this one puts them together
   through Redfish;
 - a fault line in front of the BMC (``lab.proxies``: UDP relay or TCP proxy) for bmc-down
   and bmc-slow;
-- a kubelet simulator bound to that power and to the OS on its OS drive (``lab.kubelet``,
+- a kubelet simulator bound to that power and to the OS on its OS drive (``kubeletsim``,
   ``lab.osdrive``);
 - the faults ``metalmend lab fault`` asks for (``lab.faults``), applied every 0.2 s.
 
@@ -27,15 +27,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from metalmend.lab import siteetcd
-from metalmend.lab.bmcs import HostPower, RedfishPower, start_ipmi_bmcs
-from metalmend.lab.faults import FaultInjector
-from metalmend.lab.inventory import HardwareConfig, HostSpec, status_path
-from metalmend.lab.kubelet import KubeletSim
-from metalmend.lab.osdrive import OsDrive
-from metalmend.lab.proxies import TcpProxy, UdpRelay
+from metalmend_lab import siteetcd
+from metalmend_lab.bmcs import HostPower, RedfishPower, start_ipmi_bmcs
+from metalmend_lab.faults import FaultInjector
+from metalmend_lab.inventory import HardwareConfig, HostSpec, status_path
+from metalmend_lab.kubeletsim import KubeletSim
+from metalmend_lab.osdrive import OsDrive
+from metalmend_lab.proxies import TcpProxy, UdpRelay
 
-log = logging.getLogger("metalmend.lab.hardware")
+log = logging.getLogger("metalmend_lab.hardware")
 
 
 async def serve(config: HardwareConfig) -> None:

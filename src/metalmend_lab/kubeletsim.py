@@ -53,12 +53,12 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from metalmend.kube import errors
 from metalmend.kube.writes import delete_exact
-from metalmend.lab.inventory import HostSpec
-from metalmend.lab.osdrive import OsDrive
-from metalmend.lab.sitedesign import node_labels
 from metalmend.teardown.policy.settings import SHUTDOWN_KUBELET_APP
+from metalmend_lab.inventory import HostSpec
+from metalmend_lab.osdrive import OsDrive
+from metalmend_lab.sitedesign import node_labels
 
-log = logging.getLogger("metalmend.lab.kubelet")
+log = logging.getLogger("metalmend_lab.kubeletsim")
 
 HEARTBEAT = 1.0  # seconds between Lease renewals (a real kubelet: 10 s, for a 40 s grace)
 STATUS_EVERY = 5.0  # seconds between Node status posts while healthy

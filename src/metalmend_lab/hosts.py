@@ -35,10 +35,10 @@ from metalmend.api.resources import (
 )
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
 from metalmend.kube import errors
-from metalmend.lab import drives, emulator, sitedesign
-from metalmend.lab.controlplane import LOOPBACK, ControlPlane, free_port
-from metalmend.lab.inventory import HardwareConfig, HostSpec
-from metalmend.lab.osdrive import OsDrive
+from metalmend_lab import drives, emulator, sitedesign
+from metalmend_lab.controlplane import LOOPBACK, ControlPlane, free_port
+from metalmend_lab.inventory import HardwareConfig, HostSpec
+from metalmend_lab.osdrive import OsDrive
 
 NAMESPACE = "metalmend-lab"
 BMC_KINDS = ("redfish", "ipmi", "mixed")
@@ -146,7 +146,7 @@ def emulator_argv(config_file: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "metalmend.lab.emulator",  # sushy-tools' emulator with the lab's drives
+        "metalmend_lab.emulator",  # sushy-tools' emulator with the lab's drives
         "--config",
         str(config_file),
         "--fake",
@@ -154,7 +154,7 @@ def emulator_argv(config_file: Path) -> list[str]:
 
 
 def hardware_argv(config_file: Path) -> list[str]:
-    return [sys.executable, "-m", "metalmend.lab.hardware", str(config_file)]
+    return [sys.executable, "-m", "metalmend_lab.hardware", str(config_file)]
 
 
 def register(client: Client, config: HardwareConfig) -> None:

@@ -45,17 +45,17 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import yaml
 
-from metalmend.lab import drives
-from metalmend.lab.controlplane import LOOPBACK, Component, free_port
-from metalmend.lab.inventory import HostSpec
-from metalmend.lab.osdrive import OsDrive
-from metalmend.lab.pki import KeyPair
 from metalmend.teardown.etcd.client import EtcdClient, EtcdError, Member
+from metalmend_lab import drives
+from metalmend_lab.controlplane import LOOPBACK, Component, free_port
+from metalmend_lab.inventory import HostSpec
+from metalmend_lab.osdrive import OsDrive
+from metalmend_lab.pki import KeyPair
 
 if TYPE_CHECKING:
-    from metalmend.lab.kubelet import KubeletSim
+    from metalmend_lab.kubeletsim import KubeletSim
 
-log = logging.getLogger("metalmend.lab.siteetcd")
+log = logging.getLogger("metalmend_lab.siteetcd")
 
 CLUSTER = "kubernetes"  # the cluster's identifier in the design
 MEMBERS = 3
@@ -427,7 +427,7 @@ def members_for(lab_dir: Path, kubelets: dict[str, KubeletSim]) -> list[EtcdMemb
 
 def design_server_argv(lab_dir: Path, site: SitePlan, serving: KeyPair) -> list[str]:
     return [
-        sys.executable, "-m", "metalmend.lab.designserver",
+        sys.executable, "-m", "metalmend_lab.designserver",
         str(design_path(lab_dir)), str(site.design_port), DESIGN_PATH,
         str(serving.cert), str(serving.key),
     ]  # fmt: skip

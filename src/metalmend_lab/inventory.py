@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from metalmend.lab.drives import DEFAULT_ERASE_SECONDS, DriveSpec
+from metalmend_lab.drives import DEFAULT_ERASE_SECONDS, DriveSpec
 
 
 @dataclass

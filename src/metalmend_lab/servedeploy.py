@@ -35,11 +35,11 @@ from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding, RoleBinding
 
 from metalmend.kube import errors
-from metalmend.lab import siteetcd
-from metalmend.lab.controlplane import LOOPBACK, Component, ControlPlane, free_port, start_component
-from metalmend.lab.hosts import NAMESPACE as HOSTS_NAMESPACE
+from metalmend_lab import siteetcd
+from metalmend_lab.controlplane import LOOPBACK, Component, ControlPlane, free_port, start_component
+from metalmend_lab.hosts import NAMESPACE as HOSTS_NAMESPACE
 
-DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SERVE_RBAC = DEPLOY / "rbac" / "serve.yaml"
 SHUTDOWN_KUBELET = DEPLOY / "teardown" / "shutdown-kubelet.yaml"
 COMPONENT = "metalmend-serve"
@@ -189,11 +189,14 @@ def start(plane: ControlPlane, client: Client, lab_dir: Path) -> tuple[Component
 
     def ready() -> bool:
         try:
-            answer = httpx.get(f"{url}/healthz", verify=trusted, timeout=1)
+            answer = httpx.get(f"{url}/healthz", verify=trusted, timeout=5)
         except httpx.HTTPError:
             return False
         return answer.status_code == 200
 
     argv = serve_argv(kubeconfig, port, serving.cert, serving.key, config)
-    component = start_component(COMPONENT, argv, lab_dir, ready)
+    component = start_component(
+        COMPONENT, argv, lab_dir, ready,
+        waiting_for=f"metalmend serve's GET {url}/healthz to answer 200",
+    )  # fmt: skip
     return component, Endpoints(url, str(ca), admin_token(plane, client))

@@ -2,31 +2,24 @@
 decommission NODE`` and ``metalmend etcd health``: the node-teardown API of ``metalmend
 serve`` (docs/teardown.md) from a shell.
 
-Which service: ``--url`` (and ``--ca`` for a certificate the system does not trust), else
-the lab's ``.lab/endpoints.json`` (``--dir``, ``$METALMEND_LAB_DIR``). Who calls: ``--token``,
-else the bearer token of the kubeconfig (``--kubeconfig``, ``$KUBECONFIG``,
-``~/.kube/config``), except that in the lab, without ``--kubeconfig``, the lab admin's token
-of endpoints.json is used (the lab's kubeconfig holds a client certificate, not a token).
+Which service and as whom (``--url``/``--ca``, else the lab's endpoints.json; ``--token``,
+else the kubeconfig's), and the HTTP client: ``metalmend.cli.client``.
 
 Requests are synchronous and a step may take long (a drain: up to its timeout): progress
 is printed to stderr while it runs; the Status body is printed at the end, as Airship's
 Shipyard CLI prints one (``Error:`` / ``Reason:`` / ``- Error:`` lines). Exit codes: 0
 success; 1 the service answered a failure; 2 a usage or configuration problem; 3 the
 service cannot be reached.
-
-This module never imports the lab: it reads endpoints.json as any client would.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 from urllib.parse import quote
 
 import httpx
@@ -34,14 +27,26 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-PROMENADE = "/promenade/api/v1.0"
-ENDPOINTS = "endpoints.json"
-PROGRESS_EVERY = 10.0  # seconds between "still running" lines when stderr is no terminal
-CONNECT_TIMEOUT = 10.0
+from metalmend.cli.client import (
+    EXIT_FAILURE,
+    Ca,
+    CliError,
+    Kubeconfig,
+    LabDir,
+    Service,
+    Token,
+    Url,
+    async_client,
+    fail,
+    messages,
+    resolve,
+    show_status,
+    sync_client,
+    unreachable,
+)
 
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
+PROMENADE = "/promenade/api/v1.0"
+PROGRESS_EVERY = 10.0  # seconds between "still running" lines when stderr is no terminal
 
 node_app = typer.Typer(
     no_args_is_help=True,
@@ -53,92 +58,7 @@ etcd_app = typer.Typer(
 out = Console()
 err = Console(stderr=True)
 
-
 NO_DESIGN_REF = "give --design-ref: the design reference that locates the etcd clusters"
-
-
-class CliError(Exception):
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def fail(error: CliError) -> NoReturn:
-    err.print(f"[red]metalmend:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
-    raise typer.Exit(error.code)
-
-
-# ---- which service, as whom -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Service:
-    url: str
-    ca: str | None
-    token: str
-    design_ref: str | None = None
-
-
-def read_endpoints(lab_dir: Path) -> dict[str, Any] | None:
-    """The lab's endpoints.json, or None when there is none (no lab running there)."""
-    path = lab_dir / ENDPOINTS
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as error:
-        raise CliError(f"cannot read {path}: {error}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("url"), str):
-        raise CliError(f"cannot read {path}: no url in it")
-    return data
-
-
-def kubeconfig_token(kubeconfig: Path | None) -> str:
-    """The bearer token of the kubeconfig's current user (``token`` or ``tokenFile``)."""
-    from metalmend.kube.client import ClusterUnavailable, load_config
-
-    try:
-        current = load_config(kubeconfig).get()
-    except ClusterUnavailable as error:
-        raise CliError(f"{error}: give --token") from None
-    user = current.user if current else None
-    if user is not None and user.token:
-        return user.token
-    if user is not None and user.token_file:
-        try:
-            return Path(user.token_file).read_text().strip()
-        except OSError as error:
-            raise CliError(f"cannot read the kubeconfig's token file: {error}") from None
-    raise CliError(
-        "the kubeconfig's user has no bearer token (a client certificate or an exec plugin"
-        " cannot be passed on): give --token"
-    )
-
-
-def resolve(
-    url: str | None,
-    ca: Path | None,
-    token: str | None,
-    kubeconfig: Path | None,
-    lab_dir: Path,
-) -> Service:
-    lab = None if url else read_endpoints(lab_dir)
-    if url is None and lab is None:
-        raise CliError(
-            f"which metalmend serve? give --url (and --ca), or start the lab ('metalmend lab"
-            f" up'), which writes {lab_dir / ENDPOINTS}"
-        )
-    if lab is not None:
-        url = str(lab["url"])
-        ca = ca or (Path(lab["ca"]) if lab.get("ca") else None)
-    assert url is not None
-    if token is None:
-        if lab is not None and kubeconfig is None and lab.get("token"):
-            token = str(lab["token"])
-        else:
-            token = kubeconfig_token(kubeconfig)
-    design_ref = str(lab["design_ref"]) if lab is not None and lab.get("design_ref") else None
-    return Service(url.rstrip("/"), str(ca) if ca else None, token, design_ref)
 
 
 # ---- one request, with progress ---------------------------------------------------------
@@ -163,10 +83,7 @@ def design_body(href: str) -> dict[str, str]:
 
 
 async def send(service: Service, request: Request) -> httpx.Response:
-    timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT)  # a step takes its own time
-    verify = ssl.create_default_context(cafile=service.ca) if service.ca else True
-    headers = {"Authorization": f"Bearer {service.token}"}
-    async with httpx.AsyncClient(verify=verify, timeout=timeout, headers=headers) as http:
+    async with async_client(service, timeout=None) as http:  # a step takes its own time
         return await http.request(
             request.method, service.url + request.path, params=request.params, json=request.body
         )
@@ -190,15 +107,8 @@ def call(service: Service, request: Request, show: Callable[[dict[str, Any]], No
     """Send ``request``; print its Status; the exit code."""
     try:
         answer = asyncio.run(with_progress(service, request))
-    except httpx.ConnectError as error:
-        raise CliError(
-            f"cannot reach metalmend serve at {service.url}: {_first_line(error)}", EXIT_UNREACHABLE
-        ) from None
     except httpx.HTTPError as error:
-        raise CliError(
-            f"metalmend serve at {service.url} did not answer: {_first_line(error)}",
-            EXIT_UNREACHABLE,
-        ) from None
+        raise unreachable(service, error) from None
     try:
         document = answer.json()
     except ValueError:
@@ -213,36 +123,12 @@ def call(service: Service, request: Request, show: Callable[[dict[str, Any]], No
     return 0 if answer.status_code < 400 else EXIT_FAILURE
 
 
-def _first_line(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
-
-
-def _messages(document: dict[str, Any]) -> list[dict[str, Any]]:
-    details = document.get("details") or {}
-    found = details.get("messageList") if isinstance(details, dict) else None
-    return [m for m in found or [] if isinstance(m, dict)]
-
-
-def show_status(document: dict[str, Any]) -> None:
-    """A success: its message and what was done; a failure: Shipyard's Error/Reason lines."""
-    message = escape(str(document.get("message", "")))
-    if document.get("status") == "Success":
-        out.print(f"[green]{message}[/green]", highlight=False)
-    else:
-        out.print(f"[red]Error:[/red] {message}", highlight=False)
-        out.print(f"Reason: {escape(str(document.get('reason', '')))}", highlight=False)
-    for entry in _messages(document):
-        label = "[red]- Error:[/red]" if entry.get("error") else "- Info:"
-        out.print(f"{label} {escape(str(entry.get('message', '')))}", highlight=False)
-
-
 def show_health(document: dict[str, Any]) -> None:
     """The etcd health answer: one line per cluster (its HealthMessage)."""
     if document.get("status") != "Success":
         show_status(document)
         return
-    for entry in _messages(document):
+    for entry in messages(document):
         name = escape(str(entry.get("name", "?")))
         health = escape(str(entry.get("message", "")))
         colour = "green" if health == "Healthy" else "red"
@@ -253,22 +139,6 @@ def show_health(document: dict[str, Any]) -> None:
 # ---- the commands -----------------------------------------------------------------------
 
 NodeName = Annotated[str, typer.Argument(help="The Node (the server's hostname).")]
-Url = Annotated[
-    str | None,
-    typer.Option(help="metalmend serve, e.g. https://teardown.example:8443 (default: the lab's)."),
-]
-Ca = Annotated[Path | None, typer.Option(help="CA file that signed the service's certificate.")]
-Token = Annotated[
-    str | None,
-    typer.Option(
-        help="Bearer token (default: the kubeconfig's, or the lab admin's).",
-        envvar="METALMEND_TOKEN",
-    ),
-]
-Kubeconfig = Annotated[Path | None, typer.Option(help="Kubeconfig whose bearer token to send.")]
-LabDir = Annotated[
-    Path, typer.Option("--dir", help="Lab state directory.", envvar="METALMEND_LAB_DIR")
-]
 Seconds = Annotated[int | None, typer.Option(min=0, help="Whole seconds (default: the service's).")]
 DesignRef = Annotated[
     str | None,
@@ -439,13 +309,6 @@ def destroy_body(node: str, design_ref: str, preserve: bool) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _client(service: Service) -> httpx.Client:
-    verify = ssl.create_default_context(cafile=service.ca) if service.ca else True
-    headers = {"Authorization": f"Bearer {service.token}"}
-    timeout = httpx.Timeout(60.0, connect=CONNECT_TIMEOUT)
-    return httpx.Client(verify=verify, timeout=timeout, headers=headers)
-
-
 def _document(answer: httpx.Response, service: Service) -> dict[str, Any]:
     try:
         document = answer.json()
@@ -465,7 +328,7 @@ def follow_task(service: Service, http: httpx.Client, task: dict[str, Any]) -> d
     path = f"{DRYDOCK}/tasks/{quote(str(task['task_id']), safe='')}"
     shown = 0
     while True:
-        entries = _messages(task.get("result") or {})
+        entries = messages(task.get("result") or {})
         for entry in entries[shown:]:
             where = escape(str(entry.get("context", "")))
             line = escape(str(entry.get("message", "")))
@@ -493,7 +356,7 @@ def show_task(task: dict[str, Any]) -> int:
         return 0
     out.print(f"[red]Error:[/red] task {task.get('task_id')} {status}: {message}", highlight=False)
     out.print(f"Reason: {escape(status)}", highlight=False)
-    for entry in _messages(result):
+    for entry in messages(result):
         if entry.get("error"):
             where = escape(str(entry.get("context", "")))
             out.print(f"[red]- Error:[/red] {where}: {escape(str(entry.get('message', '')))}")
@@ -503,7 +366,7 @@ def show_task(task: dict[str, Any]) -> int:
 def destroy_node(service: Service, node: str, design_ref: str, preserve: bool) -> int:
     body = destroy_body(node, design_ref, preserve)
     try:
-        with _client(service) as http:
+        with sync_client(service, timeout=60.0) as http:
             answer = http.post(service.url + f"{DRYDOCK}/tasks", json=body)
             document = _document(answer, service)
             if answer.status_code != 201:
@@ -524,15 +387,8 @@ def destroy_node(service: Service, node: str, design_ref: str, preserve: bool) -
                     highlight=False,
                 )
                 return EXIT_FAILURE
-    except httpx.ConnectError as error:
-        raise CliError(
-            f"cannot reach metalmend serve at {service.url}: {_first_line(error)}", EXIT_UNREACHABLE
-        ) from None
     except httpx.HTTPError as error:
-        raise CliError(
-            f"metalmend serve at {service.url} did not answer: {_first_line(error)}",
-            EXIT_UNREACHABLE,
-        ) from None
+        raise unreachable(service, error) from None
 
 
 @node_app.command("destroy")

@@ -17,9 +17,9 @@ from typing import Any
 
 import httpx
 
-from metalmend.lab.inventory import HostSpec
+from metalmend_lab.inventory import HostSpec
 
-log = logging.getLogger("metalmend.lab.bmcs")
+log = logging.getLogger("metalmend_lab.bmcs")
 
 
 class HostPower:

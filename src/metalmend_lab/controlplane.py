@@ -34,10 +34,10 @@ from typing import IO
 import httpx
 import yaml
 
-from metalmend.lab.assets import Binaries, find_binaries
-from metalmend.lab.pki import CertificateAuthority, KeyPair, write_signing_key
+from metalmend_lab.assets import Binaries, find_binaries
+from metalmend_lab.pki import CertificateAuthority, KeyPair, write_signing_key
 
-log = logging.getLogger("metalmend.lab.controlplane")
+log = logging.getLogger("metalmend_lab.controlplane")
 
 LOOPBACK = "127.0.0.1"
 ADMIN_USER = "metalmend-admin"
@@ -133,14 +133,23 @@ class Component:
             return ""
 
 
+# Seconds a lab component may take to be ready: a cold start on a busy 2-core machine
+# (Python's imports, a database's migrations, a control plane beside another) takes tens
+# of seconds. Generous on purpose: a healthy start ends the wait at once, and one that
+# exits is reported at once with its log.
+START_TIMEOUT = 180.0
+
+
 def start_component(
     name: str,
     argv: list[str],
     workdir: Path,
     ready: Callable[[], bool],
-    timeout: float = 60.0,
+    timeout: float = START_TIMEOUT,
+    waiting_for: str = "it to be ready",
 ) -> Component:
-    """Start ``argv`` (log in ``workdir/name.log``) and return once ``ready()`` is true."""
+    """Start ``argv`` (log in ``workdir/name.log``) and return once ``ready()`` is true
+    (``waiting_for`` says what that means, for the failure's message)."""
     component = Component(name, argv, workdir / f"{name}.log")
     component.start()
     deadline = time.monotonic() + timeout
@@ -154,7 +163,10 @@ def start_component(
             return component
         time.sleep(0.1)
     component.stop()
-    raise ControlPlaneError(f"{name} not ready after {timeout:.0f}s (log: {component.log_path})")
+    raise ControlPlaneError(
+        f"{name} not ready after {timeout:.0f}s: waited for {waiting_for}"
+        f" (log: {component.log_path})"
+    )
 
 
 @dataclass
@@ -170,7 +182,7 @@ class ControlPlaneConfig:
     apiserver_args: Sequence[str] = ()
     controller_manager_args: Sequence[str] = ()
     scheduler_args: Sequence[str] = ()
-    start_timeout: float = 60.0
+    start_timeout: float = START_TIMEOUT
     binaries: Binaries | None = None
 
 

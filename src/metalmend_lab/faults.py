@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the CLI reads and writes faults without loading the hardware
-    from metalmend.lab.bmcs import HostPower
-    from metalmend.lab.kubelet import KubeletSim
-    from metalmend.lab.proxies import FaultLine
+    from metalmend_lab.bmcs import HostPower
+    from metalmend_lab.kubeletsim import KubeletSim
+    from metalmend_lab.proxies import FaultLine
 
 SLOW_DELAY = 3.0  # seconds a bmc-slow line adds each way
 

@@ -46,10 +46,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from metalmend.api.resources import BareMetalHost
-from metalmend.lab import drives, lab, siteetcd, sitetimeline
-from metalmend.lab.hosts import NAMESPACE
-from metalmend.lab.inventory import status_path
 from metalmend.teardown.etcd.client import EtcdClient
+from metalmend_lab import drives, lab, siteetcd, sitetimeline
+from metalmend_lab.hosts import NAMESPACE
+from metalmend_lab.inventory import status_path
 
 SHIPYARD = "/shipyard/api/v1.0"
 TARGET = "worker-1"
@@ -395,7 +395,7 @@ def configured_waits(options: lab.LabOptions) -> dict[str, float]:
     """The lab's configured waits inside each step: the kubelet-stopped window
     (decommission), the erase time (destroy), the provisioning and boot delays
     (deploy_server)."""
-    from metalmend.lab.serve import LAB_TEARDOWN
+    from metalmend_lab.servedeploy import LAB_TEARDOWN
 
     return {
         "decommission": float(LAB_TEARDOWN["kubelet_stopped_after"]),
