@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-site test k8s helm kwok image tools lint bench venv clean
+.PHONY: demo demo-site test k8s helm promtool kwok image tools lint bench venv clean
 
 demo: venv k8s
 	$(BIN)/metalmend demo
@@ -19,7 +19,7 @@ demo-site: venv k8s
 # worker starts its own control plane. Most of a lab test's time is waiting on the lab.
 TEST_WORKERS ?= 2
 
-test: venv k8s helm tools lint
+test: venv k8s helm promtool tools lint
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 venv: $(STAMP)
@@ -37,6 +37,11 @@ k8s:
 # helm, for the chart's tests (deploy/chart): built once from its Go module, cached by version.
 helm:
 	@bash tools/helm/build.sh >/dev/null
+
+# promtool, for the chart's alert rules (check rules, test rules): built once from
+# Prometheus's Go module, cached by version.
+promtool:
+	@bash tools/prometheus/build.sh >/dev/null
 
 # kwok, for the scale benchmark's thousands of Nodes (benchmarks/scale.py): built once from
 # its Go module, cached by version. Not needed by the tests.

@@ -87,6 +87,34 @@ REMEDIATIONS = cache_gauge(
     )
 )
 
+# A MachineHealthCheck's RemediationAllowed=False: remediation (and so fencing) is held
+# back, by the short-circuit (maxUnhealthy, unhealthyRange) or a spec it cannot use.
+BLOCKED_REASONS = (names.REASON_TOO_MANY_UNHEALTHY, names.REASON_INVALID_SPEC, OTHER)
+CHECKS_BLOCKED = cache_gauge(
+    CacheGauge(
+        "metalmend_health_checks_remediation_blocked",
+        "MachineHealthChecks whose condition RemediationAllowed is False, by its reason"
+        " (TooManyUnhealthy: the short-circuit, maxUnhealthy or unhealthyRange; InvalidSpec).",
+        ("reason",),
+    )
+)
+
+
+def blocked_check_samples(checks: Iterable[Any]) -> list[Sample]:
+    counts: Tally[str] = Tally()
+    for check in checks:
+        conditions = _status(check).get("conditions")
+        for condition in conditions if isinstance(conditions, list) else ():
+            if (
+                isinstance(condition, Mapping)
+                and condition.get("type") == names.CONDITION_REMEDIATION_ALLOWED
+                and condition.get("status") == "False"
+            ):
+                reason = condition.get("reason")
+                counts[reason if reason in BLOCKED_REASONS else OTHER] += 1
+    return [(CHECKS_BLOCKED.name, (r,), counts[r]) for r in BLOCKED_REASONS]
+
+
 PHASE_ENTERED = Counter(
     "metalmend_remediation_phase_entered_total",
     "Remediation phase changes written, by controller and the phase entered.",

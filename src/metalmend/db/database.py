@@ -38,6 +38,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
+from metalmend import servemetrics
 from metalmend.db import faults
 
 log = logging.getLogger(__name__)
@@ -189,7 +190,8 @@ class Database:
     @contextmanager
     def _guarded(self, writing: bool) -> Iterator[None]:
         try:
-            yield
+            with servemetrics.transaction(writing):
+                yield
         except SQLAlchemyError as error:
             why = faults.fault_of(error)
             if why is None:

@@ -25,6 +25,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node, Secret
 from lightkube.types import PatchType
 
+from metalmend import servemetrics
 from metalmend.api.reboot import is_reboot_annotation
 from metalmend.api.resources import BareMetalHost
 from metalmend.api.storage import Drive, inventory_from_metal3, with_inventory
@@ -102,6 +103,7 @@ class DestroyNode:
 
     async def run(self) -> policy.NodeState:
         while not self.state.finished:
+            servemetrics.destroy_seen(self, self.state, self.clock.now())
             view = await self.observe()
             now = self.clock.now()
             decision = policy.decide(view, now, self.settings)
@@ -113,6 +115,7 @@ class DestroyNode:
                 break
             wait = (decision.requeue_at - now).total_seconds() if decision.requeue_at else 1.0
             await asyncio.sleep(max(0.0, min(wait, self.settings.poll_interval)))
+        servemetrics.destroy_seen(self, self.state, self.clock.now())
         return self.state
 
     # ---- observe ----------------------------------------------------------------------------

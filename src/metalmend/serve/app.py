@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from lightkube import ApiError, AsyncClient
 from starlette.exceptions import HTTPException
 
-from metalmend import __version__
+from metalmend import __version__, servemetrics
 from metalmend.clock import SYSTEM_CLOCK
 from metalmend.db import Database, DatabaseUnavailable
 from metalmend.design.store import DesignStore
@@ -145,6 +145,7 @@ def create_app(
         app, _shipyard(app, teardown, destroy, redeploy, site_namespaces, site_label_prefixes)
     )
     app.add_middleware(context.ContextMarker)  # X-Context-Marker: checked, echoed, logged
+    app.add_middleware(servemetrics.Requests)  # /metrics: by API, route template, status
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> PlainTextResponse:

@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 from fastapi import Request
 from lightkube import ALL_NS, ApiError, AsyncClient
 
+from metalmend import servemetrics
 from metalmend.api import links, names
 from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
 from metalmend.clock import SYSTEM_CLOCK, Clock
@@ -123,6 +124,7 @@ class Interlock:
             if decision.refused:
                 message = policy.refusal_message(node, decision.refusals)
                 log.info("teardown refused", extra=fields(node=node, step=step, why=message))
+                servemetrics.interlock_refused(step)
                 raise StatusError(409, "Conflict", message, error_lines(*decision.refusals))
             if await self._write(decision, hosts):
                 if decision.claims:

@@ -14,6 +14,7 @@ import ssl
 
 import uvicorn
 
+from metalmend import servemetrics
 from metalmend.bmc import BmcPool
 from metalmend.db import Database
 from metalmend.kube.client import async_client, load_config, whoami
@@ -78,6 +79,7 @@ async def serve(settings: Settings) -> None:
     client = async_client(config)
     pool = BmcPool(settings.bmc)  # drives only (destroy's wipe): power is host-power's
     options = settings.serve
+    stop_metrics = servemetrics.listen(options.metrics_bind)  # serve's /metrics, no token
     bodies = BodyLimits.of(
         options.max_body_bytes, options.max_design_documents, options.max_design_values
     )
@@ -128,6 +130,7 @@ async def serve(settings: Settings) -> None:
         if not server.started:
             raise OSError(f"cannot listen on {where}")
     finally:
+        stop_metrics()
         await client.close()
         await pool.close()
         database.dispose()

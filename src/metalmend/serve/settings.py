@@ -29,6 +29,11 @@ class ServeSettings:
     port: int = 8443
     """TCP port to listen on."""
 
+    metrics_bind: str = ""
+    """host:port for serve's own /metrics (plain HTTP, no token: nothing in it names a
+    node, host, user or design; servemetrics.py). Empty: not served. The chart binds the
+    Pod's address on its serve.metricsPort."""
+
     tls_cert: Path | None = None
     """PEM certificate (chain) to serve HTTPS with; with ``tls_key``. Without both the
     service speaks plain HTTP, which is allowed on a loopback address only: callers send
@@ -148,6 +153,10 @@ def check(settings: ServeSettings) -> None:
     """Raise ServeSettingsError for combinations the settings loader cannot see alone."""
     if settings.port > 65535:
         raise ServeSettingsError(f"serve.port must be at most 65535, not {settings.port}")
+    if settings.metrics_bind and not _host_port(settings.metrics_bind):
+        raise ServeSettingsError(
+            f"serve.metrics_bind must be host:port, not {settings.metrics_bind[:100]!r}"
+        )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         raise ServeSettingsError("serve.tls_cert and serve.tls_key go together: give both")
     for path in (settings.tls_cert, settings.tls_key):
@@ -180,3 +189,8 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False  # a host name: it may resolve to anything
+
+
+def _host_port(bind: str) -> bool:
+    host, _, port = bind.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) <= 65535

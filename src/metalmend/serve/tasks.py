@@ -16,6 +16,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from metalmend import servemetrics
 from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.db import DatabaseUnavailable
 from metalmend.db.lease import LeaseLost
@@ -74,11 +75,13 @@ class TaskWorker:
         await self._status(task_id, TaskStatus.QUEUED)
         async with self._slots:
             await self._status(task_id, TaskStatus.RUNNING)
+            servemetrics.task_started()
             task = await asyncio.to_thread(self.store.get, task_id)
             if task is None:
                 return
             await self._nodes(task)
             await self._status(task_id, TaskStatus.COMPLETE)
+            servemetrics.task_completed(task.created, self.clock.now())
             log.info("drydock: task complete", extra=fields(task=task_id))
 
     async def _nodes(self, task: Task) -> None:

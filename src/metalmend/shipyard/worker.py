@@ -29,6 +29,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from metalmend import servemetrics
 from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.db import DatabaseUnavailable
 from metalmend.db.lease import LeaseLost
@@ -160,9 +161,11 @@ class ActionWorker:
                 await self._not_run(action, planned.name)
                 failed = True
                 continue
-            failed = not await self._step(action, planned) or failed
+            ran = servemetrics.timed_step(action.name, planned.name, self._step(action, planned))
+            failed = not await ran or failed
         lifecycle = ActionLifecycle.FAILED if failed else ActionLifecycle.COMPLETE
         await self._lifecycle(action_id, lifecycle)
+        servemetrics.action_finished(action.name, lifecycle, action.created, self.clock.now())
         log.info("shipyard: action finished", extra=fields(action=action_id, lifecycle=lifecycle))
 
     async def _read(self, action_id: str) -> model.Action:
