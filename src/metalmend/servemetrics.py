@@ -130,6 +130,14 @@ DATABASE_SECONDS = Histogram(
     buckets=DATABASE_BUCKETS,
 )
 
+# What alerts watch (docs/runbooks.md) exists from the start at 0: increase() sees the first.
+for _outcome in (str(destroy_policy.Outcome.SUCCESS), str(destroy_policy.Outcome.FAILURE)):
+    NODE_SECONDS.labels(_outcome)
+for _outcome in ("erased", "failed"):
+    ERASE_SECONDS.labels(_outcome)
+for _operation in ("read", "write"):
+    DATABASE_SECONDS.labels(_operation, "error")
+
 
 def bounded(value: str, known: frozenset[str] | tuple[str, ...]) -> str:
     return value if value in known else OTHER
@@ -211,6 +219,7 @@ def action_finished(action: str, lifecycle: str, created: dt.datetime, now: dt.d
 async def timed_step(action: str, step: str, run: Any) -> bool:
     """Await ``run`` (a step to its end: True when it succeeded), timed by its outcome."""
     started = time.monotonic()
+    ACTION_STEP_SECONDS.labels(action, step, "failed")  # at 0: increase() sees a first failure
     outcome = "interrupted"
     try:
         succeeded = bool(await run)
