@@ -124,7 +124,8 @@ def test_every_alert_is_unit_tested_firing_and_not_firing(
     default_alerts: dict[str, dict[str, Any]],
 ) -> None:
     tests = yaml.safe_load(UNIT_TESTS.read_text())["tests"]
-    fired, quiet = set(), set()
+    fired: set[str] = set()
+    quiet: set[str] = set()
     for test in tests:
         for case in test["alert_rule_test"]:
             (fired if case["exp_alerts"] else quiet).add(case["alertname"])
