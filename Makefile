@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-site test k8s helm promtool kwok image tools lint bench venv clean
+.PHONY: demo demo-site test k8s helm promtool prometheus kwok image tools lint bench venv clean
 
 demo: venv k8s
 	$(BIN)/metalmend demo
@@ -19,7 +19,7 @@ demo-site: venv k8s
 # worker starts its own control plane. Most of a lab test's time is waiting on the lab.
 TEST_WORKERS ?= 2
 
-test: venv k8s helm promtool tools lint
+test: venv k8s helm promtool prometheus tools lint
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 venv: $(STAMP)
@@ -42,6 +42,11 @@ helm:
 # Prometheus's Go module, cached by version.
 promtool:
 	@bash tools/prometheus/build.sh >/dev/null
+
+# The Prometheus server of the same module and version, for the lab test where it scrapes
+# both processes (tests/e2e/test_alerts_lab.py).
+prometheus:
+	@bash tools/prometheus/build.sh prometheus >/dev/null
 
 # kwok, for the scale benchmark's thousands of Nodes (benchmarks/scale.py): built once from
 # its Go module, cached by version. Not needed by the tests.
