@@ -36,7 +36,13 @@ from tests.support import until
 
 REPO = Path(__file__).resolve().parents[2]
 # Short enough for a test; the process gets the same values (METALMEND_<SECTION>_<FIELD>).
-SETTINGS = {"power_retry": {"cap": 1.0, "authentication_first": 2.0}}
+# Refused logins are retried every 2 s here (no growing wait), so that the fix is seen soon.
+SETTINGS = {
+    "power_retry": {
+        "cap": 1.0, "authentication_first": 2.0, "authentication_factor": 1.0,
+        "authentication_cap": 2.0,
+    }
+}  # fmt: skip
 NAME = "alerting-host"
 AUTH, BMC_ERROR = "MetalmendBmcAuthenticationRefused", "MetalmendHostsInBmcError"
 
@@ -139,8 +145,8 @@ async def kube(hosts_lab: lab.RunningLab) -> AsyncIterator[AsyncClient]:
     await client.close()
 
 
-def secret(password: str) -> Any:
-    data = {"username": "admin", "password": password}
+def secret(username: str, password: str) -> Any:
+    data = {"username": username, "password": password}
     return Secret(
         metadata=ObjectMeta(
             name=NAME, labels={SECRET_LABEL: SECRET_LABEL_VALUE},
@@ -168,7 +174,9 @@ async def test_a_refused_login_fires_the_alerts_and_fixing_it_resolves_them(
         assert series, "serve's own metrics reach Prometheus"
         assert not prometheus.firing() & {AUTH, BMC_ERROR}
 
-        await kube.create(secret(redfish.password + "-wrong"), namespace=NAMESPACE)
+        await kube.create(
+            secret(redfish.username, redfish.password + "-wrong"), namespace=NAMESPACE
+        )
         failing: Any = BareMetalHost(
             metadata=ObjectMeta(name=NAME),
             spec={"online": True, "bmc": {"address": redfish.address, "credentialsName": NAME}},
