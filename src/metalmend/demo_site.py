@@ -386,7 +386,9 @@ def show_timeline(result: Redeploy, out: Console, lab_dir: Path) -> None:
     picture = Path(".lab") / "demo-redeploy.svg"
     picture.parent.mkdir(exist_ok=True)
     picture.write_text(
-        sitetimeline.svg(result.steps, result.marks, f"metalmend: redeploy_server {TARGET}")
+        sitetimeline.svg(
+            result.steps, result.marks, f"metalmend: redeploy_server {TARGET}", configured
+        )
     )
     out.print(f"timeline picture: {picture}")
 
