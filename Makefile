@@ -59,14 +59,15 @@ image:
 	@nice -n 10 bash tools/image/build.sh
 
 # Debian's ipmitool: an independent IPMI client that proves the lab BMCs speak real IPMI;
-# iproute2's ss: shows which addresses our IPMI sockets listen on.
+# iproute2's ss: shows which addresses our IPMI sockets listen on; librsvg2-bin's
+# rsvg-convert: renders the demo's pictures in their tests.
 tools:
-	@{ command -v ipmitool && command -v ss; } >/dev/null 2>&1 || { \
+	@{ command -v ipmitool && command -v ss && command -v rsvg-convert; } >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ipmitool iproute2) >/dev/null \
-	      || echo "metalmend: could not install ipmitool/iproute2; their tests will be skipped"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ipmitool iproute2 librsvg2-bin) >/dev/null \
+	      || echo "metalmend: could not install ipmitool/iproute2/librsvg2-bin; their tests will be skipped"; \
 	  else \
-	    echo "metalmend: ipmitool or ss missing (apt-get install ipmitool iproute2); their tests will be skipped"; \
+	    echo "metalmend: ipmitool, ss or rsvg-convert missing (apt-get install ipmitool iproute2 librsvg2-bin); their tests will be skipped"; \
 	  fi; }
 	@bash tools/postgres/install.sh  # PostgreSQL for the design store's tests (tests/postgres.py)
 
