@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-site test k8s helm metal3 kwok image test-image tools lint bench venv clean
+.PHONY: demo demo-site test k8s helm metal3 promtool prometheus kwok image test-image tools lint bench venv clean
 
 demo: venv k8s
 	$(BIN)/metalmend demo
@@ -22,7 +22,7 @@ TEST_WORKERS ?= 2
 # Every tool a test needs is built here, before pytest starts (cold Go builds take minutes
 # on a busy machine: never inside a test, under its timeout); the tests only use the
 # cached results and name the make target when one is missing.
-test: venv k8s helm metal3 tools test-image lint
+test: venv k8s helm metal3 promtool prometheus tools test-image lint
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 venv: $(STAMP)
@@ -48,6 +48,16 @@ helm:
 metal3:
 	@bash tools/metal3/crds.sh >/dev/null
 
+# promtool, for the chart's alert rules (check rules, test rules): built once from
+# Prometheus's Go module, cached by version.
+promtool:
+	@bash tools/prometheus/build.sh >/dev/null
+
+# The Prometheus server of the same module and version, for the lab test where it scrapes
+# both processes (tests/e2e/test_alerts_lab.py).
+prometheus:
+	@bash tools/prometheus/build.sh prometheus >/dev/null
+
 # kwok, for the scale benchmark's thousands of Nodes (benchmarks/scale.py): built once from
 # its Go module, cached by version. Not needed by the tests.
 kwok:
@@ -68,14 +78,15 @@ test-image:
 	fi
 
 # Debian's ipmitool: an independent IPMI client that proves the lab BMCs speak real IPMI;
-# iproute2's ss: shows which addresses our IPMI sockets listen on.
+# iproute2's ss: shows which addresses our IPMI sockets listen on; librsvg2-bin's
+# rsvg-convert: renders the demo's pictures in their tests.
 tools:
-	@{ command -v ipmitool && command -v ss; } >/dev/null 2>&1 || { \
+	@{ command -v ipmitool && command -v ss && command -v rsvg-convert; } >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ipmitool iproute2) >/dev/null \
-	      || echo "metalmend: could not install ipmitool/iproute2; their tests will be skipped"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ipmitool iproute2 librsvg2-bin) >/dev/null \
+	      || echo "metalmend: could not install ipmitool/iproute2/librsvg2-bin; their tests will be skipped"; \
 	  else \
-	    echo "metalmend: ipmitool or ss missing (apt-get install ipmitool iproute2); their tests will be skipped"; \
+	    echo "metalmend: ipmitool, ss or rsvg-convert missing (apt-get install ipmitool iproute2 librsvg2-bin); their tests will be skipped"; \
 	  fi; }
 	@bash tools/postgres/install.sh  # PostgreSQL for the design store's tests (tests/postgres.py)
 

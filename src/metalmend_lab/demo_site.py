@@ -310,14 +310,17 @@ def milestone_facts(site: Site, target: str, witness: str, data_before: int) -> 
     nodes = {n.metadata.name: n for n in site.client.list(Node) if n.metadata}
     members = asyncio.run(member_names(witness))
     provisioning = (status.get("provisioning") or {}).get("state")
+    os_now = os_files(site, target)
     return {
         "pod_moved": pod_node(site) not in (None, target),
         "member_left": members is not None and target not in members,
         "kubelet_stopped": hardware.get("kubelet") in ("disabled", "off"),
         "host_off": status.get("poweredOn") is False,
-        "os_wiped": os_files(site, target) == 0 and data_files(site, target) == data_before,
+        "os_wiped": os_now == 0 and data_files(site, target) == data_before,
         "node_removed": target not in nodes,
-        "provisioned": provisioning == "provisioned",
+        # The host was "provisioned" before the destroy too, and stays so through the wipe:
+        # what says the OS was written again is the OS drive holding files after its wipe.
+        "provisioned": provisioning == "provisioned" and os_now > 0,
         "host_on": status.get("poweredOn") is True,
         "node_ready": target in nodes and _ready(nodes[target]),
         "member_back": members is not None
@@ -386,7 +389,9 @@ def show_timeline(result: Redeploy, out: Console, lab_dir: Path) -> None:
     picture = Path(".lab") / "demo-redeploy.svg"
     picture.parent.mkdir(exist_ok=True)
     picture.write_text(
-        sitetimeline.svg(result.steps, result.marks, f"metalmend: redeploy_server {TARGET}")
+        sitetimeline.svg(
+            result.steps, result.marks, f"metalmend: redeploy_server {TARGET}", configured
+        )
     )
     out.print(f"timeline picture: {picture}")
 

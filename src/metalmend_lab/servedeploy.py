@@ -75,6 +75,7 @@ class Endpoints:
     ca: str
     token: str
     design_ref: str | None = None
+    metrics: str | None = None  # serve's /metrics (docs/observability.md)
 
     def to_json(self) -> dict[str, str]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -92,7 +93,10 @@ class Endpoints:
     def read(cls, lab_dir: Path) -> Endpoints | None:
         try:
             data = json.loads((lab_dir / ENDPOINTS).read_text())
-            return cls(data["url"], data["ca"], data["token"], data.get("design_ref"))
+            return cls(
+                data["url"], data["ca"], data["token"], data.get("design_ref"),
+                data.get("metrics"),
+            )  # fmt: skip
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -167,6 +171,7 @@ def start(plane: ControlPlane, client: Client, lab_dir: Path) -> tuple[Component
     # The design store in the lab's directory: gone with the lab (docs/design-store.md).
     database = f"sqlite:///{(lab_dir / 'serve.sqlite').resolve()}"
     serve: dict[str, Any] = {"database_url": database, "site_namespaces": [HOSTS_NAMESPACE]}
+    serve["metrics_bind"] = f"{LOOPBACK}:{free_port()}"  # its own /metrics, as in the chart
     site = siteetcd.SitePlan.read(siteetcd.plan_path(lab_dir))
     if site is not None:  # the lab's https design server: allowed, its CA trusted
         serve["design_url_prefixes"] = [site.design_prefix]
@@ -199,4 +204,5 @@ def start(plane: ControlPlane, client: Client, lab_dir: Path) -> tuple[Component
         COMPONENT, argv, lab_dir, ready,
         waiting_for=f"metalmend serve's GET {url}/healthz to answer 200",
     )  # fmt: skip
-    return component, Endpoints(url, str(ca), admin_token(plane, client))
+    metrics = f"http://{serve['metrics_bind']}/metrics"
+    return component, Endpoints(url, str(ca), admin_token(plane, client), metrics=metrics)

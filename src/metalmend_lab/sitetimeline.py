@@ -111,11 +111,29 @@ def owner(step: str) -> str:
     return "metalmend" if step in OWN_STEPS else "hardware and Kubernetes"
 
 
-def svg(steps: Sequence[StepSpan], marks: Mapping[str, float], title: str) -> str:
-    """The action's steps as a Gantt strip, the milestones as ticks under it."""
+CHAR_WIDTH = 7.0  # px: a generous average of a 12 px sans-serif character
+RIGHT = 80  # px after the time axis: a duration or a time ("36.40s") drawn past a bar's end
+PLOT = 640  # px of the time axis
+
+
+def svg(
+    steps: Sequence[StepSpan],
+    marks: Mapping[str, float],
+    title: str,
+    configured: Mapping[str, float] | None = None,
+) -> str:
+    """The action's steps as a Gantt strip, the milestones as ticks under it. The left
+    column is as wide as its longest label and the right margin holds the numbers drawn
+    past a bar or a dot, so nothing runs into a dot or off the picture; ``configured``
+    (step -> seconds of configured waits in it, as ``split`` counts them) is drawn as the
+    grey end of the step's bar."""
+    configured = configured or {}
     end = max([s.end for s in steps] + list(marks.values()) + [1.0])
-    width, left, row = 980, 300, 24
-    scale = (width - left - 30) / end
+    names = {m.name: m.label for m in MILESTONES}
+    texts = [f"step {s.name}" for s in steps] + [names.get(n, n) for n in marks]
+    left = 10 + int(CHAR_WIDTH * max((len(t) for t in texts), default=10)) + 20
+    width, row = left + PLOT + RIGHT, 24
+    scale = PLOT / end
     height = 80 + row * (len(steps) + len(marks)) + 50
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
@@ -139,14 +157,20 @@ def svg(steps: Sequence[StepSpan], marks: Mapping[str, float], title: str) -> st
             f' fill="{COLOURS[owner(step.name)]}">'
             f"<title>{step.end - step.start:.3f}s</title></rect>"
         )
+        waited = min(configured.get(step.name, 0.0), step.end - step.start)
+        if waited > 0 and step.name not in OWN_STEPS:
+            out.append(
+                f'<rect x="{x1 - waited * scale:.1f}" y="{y + 3}" width="{waited * scale:.1f}"'
+                f' height="{row - 8}" fill="{COLOURS["configured"]}">'
+                f"<title>of which configured waits: {waited:.2f}s</title></rect>"
+            )
         out.append(
             f'<text x="{x1 + 4:.1f}" y="{y + 15}" fill="#555">{step.end - step.start:.2f}s</text>'
         )
         y += row
-    labels = {m.name: m.label for m in MILESTONES}
     for name, at in sorted(marks.items(), key=lambda item: item[1]):
         x = left + at * scale
-        out.append(f'<text x="10" y="{y + 15}" fill="#333">{escape(labels.get(name, name))}</text>')
+        out.append(f'<text x="10" y="{y + 15}" fill="#333">{escape(names.get(name, name))}</text>')
         out.append(
             f'<circle cx="{x:.1f}" cy="{y + 11}" r="5" fill="#3060c0">'
             f"<title>{at:.2f}s</title></circle>"
@@ -158,6 +182,6 @@ def svg(steps: Sequence[StepSpan], marks: Mapping[str, float], title: str) -> st
     for who, colour in COLOURS.items():
         out.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{colour}"/>')
         out.append(f'<text x="{x + 16}" y="{y + 11}">{escape(who)}</text>')
-        x += 260
+        x += 16 + int(CHAR_WIDTH * len(who)) + 30
     out.append("</svg>")
     return "\n".join(out)

@@ -4,8 +4,15 @@ who spent the time. No I/O."""
 from __future__ import annotations
 
 import datetime as dt
+import re
+import shutil
+import struct
+import subprocess
+import zlib
 
-from metalmend_lab.sitetimeline import StepSpan, due, spans, split, svg
+import pytest
+
+from metalmend_lab.sitetimeline import MILESTONES, StepSpan, due, spans, split, svg
 
 
 def test_a_milestone_counts_only_after_what_must_come_first() -> None:
@@ -41,3 +48,120 @@ def test_spans_from_the_api_and_a_picture() -> None:
     picture = svg(found, {"host_off": 3.0}, "redeploy <worker-1>")
     assert picture.startswith("<svg")
     assert "&lt;worker-1&gt;" in picture
+
+
+# ---- the picture, rendered (rsvg-convert: Debian's librsvg2-bin) ---------------------------
+
+STEPS = [
+    StepSpan("preflight", 0.05, 0.1), StepSpan("design_lookup", 0.1, 0.2),
+    StepSpan("validation", 0.2, 0.3), StepSpan("decommission", 0.4, 8.82),
+    StepSpan("destroy", 8.9, 27.6), StepSpan("remove_from_cluster", 27.6, 27.7),
+    StepSpan("deploy_server", 27.8, 36.4),
+]  # fmt: skip
+# Every milestone, the first at once (its dot at the axis' start, beside the longest label)
+# and the last at the very end (its time drawn past the axis).
+MARKS = {m.name: 0.2 + i * 4.0 for i, m in enumerate(MILESTONES)} | {"member_back": 36.4}
+CONFIGURED = {"decommission": 4.0, "destroy": 2.0, "deploy_server": 6.0}
+
+
+def render(picture: str, pad: int = 0) -> tuple[int, int, list[bytearray]]:
+    """The picture as rows of RGB pixels; ``pad``: drawn on a canvas that much larger, to
+    see what falls outside the picture's own size."""
+    rsvg = shutil.which("rsvg-convert")
+    if rsvg is None:
+        pytest.skip("rsvg-convert not installed (apt-get install librsvg2-bin)")
+    if pad:
+        size = re.search(r'width="(\d+)" height="(\d+)"', picture)
+        assert size is not None
+        w, h = int(size.group(1)) + pad, int(size.group(2)) + pad
+        picture = picture.replace(size.group(0), f'width="{w}" height="{h}"', 1)
+    png = subprocess.run(
+        [rsvg, "--format=png", "--background-color=white"],
+        input=picture.encode(), capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    return decode(png)
+
+
+def decode(png: bytes) -> tuple[int, int, list[bytearray]]:
+    """An 8-bit RGB or RGBA, non-interlaced PNG (what rsvg-convert writes) as RGB rows."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    at, data, width, height, channels = 8, b"", 0, 0, 4
+    while at < len(png):
+        (length,) = struct.unpack(">I", png[at : at + 4])
+        kind, body = png[at + 4 : at + 8], png[at + 8 : at + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", body[:10])
+            assert depth == 8
+            assert colour in (2, 6)
+            channels = 3 if colour == 2 else 4
+        elif kind == b"IDAT":
+            data += body
+        at += 12 + length
+    raw, stride, rows = zlib.decompress(data), width * channels, []
+    previous = bytearray(stride)
+    for y in range(height):
+        kind, line = (
+            raw[y * (stride + 1)],
+            bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)]),
+        )
+        for i in range(stride):
+            a = line[i - channels] if i >= channels else 0
+            b, c = previous[i], previous[i - channels] if i >= channels else 0
+            line[i] = (line[i] + (0, a, b, (a + b) // 2, _paeth(a, b, c))[kind]) & 0xFF
+        rows.append(bytearray(v for i, v in enumerate(line) if i % channels < 3))
+        previous = line
+    return width, height, rows
+
+
+def _paeth(a: int, b: int, c: int) -> int:
+    p = a + b - c
+    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+    return a if pa <= pb and pa <= pc else b if pb <= pc else c
+
+
+def inked(rows: list[bytearray]) -> set[tuple[int, int]]:
+    return {
+        (x // 3, y)
+        for y, row in enumerate(rows)
+        for x in range(0, len(row), 3)
+        if min(row[x : x + 3]) < 200  # darker than the faint grid lines
+    }
+
+
+def layer(picture: str, keep: str) -> str:
+    """The picture with only its background and the elements starting with ``keep``."""
+    lines = picture.splitlines()
+    kept = [line for line in lines[2:-1] if line.startswith(keep)]
+    return "\n".join([*lines[:2], *kept, lines[-1]])
+
+
+def test_the_picture_fits_its_canvas() -> None:
+    picture = svg(STEPS, MARKS, "metalmend: redeploy_server worker-2", CONFIGURED)
+    width, height, _ = render(picture)
+    _, _, rows = render(picture, pad=200)
+    outside = {(x, y) for x, y in inked(rows) if x >= width or y >= height}
+    assert not outside, f"drawn past the picture's edge, e.g. at {sorted(outside)[:3]}"
+
+
+def test_no_text_runs_into_a_bar_or_a_dot() -> None:
+    picture = svg(STEPS, MARKS, "metalmend: redeploy_server worker-2", CONFIGURED)
+    texts = inked(render(layer(picture, "<text"))[2])
+    # the bars, without the legend's swatches (12 px squares beside their own words)
+    bars = [line for line in layer(picture, "<rect").splitlines() if 'height="12"' not in line]
+    shapes = inked(render(layer(picture, "<circle"))[2]) | inked(render("\n".join(bars))[2])
+    assert not texts & shapes, f"text over a shape at {sorted(texts & shapes)[:3]}"
+
+
+def test_the_configured_waits_are_drawn_in_their_steps() -> None:
+    picture = svg(STEPS, MARKS, "t", CONFIGURED)
+    assert picture.count("of which configured waits") == len(CONFIGURED)
+    assert "of which configured waits: 6.00s" in picture
+    assert "configured waits" not in svg(STEPS, MARKS, "t")
+
+
+def test_the_milestones_are_drawn_in_the_order_of_their_times() -> None:
+    picture = svg(STEPS, MARKS, "t")
+    labels = {m.name: m.label for m in MILESTONES}
+    drawn = [labels[n] for n, _ in sorted(MARKS.items(), key=lambda item: item[1])]
+    positions = [picture.index(f">{label}<") for label in drawn]
+    assert positions == sorted(positions)

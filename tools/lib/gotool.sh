@@ -1,4 +1,4 @@
-# Shared by tools/helm/build.sh and tools/kwok/build.sh (sourced, not run): build one Go
+# Shared by tools/helm, tools/kwok and tools/prometheus build.sh (sourced, not run): build one Go
 # command from a pinned module into a cache directory keyed by its version.
 #
 #   gotool_override NAME VALUE          VALUE (an env var's) names a binary to use instead:
@@ -29,7 +29,7 @@ gotool_build() {
   local var
   var="METALMEND_$(echo "$name" | tr '[:lower:]' '[:upper:]')"
   grep -q "$module $version\b" "$dir/go.mod" \
-    || gotool_fail "tools/$name/go.mod does not pin $module $version (versions.env)"
+    || gotool_fail "tools/$(basename "$dir")/go.mod does not pin $module $version (versions.env)"
   command -v go >/dev/null 2>&1 \
     || gotool_fail "cannot build $name: 'go' is not on PATH (install Go >= 1.26, or set $var)"
   mkdir -p "$cache"

@@ -27,3 +27,25 @@ readOnlyRootFilesystem: true
 capabilities:
   drop: [ALL]
 {{- end }}
+
+{{/* One number of the settings tree (`settings`, section, key), or metalmend's default
+when the values do not set it: (list .Values.settings "power" "soft_timeout" 180.0). The
+defaults are those of metalmend.settings (tests/integration/test_chart_alerts.py checks
+they agree). */}}
+{{- define "metalmend.setting" -}}
+{{- $settings := index . 0 | default dict -}}
+{{- $section := get $settings (index . 1) | default dict -}}
+{{- if hasKey $section (index . 2) -}}
+{{- get $section (index . 2) | float64 -}}
+{{- else -}}
+{{- index . 3 | float64 -}}
+{{- end -}}
+{{- end }}
+
+{{/* Labels of the monitoring objects: ours and monitoring.labels. */}}
+{{- define "metalmend.monitoringLabels" -}}
+{{ include "metalmend.labels" . }}
+{{- with .Values.monitoring.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}

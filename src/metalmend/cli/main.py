@@ -261,6 +261,7 @@ SERVE_FLAGS: dict[str, tuple[str, str]] = {
     "kubeconfig": ("runtime", "kubeconfig"),
     "bind_address": ("serve", "bind_address"),
     "port": ("serve", "port"),
+    "metrics_bind": ("serve", "metrics_bind"),
     "tls_cert": ("serve", "tls_cert"),
     "tls_key": ("serve", "tls_key"),
     "database_url": ("serve", "database_url"),
@@ -286,6 +287,9 @@ def serve_command(
         str, typer.Option(help="Address to listen on (not loopback: TLS required).")
     ] = DEFAULTS.serve.bind_address,
     port: Annotated[int, typer.Option(help="TCP port to listen on.")] = DEFAULTS.serve.port,
+    metrics_bind: Annotated[
+        str, typer.Option(help="host:port for serve's /metrics (no token); empty: none.")
+    ] = DEFAULTS.serve.metrics_bind,
     tls_cert: Annotated[
         Path | None, typer.Option(help="PEM certificate to serve HTTPS with (with --tls-key).")
     ] = None,

@@ -52,6 +52,7 @@ from metalmend.api.resources import (
 )
 from metalmend.api.selector import matches
 from metalmend.api.stamps import parse_stamp
+from metalmend.controllers import metrics
 from metalmend.controllers.clusters import (
     ClusterCache,
     Readiness,
@@ -691,6 +692,9 @@ def setup(manager: Manager, settings: Settings) -> None:
         return sorted(keys)
 
     runner = manager.add(Controller("machine-health-check", controller.reconcile, workers=2))
+    metrics.from_cache(
+        "machine-health-check", lambda: metrics.blocked_check_samples(checks.store.values())
+    )
     runner.watch(checks, predicate=check_changed)
 
     def machine_event(old: Any, new: Any) -> None:  # a batch of them makes one evaluation

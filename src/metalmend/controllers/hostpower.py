@@ -127,7 +127,11 @@ class HostPowerController:
     def cache_samples(self) -> list[metrics.Sample]:
         """/metrics gauges from the host cache: reboot requests pending, hosts in error."""
         hosts = self.hosts.store.values()
-        return metrics.reboot_samples(hosts, self.clock.now()) + metrics.bmc_error_samples(hosts)
+        return (
+            metrics.reboot_samples(hosts, self.clock.now())
+            + metrics.bmc_error_samples(hosts)
+            + metrics.power_samples(hosts)
+        )
 
     def next_attempt(self, key: str) -> dt.datetime | None:
         """When a failing host is tried next (None: not failing). For tests and tools."""

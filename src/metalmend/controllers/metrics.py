@@ -63,6 +63,15 @@ HOSTS_BMC_ERROR = cache_gauge(
         ("error_type",),
     )
 )
+POWER_ON, POWER_OFF, UNKNOWN = "on", "off", "unknown"
+POWER_STATES = (POWER_ON, POWER_OFF, UNKNOWN)
+HOSTS_POWER = cache_gauge(
+    CacheGauge(
+        "metalmend_hosts_power",
+        "BareMetalHosts by status.poweredOn (on, off; unknown: not read yet).",
+        ("state",),
+    )
+)
 BMC_WAITING = cache_gauge(
     CacheGauge(
         "metalmend_bmc_waiting_calls",
@@ -86,6 +95,34 @@ REMEDIATIONS = cache_gauge(
         ("controller", "phase"),
     )
 )
+
+# A MachineHealthCheck's RemediationAllowed=False: remediation (and so fencing) is held
+# back, by the short-circuit (maxUnhealthy, unhealthyRange) or a spec it cannot use.
+BLOCKED_REASONS = (names.REASON_TOO_MANY_UNHEALTHY, names.REASON_INVALID_SPEC, OTHER)
+CHECKS_BLOCKED = cache_gauge(
+    CacheGauge(
+        "metalmend_health_checks_remediation_blocked",
+        "MachineHealthChecks whose condition RemediationAllowed is False, by its reason"
+        " (TooManyUnhealthy: the short-circuit, maxUnhealthy or unhealthyRange; InvalidSpec).",
+        ("reason",),
+    )
+)
+
+
+def blocked_check_samples(checks: Iterable[Any]) -> list[Sample]:
+    counts: Tally[str] = Tally()
+    for check in checks:
+        conditions = _status(check).get("conditions")
+        for condition in conditions if isinstance(conditions, list) else ():
+            if (
+                isinstance(condition, Mapping)
+                and condition.get("type") == names.CONDITION_REMEDIATION_ALLOWED
+                and condition.get("status") == "False"
+            ):
+                reason = condition.get("reason")
+                counts[reason if reason in BLOCKED_REASONS else OTHER] += 1
+    return [(CHECKS_BLOCKED.name, (r,), counts[r]) for r in BLOCKED_REASONS]
+
 
 PHASE_ENTERED = Counter(
     "metalmend_remediation_phase_entered_total",
@@ -112,6 +149,12 @@ PHASE_OUTCOME: Mapping[remediation_policy.Phase, str] = {
     remediation_policy.Phase.DELETING_MACHINE: "machine_deleted",
     remediation_policy.Phase.FAILED: "cannot_start",
 }
+# What alerts watch (docs/runbooks.md) exists from the start at 0: increase() sees the first.
+for _outcome in PHASE_OUTCOME.values():
+    OUTCOMES.labels(METAL3_REMEDIATION, _outcome)
+for _method in remediation_policy.FenceMethod:
+    FENCES.labels(METAL3_REMEDIATION, _method, "error")
+FENCES.labels(MACHINE_REMEDIATION, "delete-node", "error")
 
 
 def requester_of(key: str) -> str:
@@ -155,6 +198,15 @@ def reboot_samples(hosts: Iterable[Any], now: dt.datetime) -> list[Sample]:
     age = max((now - oldest).total_seconds(), 0.0) if oldest is not None else 0.0
     samples.append((REBOOT_OLDEST.name, (), age))
     return samples
+
+
+def power_samples(hosts: Iterable[Any]) -> list[Sample]:
+    """Hosts by status.poweredOn: on, off, or unknown (not read yet, or not a boolean)."""
+    counts: Tally[str] = Tally()
+    for host in hosts:
+        on = _status(host).get("poweredOn")
+        counts[POWER_ON if on is True else POWER_OFF if on is False else UNKNOWN] += 1
+    return [(HOSTS_POWER.name, (state,), counts[state]) for state in POWER_STATES]
 
 
 def bmc_error_samples(hosts: Iterable[Any]) -> list[Sample]:

@@ -38,7 +38,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
-from metalmend.db import faults
+from metalmend.db import faults, metrics
 from metalmend.db.identity import read_identity
 from metalmend.db.migrate import upgrade
 from metalmend.db.schema import NAMING as NAMING
@@ -181,7 +181,8 @@ class Database:
     @contextmanager
     def _guarded(self, writing: bool) -> Iterator[None]:
         try:
-            yield
+            with metrics.transaction(writing):
+                yield
         except SQLAlchemyError as error:
             why = faults.fault_of(error)
             if why is None:

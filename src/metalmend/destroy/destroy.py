@@ -34,6 +34,7 @@ from metalmend.bmc.errors import BmcError, Busy, TimedOut, Unreachable, Unsuppor
 from metalmend.bmc.storage import EraseFailed, EraseStatus
 from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.db.lease import LeaseLost
+from metalmend.destroy import metrics
 from metalmend.destroy.policy import destroy as policy
 from metalmend.errors import Conflict, NotFound
 from metalmend.kube import errors
@@ -102,6 +103,7 @@ class DestroyNode:
 
     async def run(self) -> policy.NodeState:
         while not self.state.finished:
+            metrics.destroy_seen(self, self.state, self.clock.now())
             view = await self.observe()
             now = self.clock.now()
             decision = policy.decide(view, now, self.settings)
@@ -113,6 +115,7 @@ class DestroyNode:
                 break
             wait = (decision.requeue_at - now).total_seconds() if decision.requeue_at else 1.0
             await asyncio.sleep(max(0.0, min(wait, self.settings.poll_interval)))
+        metrics.destroy_seen(self, self.state, self.clock.now())
         return self.state
 
     # ---- observe ----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.db import DatabaseUnavailable
 from metalmend.db.lease import LeaseLost
 from metalmend.db.leased import LeasedWorker
+from metalmend.destroy import metrics
 from metalmend.destroy.destroy import DestroyNode
 from metalmend.destroy.model import Task
 from metalmend.destroy.policy.destroy import DestroySettings, NodeState, TaskStatus
@@ -74,11 +75,13 @@ class TaskWorker:
         await self._status(task_id, TaskStatus.QUEUED)
         async with self._slots:
             await self._status(task_id, TaskStatus.RUNNING)
+            metrics.task_started()
             task = await asyncio.to_thread(self.store.get, task_id)
             if task is None:
                 return
             await self._nodes(task)
             await self._status(task_id, TaskStatus.COMPLETE)
+            metrics.task_completed(task.created, self.clock.now())
             log.info("drydock: task complete", extra=fields(task=task_id))
 
     async def _nodes(self, task: Task) -> None:

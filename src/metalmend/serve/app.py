@@ -50,6 +50,7 @@ from metalmend.teardown.params import RequestRejected
 from metalmend.teardown.policy.settings import TeardownSettings
 from metalmend.teardown.shutdown import KubeletShutdown
 from metalmend.web import auth, context, deps
+from metalmend.web import metrics as webmetrics
 from metalmend.web.auth import Gate
 from metalmend.web.bodies import BodyLimits
 from metalmend.web.status import Message, StatusError, body, reason_for, status_of
@@ -147,6 +148,7 @@ def create_app(
         ),
     )
     app.add_middleware(context.ContextMarker)  # X-Context-Marker: checked, echoed, logged
+    app.add_middleware(webmetrics.Requests)  # /metrics: by API, route template, status
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> PlainTextResponse:

@@ -24,6 +24,7 @@ from metalmend.serve.storeguard import guard
 from metalmend.settings import Settings
 from metalmend.teardown.etcd.routes import EtcdAccess
 from metalmend.web import auth
+from metalmend.web import metrics as webmetrics
 from metalmend.web.bodies import BodyLimits
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ async def serve(settings: Settings) -> None:
     client = async_client(config)
     pool = BmcPool(settings.bmc)  # drives only (destroy's wipe): power is host-power's
     options = settings.serve
+    stop_metrics = webmetrics.listen(options.metrics_bind)  # serve's /metrics, no token
     bodies = BodyLimits.of(
         options.max_body_bytes, options.max_design_documents, options.max_design_values
     )
@@ -129,6 +131,7 @@ async def serve(settings: Settings) -> None:
         if not server.started:
             raise OSError(f"cannot listen on {where}")
     finally:
+        stop_metrics()
         await client.close()
         await pool.close()
         database.dispose()

@@ -15,6 +15,10 @@ def check(settings: ServeSettings) -> None:
     """Raise ServeSettingsError for combinations the settings loader cannot see alone."""
     if settings.port > 65535:
         raise ServeSettingsError(f"serve.port must be at most 65535, not {settings.port}")
+    if settings.metrics_bind and not _host_port(settings.metrics_bind):
+        raise ServeSettingsError(
+            f"serve.metrics_bind must be host:port, not {settings.metrics_bind[:100]!r}"
+        )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         raise ServeSettingsError("serve.tls_cert and serve.tls_key go together: give both")
     for path in (settings.tls_cert, settings.tls_key):
@@ -38,3 +42,8 @@ def check(settings: ServeSettings) -> None:
             f"serve.bind_address {settings.bind_address} is not a loopback address: give"
             " serve.tls_cert and serve.tls_key (callers send bearer tokens)"
         )
+
+
+def _host_port(bind: str) -> bool:
+    host, _, port = bind.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) <= 65535

@@ -35,7 +35,7 @@ from metalmend.db.lease import LeaseLost
 from metalmend.db.leased import LeasedWorker
 from metalmend.kube.impersonate import Who
 from metalmend.log import fields
-from metalmend.siteactions import model
+from metalmend.siteactions import metrics, model
 from metalmend.siteactions.model import Note, StepState
 from metalmend.siteactions.policy.actions import SITE_ACTIONS, ActionLifecycle, ActionName
 from metalmend.siteactions.steps import (
@@ -161,9 +161,11 @@ class ActionWorker:
                 await self._not_run(action, planned.name)
                 failed = True
                 continue
-            failed = not await self._step(action, planned) or failed
+            ran = metrics.timed_step(action.name, planned.name, self._step(action, planned))
+            failed = not await ran or failed
         lifecycle = ActionLifecycle.FAILED if failed else ActionLifecycle.COMPLETE
         await self._lifecycle(action_id, lifecycle)
+        metrics.action_finished(action.name, lifecycle, action.created, self.clock.now())
         log.info("shipyard: action finished", extra=fields(action=action_id, lifecycle=lifecycle))
 
     async def _read(self, action_id: str) -> model.Action:

@@ -35,6 +35,7 @@ from metalmend.kube import errors, writes
 from metalmend.kube.store import object_key, split_key
 from metalmend.log import fields
 from metalmend.policy import interlock as policy
+from metalmend.teardown import metrics
 from metalmend.teardown.drain import get_node
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ class Interlock:
             if decision.refused:
                 message = policy.refusal_message(node, decision.refusals)
                 log.info("teardown refused", extra=fields(node=node, step=step, why=message))
+                metrics.interlock_refused(step)
                 raise Conflict(message, error_lines(*decision.refusals))
             if await self._write(decision, hosts):
                 if decision.claims:

@@ -28,6 +28,11 @@ class ServeSettings:
     port: int = 8443
     """TCP port to listen on."""
 
+    metrics_bind: str = ""
+    """host:port for serve's own /metrics (plain HTTP, no token: nothing in it names a
+    node, host, user or design; docs/observability.md). Empty: not served. The chart binds
+    the Pod's address on its serve.metricsPort."""
+
     tls_cert: Path | None = None
     """PEM certificate (chain) to serve HTTPS with; with ``tls_key``. Without both the
     service speaks plain HTTP, which is allowed on a loopback address only: callers send
