@@ -97,8 +97,10 @@ class RemediationController:
         self.writer = writer or KubeWriter(manager.client, manager.events)
         self.clock = manager.clock
         taint = settings.remediation.fence == policy.FenceMethod.OUT_OF_SERVICE_TAINT
-        # Only the taint strategy reads BMCs and lists pods itself (policy.remediation).
-        if reader is None and taint:
+        bmo = settings.remediation.power_owner == policy.PowerOwner.BAREMETAL_OPERATOR
+        # Only the taint strategy, and fencing beside baremetal-operator, read BMCs
+        # themselves; only the taint lists pods (policy.remediation).
+        if reader is None and (taint or bmo):
             reader = BmcPowerReader(manager, settings)
         if evacuations is None and taint:
             evacuations = KubeEvacuations(manager.client)
@@ -342,6 +344,7 @@ def host_view(host: Any, key: str) -> policy.HostView:
         bmc_error=str(error or ""),
         teardown=teardown_claim(annotations),
         escalation_marked=annotations.get(names.ESCALATING) == key,
+        disable_power_off=spec.get("disablePowerOff") is True,
     )
 
 

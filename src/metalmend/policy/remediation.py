@@ -110,12 +110,31 @@ class FenceMethod(StrEnum):
     Node and its labels stay, and Kubernetes itself detaches volumes and deletes pods."""
 
 
+class PowerOwner(StrEnum):
+    """Who sends the power commands to the hosts' BMCs."""
+
+    AUTO = "auto"
+    """``metalmend run`` decides from the served BareMetalHost schema: baremetal-operator's
+    own CRD (which has no field for host-power's evidence) means baremetal-operator."""
+
+    METALMEND = "metalmend"
+    """metalmend's host-power: evidence is its per-key acknowledgement (policy.fencing)."""
+
+    BAREMETAL_OPERATOR = "baremetal-operator"
+    """metal3's baremetal-operator: metalmend only adds its keyed reboot annotation, takes
+    BMO's ``status.poweredOn: false`` in the host version carrying that key, and confirms
+    with its own read-only BMC reads; it never sends a power command."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """Remediation (both remediation controllers)."""
 
     fence: FenceMethod = FenceMethod.DELETE_NODE
     """Deleting the Node works on every cluster; the taint needs Kubernetes >= 1.28."""
+
+    power_owner: PowerOwner = PowerOwner.AUTO
+    """Decided at start from what the cluster serves, unless set (docs/install.md)."""
 
     confirm_window: float = 10.0
     """Out-of-service taint only: seconds over which metalmend's own BMC reads must keep
@@ -272,6 +291,8 @@ class HostView:
     teardown: Claim | None = None
     # The host carries our escalation marker (names.ESCALATING): the Machine may go.
     escalation_marked: bool = False
+    # spec.disablePowerOff (baremetal-operator turns a power-off into a reboot)
+    disable_power_off: bool = False
 
 
 @dataclass(frozen=True)
@@ -480,6 +501,27 @@ def _taint(settings: Settings) -> bool:
     return settings.fence == FenceMethod.OUT_OF_SERVICE_TAINT
 
 
+def _bmo(settings: Settings) -> bool:
+    return settings.power_owner == PowerOwner.BAREMETAL_OPERATOR
+
+
+def _confirms(settings: Settings) -> bool:
+    """Whether our own BMC reads must agree before fencing: for the taint, and wherever
+    another controller (baremetal-operator) owns power."""
+    return _taint(settings) or _bmo(settings)
+
+
+def _reported_off(host: HostView, settings: Settings) -> bool:
+    """The power owner's word that the host is off for our request. Beside
+    baremetal-operator: ``status.poweredOn`` false in the very host version that carries
+    our key (BMO keeps no per-request acknowledgement and no timestamp; the confirming
+    reads make up for what that value cannot say)."""
+    if _bmo(settings):
+        power = host.power
+        return power.holds_key and power.powered_on is False
+    return reported_off(host.power)
+
+
 def read_interval(settings: Settings) -> float:
     """Seconds between the confirmation reads: ``confirm_reads`` spread over the window."""
     return settings.confirm_window / max(settings.confirm_reads - 1, 1)
@@ -488,7 +530,7 @@ def read_interval(settings: Settings) -> float:
 def read_due(progress: Progress, now: dt.datetime, settings: Settings) -> bool:
     """Whether the controller reads the host's BMC itself before this decision (phase
     confirming-off, the first read at once, the next one ``read_interval`` later)."""
-    if not _taint(settings) or progress.phase != CONFIRMING:
+    if not _confirms(settings) or progress.phase != CONFIRMING:
         return False
     last = progress.last_read_at
     return last is None or now >= last + _seconds(read_interval(settings))
@@ -518,6 +560,8 @@ def decide(observed: Observed, now: dt.datetime, settings: Settings = Settings()
         return _fail_to_start(observed, problem)
     if observed.host.teardown is not None and not observed.host.power.holds_key:
         return _held_by_teardown(observed, observed.host, observed.host.teardown)
+    if _bmo(settings) and observed.host.disable_power_off and progress.phase != DELETING_MACHINE:
+        return _fail_to_start(observed, DISABLE_POWER_OFF.format(host=observed.host.key))
     handler = _HANDLERS.get(progress.phase, _start) if progress.phase else _start
     return handler(observed, observed.host, now, settings)
 
@@ -539,8 +583,20 @@ def _held_by_teardown(observed: Observed, host: HostView, claim: Claim) -> Decis
     return decision
 
 
+DISABLE_POWER_OFF = (
+    "host {host} has spec.disablePowerOff: baremetal-operator would reboot it instead of"
+    " powering it off, so it cannot be fenced; remediate it another way, or clear"
+    " disablePowerOff"
+)
+
+
 def _fail_to_start(observed: Observed, problem: str) -> Decision:
     decision = Decision()
+    node = observed.node
+    if node is not None and node.out_of_service and observed.progress.phase in (
+        POWER_OFF, CONFIRMING, FENCING, EVACUATING,
+    ):  # fmt: skip
+        decision.do(UntaintNode(node.name))  # before the host is released
     if observed.host is not None and observed.host.power.holds_key:
         decision.do(ReleasePower())
     progress = observed.progress
@@ -596,8 +652,8 @@ def _power_off(
         if host.other_remediation is not None:  # raced with another remediation: yield
             return decision.do(SetProgress(replace(progress, phase=None, message="")))
         _request_power_off(host, decision)
-    _untaint_unless_off(observed, host, decision)
-    if reported_off(host.power) and _taint(settings):
+    _untaint_unless_off(observed, host, decision, settings)
+    if _reported_off(host, settings) and _confirms(settings):
         message = (
             f"{host.key} reported off; confirming with {settings.confirm_reads} BMC reads"
             f" over {settings.confirm_window:g}s before the taint"
@@ -608,7 +664,7 @@ def _power_off(
         )  # fmt: skip
         decision.do(SetProgress(confirming))
         return decision.note(names.REASON_HOST_POWERED_OFF, message).at(now)
-    if reported_off(host.power):
+    if _reported_off(host, settings):
         message = f"{host.key} reported off; fencing Node {progress.node or '(none)'}"
         decision.do(SetProgress(replace(progress, phase=FENCING, phase_since=now, message=message)))
         return decision.note(names.REASON_HOST_POWERED_OFF, message)
@@ -630,23 +686,30 @@ def _request_power_off(host: HostView, decision: Decision) -> None:
         decision.do(RequestPowerOff())
 
 
-def _untaint_unless_off(observed: Observed, host: HostView, decision: Decision) -> None:
+def _untaint_unless_off(
+    observed: Observed, host: HostView, decision: Decision, settings: Settings
+) -> None:
     """The taint is never on a Node whose host is not reported off for our request (until
     the Node's workloads are gone: then the host may power on under it). In the phases
     before that, a taint found on a host no longer reported off is taken away at once."""
     node = observed.node
-    if node is not None and node.out_of_service and not reported_off(host.power):
+    if node is not None and node.out_of_service and not _reported_off(host, settings):
         decision.do(UntaintNode(node.name))
 
 
 def _power_off_again(
-    observed: Observed, host: HostView, now: dt.datetime, why: str, warning: bool = False
+    observed: Observed,
+    host: HostView,
+    now: dt.datetime,
+    settings: Settings,
+    why: str,
+    warning: bool = False,
 ) -> Decision:
     """Our key went missing or the host is on again: never fence on an old report."""
     progress = observed.progress
     message = f"{host.key} {why}; asking for power-off again"
     decision = Decision()
-    _untaint_unless_off(observed, host, decision)
+    _untaint_unless_off(observed, host, decision, settings)
     again = replace(
         progress, phase=POWER_OFF, phase_since=now, message=message,
         off_reads=0, off_read_since=None, last_read_at=None,
@@ -666,10 +729,10 @@ def _confirming(
     stopped). A read that says on starts the power-off over; a failed read is not counted,
     and the attempt fails once powerOffTimeoutSeconds have passed on top of the window."""
     progress = observed.progress
-    if not reported_off(host.power):
-        return _power_off_again(observed, host, now, "no longer reported off")
+    if not _reported_off(host, settings):
+        return _power_off_again(observed, host, now, settings, "no longer reported off")
     decision = Decision()
-    _untaint_unless_off(observed, host, decision)
+    _untaint_unless_off(observed, host, decision, settings)
     interval = _seconds(read_interval(settings))
     deadline = (progress.phase_since or now) + _seconds(
         observed.spec.power_off_timeout + settings.confirm_window
@@ -683,7 +746,12 @@ def _confirming(
         return decision.at(min(due, deadline))
     if read.off is False:
         return _power_off_again(
-            observed, host, now, "read on from its BMC after it was reported off", warning=True
+            observed,
+            host,
+            now,
+            settings,
+            "read on from its BMC after it was reported off",
+            warning=True,
         )
     if read.off is None:
         message = f"reading {host.key}'s BMC failed: {read.error}; reading again"
@@ -717,10 +785,12 @@ def _confirming(
 
 def _fencing(observed: Observed, host: HostView, now: dt.datetime, settings: Settings) -> Decision:
     progress = observed.progress
-    if not reported_off(host.power):
-        return _power_off_again(observed, host, now, "no longer reported off")
+    if not _reported_off(host, settings):
+        return _power_off_again(observed, host, now, settings, "no longer reported off")
     if _taint(settings):
         return _fence_by_taint(observed, host, now, settings)
+    if _bmo(settings) and progress.off_reads < settings.confirm_reads:
+        return _unconfirmed(progress, host, now)
     decision = Decision()
     node = observed.node
     fenced_uid = progress.fenced_node_uid
@@ -758,12 +828,7 @@ def _fence_by_taint(
     """Confirmed off: taint the Node, keep the host off, wait for its workloads to go."""
     progress = observed.progress
     if progress.off_reads < settings.confirm_reads:  # never taint on less (a stale phase)
-        message = f"{host.key} reported off; confirming before the taint"
-        unconfirmed = replace(
-            progress, phase=CONFIRMING, phase_since=now, message=message,
-            off_reads=0, off_read_since=None, last_read_at=None,
-        )  # fmt: skip
-        return Decision().do(SetProgress(unconfirmed)).at(now)
+        return _unconfirmed(progress, host, now)
     decision = Decision()
     node = observed.node
     fenced_uid = progress.fenced_node_uid
@@ -781,6 +846,17 @@ def _fence_by_taint(
     return decision.do(SetProgress(evacuating)).at(now)
 
 
+def _unconfirmed(progress: Progress, host: HostView, now: dt.datetime) -> Decision:
+    """Phase fencing without the confirmation on record (a status written around us):
+    confirm first."""
+    message = f"{host.key} reported off; confirming before fencing"
+    unconfirmed = replace(
+        progress, phase=CONFIRMING, phase_since=now, message=message,
+        off_reads=0, off_read_since=None, last_read_at=None,
+    )  # fmt: skip
+    return Decision().do(SetProgress(unconfirmed)).at(now)
+
+
 def _evacuating(
     observed: Observed, host: HostView, now: dt.datetime, settings: Settings
 ) -> Decision:
@@ -789,9 +865,9 @@ def _evacuating(
     deadline: the host stays off rather than come back under workloads that moved; the
     health check's own timeout decides (deleting this object releases it)."""
     progress = observed.progress
-    if not reported_off(host.power):
+    if not _reported_off(host, settings):
         why = "no longer reported off while its Node is tainted"
-        return _power_off_again(observed, host, now, why, warning=True)
+        return _power_off_again(observed, host, now, settings, why, warning=True)
     decision = Decision()
     node = observed.node
     if progress.off_reads < settings.confirm_reads:  # a status written around us
