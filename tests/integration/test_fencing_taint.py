@@ -38,6 +38,7 @@ from tests.integration.test_remediation import (
 )
 from tests.support import until
 
+HOLD = "example.com/hold"
 TAINT = RemediationSettings(
     fence=FenceMethod.OUT_OF_SERVICE_TAINT,
     confirm_window=1.0,
@@ -149,6 +150,15 @@ async def test_taint_only_after_confirmation_and_power_on_only_after_evacuation(
     await controllers.start(setup, remediation=TAINT)
     machine = await world.machine("m1")
     await world.pod_on("m1", "db-0")
+    await world.pod_on("m1", "web-0")
+    # a finalizer another controller holds: deleted, the pod stays until it lets go
+    await world.client.patch(
+        Pod,
+        "web-0",
+        {"metadata": {"finalizers": [HOLD]}},
+        namespace=world.ns,
+        patch_type=PatchType.MERGE,
+    )
     await attach(world, "va-db-0", "m1")
     await not_ready(world, "m1")
     obj = await world.remediation(machine)
@@ -159,7 +169,8 @@ async def test_taint_only_after_confirmation_and_power_on_only_after_evacuation(
     bmc.off["host-m1"] = False
     await world.power("host-m1", on=False)
     await until(lambda: _contains(message(world, "m1"), "read on from its BMC"))
-    assert await world.phase("m1") == "power-off"
+    # (host-power, played here, still says off: the confirmation starts over and over)
+    assert await world.phase("m1") in ("power-off", "confirming-off")
     assert await untainted(world, "m1"), "tainted while the BMC read on"
 
     # now it reads off: three reads over a second, then the taint; the key stays
@@ -176,8 +187,18 @@ async def test_taint_only_after_confirmation_and_power_on_only_after_evacuation(
     # killed while evacuating: the new process holds the host off just the same
     await controllers.kill()
     await controllers.start(setup, remediation=TAINT)
-    await until(lambda: _contains(message(world, "m1"), "db-0"))
-    await world.client.delete(Pod, "db-0", namespace=world.ns, grace_period=0)
+    # confirmed off: metalmend deleted the Node's pods at once; web-0 is held by its
+    # finalizer, and the host stays off for it
+    await until(lambda: _is_none(world.get(Pod, "db-0")))
+    await until(lambda: _contains(message(world, "m1"), "web-0"))
+    await world.client.patch(
+        Pod,
+        "web-0",
+        {"metadata": {"finalizers": None}},
+        namespace=world.ns,
+        patch_type=PatchType.MERGE,
+    )
+    await until(lambda: _is_none(world.get(Pod, "web-0")))
     await until(lambda: _contains(message(world, "m1"), "va-db-0"))
     assert key in await world.host_annotations("host-m1"), "released with a volume attached"
     assert await world.phase("m1") == "evacuating"

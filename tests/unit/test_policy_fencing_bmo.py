@@ -119,7 +119,7 @@ CASES: list[tuple[str, r.Settings, dict[str, Any], float, list[str], r.Phase | N
         BMO_TAINT,
         dict(progress=at(r.FENCING, off_reads=3), host=host(BMO_OFF)),
         0,
-        ["SetProgress", "TaintNode", "SetProgress"],
+        ["SetProgress", "TaintNode", "DeletePods", "SetProgress"],
         r.EVACUATING,
     ),
     (

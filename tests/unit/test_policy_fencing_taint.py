@@ -116,14 +116,14 @@ CASES: list[tuple[str, dict[str, Any], float, list[str], r.Phase | None]] = [
         "confirmed: taint, keep the key, evacuate",
         dict(progress=at(r.FENCING, off_reads=3), host=host(OFF_FOR_US)),
         0,
-        ["SetProgress", "TaintNode", "SetProgress"],
+        ["SetProgress", "TaintNode", "DeletePods", "SetProgress"],
         r.EVACUATING,
     ),
     (
         "restarted after the taint: not tainted twice",
         dict(progress=at(r.FENCING, off_reads=3), host=host(OFF_FOR_US), node=TAINTED),
         0,
-        ["SetProgress"],
+        ["DeletePods", "SetProgress"],
         r.EVACUATING,
     ),
     (

@@ -248,7 +248,7 @@ def test_out_of_service_taint_instead_of_deletion() -> None:
     settings = r.Settings(fence=r.FenceMethod.OUT_OF_SERVICE_TAINT)
     confirmed = r.Progress(phase=r.FENCING, phase_since=T0, node="node-1", off_reads=3)
     decision = r.decide(observed(progress=confirmed, host=host(OFF_FOR_US)), T0, settings)
-    assert kinds(decision) == ["SetProgress", "TaintNode", "SetProgress"]
+    assert kinds(decision) == ["SetProgress", "TaintNode", "DeletePods", "SetProgress"]
     assert progress_of(decision).phase == r.EVACUATING
 
 

@@ -445,7 +445,12 @@ class WorldWriter:
         return True
 
     async def delete_pods_on(self, node: str) -> None:
-        pass  # no pods in this model
+        """The fenced Node's pods, deleted at once: only ever while its host is off."""
+        world = self.world
+        h = node.removeprefix("node-")
+        if world.pods.get(node) and h in world.bmcs and world.bmcs[h].on:
+            world.violate(f"invariant 12: pods of {node} deleted while host {h} is on")
+        world.pods.pop(node, None)
 
     async def create(self, resource: Any, obj: Any) -> Any:
         raise AssertionError("nothing is created in this model")
