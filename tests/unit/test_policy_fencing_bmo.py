@@ -12,6 +12,7 @@ import pytest
 from metalmend.policy import remediation as r
 from metalmend.policy.fencing import HostPower
 from metalmend.runner import beside_power_owner, decide_power_owner
+from metalmend.settings import SettingsError, load
 from tests.unit.test_policy_remediation import T0, host, kinds, node, observed, progress_of, sec
 
 BMO = r.Settings(power_owner=r.PowerOwner.BAREMETAL_OPERATOR, confirm_window=10, confirm_reads=3)
@@ -239,3 +240,36 @@ def test_what_runs_beside_baremetal_operator(
     assert (line is not None) is refused
     if line:
         assert "docs/install.md, 'Beside metal3'" in line
+
+
+def test_the_power_owner_and_the_confirmation_are_settings() -> None:
+    loaded = load(
+        None,
+        {
+            "METALMEND_REMEDIATION_POWER_OWNER": "baremetal-operator",
+            "METALMEND_REMEDIATION_CONFIRM_WINDOW": "2",
+            "METALMEND_REMEDIATION_CONFIRM_READS": "4",
+        },
+    )
+    assert loaded.remediation.power_owner is r.PowerOwner.BAREMETAL_OPERATOR
+    assert (loaded.remediation.confirm_window, loaded.remediation.confirm_reads) == (2.0, 4)
+    assert load().remediation.power_owner is r.PowerOwner.AUTO
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        (
+            "METALMEND_REMEDIATION_POWER_OWNER",
+            "bmo",
+            "must be one of auto, metalmend, baremetal-operator",
+        ),
+        ("METALMEND_REMEDIATION_CONFIRM_READS", "0", "must be a positive whole number"),
+        ("METALMEND_REMEDIATION_CONFIRM_WINDOW", "-1", "must be a positive number of seconds"),
+    ],
+)
+def test_bad_power_owner_or_confirmation_settings_are_refused(
+    variable: str, value: str, said: str
+) -> None:
+    with pytest.raises(SettingsError, match=said):
+        load(None, {variable: value})
