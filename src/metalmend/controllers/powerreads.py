@@ -20,6 +20,20 @@ from metalmend.kube.manager import Manager
 from metalmend.settings import Settings
 
 
+def shared_pool(manager: Manager, settings: Settings) -> BmcPool:
+    """The manager's one BMC pool (host-power's commands and polls, and these reads):
+    each BMC's share of calls in flight is counted once (docs/design.md, invariant 10).
+    Closed when the manager stops."""
+
+    def make() -> BmcPool:
+        pool = BmcPool(settings.bmc)
+        manager.on_stop(pool.close)
+        return pool
+
+    made: BmcPool = manager.shared("bmc-pool", make)
+    return made
+
+
 class PowerReader(Protocol):
     async def is_off(self, host: Any) -> bool:
         """Whether the host's BMC reads off now (raises the pool's BmcError)."""
@@ -42,9 +56,7 @@ class BmcPowerReader:
         self.credentials = bmc_credentials.CredentialStore(
             {scope: informer.store for scope, informer in secrets.items()}
         )
-        self.pool = pool or BmcPool(settings.bmc)
-        if pool is None:
-            manager.on_stop(self.pool.close)
+        self.pool = pool or shared_pool(manager, settings)
 
     def target(self, host: Any) -> BmcTarget:
         bmc = (host.get("spec") or {}).get("bmc") or {}
