@@ -14,8 +14,16 @@ Phases (``status.phase``), each with what ends it:
   ``status.poweredOffFor``). -> fencing; a BMC error or powerOffTimeoutSeconds -> a failed
   attempt. The key is (re-)added only once host-power no longer lists it from an earlier
   attempt (``withdrawal_unseen``).
+- ``confirming-off`` (fence out-of-service-taint, or beside baremetal-operator): reported
+  off; the controller reads the BMC itself (``read_due``) ``confirm_reads`` times over
+  ``confirm_window`` seconds, all must say off. -> fencing; a read on -> power-off.
 - ``fencing``: the host is off: the Node's labels and annotations are backed up on this
-  object, the Node is deleted (or tainted out-of-service) and its pods deleted. -> power-on.
+  object, the Node is deleted and its pods deleted. -> power-on. With the taint: the Node
+  tainted out-of-service and its pods deleted, our key kept. -> evacuating.
+- ``evacuating`` (taint): the host is held off until no pod the taint removes is left on
+  the Node and no VolumeAttachment names it (``Evacuation``). -> power-on (the taint is
+  removed once the Node is Ready again). Whenever the host is no longer reported off
+  before that, the taint is removed first (invariant 12).
 - ``power-on``: our key is removed; waiting for the Node to register and be Ready, then
   restoring the backed-up labels and annotations it lacks. -> waiting;
   powerOnTimeoutSeconds -> a failed attempt. (A host with spec.online=false is not powered
