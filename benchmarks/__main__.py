@@ -9,6 +9,7 @@ from benchmarks import (
     drain,
     error_loops,
     etcd_removal,
+    fencing_modes,
     healthcheck_eval,
     hostile_bmcs,
     reboot_latency,
@@ -25,6 +26,7 @@ reboot_latency.main()
 hostile_bmcs.main()
 detection_latency.main()
 remediation_overhead.main()
+fencing_modes.main()
 error_loops.main()
 at_rest.main()
 etcd_removal.main()

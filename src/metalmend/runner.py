@@ -5,10 +5,12 @@ the API server accepts the writes they need, serve health, and run until SIGTERM
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import socket
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from lightkube.types import PatchType
 from metalmend import heap
 from metalmend.api.names import REBOOT_PREFIX
 from metalmend.api.resources import BareMetalHost
+from metalmend.controllers import metrics
 from metalmend.controllers.registry import CONTROLLERS
 from metalmend.kube import admission, errors, served_schema
 from metalmend.kube.client import ClusterUnavailable, async_client, load_config, whoami
@@ -27,6 +30,7 @@ from metalmend.kube.health import serving
 from metalmend.kube.leader import LeaseTiming
 from metalmend.kube.manager import LeaderElection, Manager
 from metalmend.log import fields
+from metalmend.policy.remediation import PowerOwner
 from metalmend.settings import Settings, health_address
 
 log = logging.getLogger("metalmend.run")
@@ -59,8 +63,21 @@ async def run(config: RunConfig) -> None:
     server = current.cluster.server if current else "?"
     identity = await whoami(client, server)
     log.info("connected", extra=fields(server=server, user=identity.username))
+    # Who owns power (docs/install.md): decided before anything runs, logged and exported.
+    owner, why = await choose_power_owner(client, config.settings.remediation.power_owner)
+    log.info("power owner", extra=fields(owner=str(owner), why=why))
+    metrics.from_cache("power-owner", lambda: metrics.power_owner_samples(str(owner)))
+    settings = dataclasses.replace(
+        config.settings,
+        remediation=dataclasses.replace(config.settings.remediation, power_owner=owner),
+    )
+    if refused := beside_power_owner(owner, controllers):
+        await client.close()
+        raise ClusterUnavailable(refused)
     # Before anything runs: a schema that prunes our status fields would fail silently.
-    if refused := await served_schema.check(client, controllers):
+    # Beside baremetal-operator, metal3-remediation reads only status.poweredOn (kept).
+    checked = [c for c in controllers if owner == PowerOwner.METALMEND or c != "metal3-remediation"]
+    if refused := await served_schema.check(client, checked):
         await client.close()
         raise ClusterUnavailable(refused)
     election = None
@@ -73,7 +90,7 @@ async def run(config: RunConfig) -> None:
         )
     manager = Manager(client, leader_election=election)
     for name in controllers:
-        CONTROLLERS[name](manager, config.settings)
+        CONTROLLERS[name](manager, settings)
     policy_check: asyncio.Task[None] | None = None
     if "host-power" in controllers:
         problem = await check_reboot_annotation_writes(client, runtime.namespace)
@@ -116,6 +133,45 @@ async def run(config: RunConfig) -> None:
             running.cancel()
             await asyncio.gather(running, return_exceptions=True)
     await client.close()
+
+
+# Controllers that send power commands, or fence on host-power's own evidence: never
+# beside another power owner.
+OWN_POWER_ONLY = ("host-power", "machine-remediation")
+
+
+def decide_power_owner(schema: Mapping[str, Any] | None) -> tuple[PowerOwner, str]:
+    """``auto``: baremetal-operator's CRD has no ``status.poweredOffFor`` (host-power's
+    evidence); metalmend's has. An unreadable schema keeps metalmend's own (and the
+    schema check says what it could not check)."""
+    if schema is None:
+        return PowerOwner.METALMEND, "the served BareMetalHost schema could not be read"
+    if served_schema.pruned(schema, ("status.poweredOffFor",)):
+        return (
+            PowerOwner.BAREMETAL_OPERATOR,
+            "the served BareMetalHost schema is baremetal-operator's (no status.poweredOffFor)",
+        )
+    return PowerOwner.METALMEND, "the served BareMetalHost schema is metalmend's"
+
+
+async def choose_power_owner(client: AsyncClient, setting: PowerOwner) -> tuple[PowerOwner, str]:
+    if setting != PowerOwner.AUTO:
+        return setting, "set (remediation.power_owner)"
+    return decide_power_owner(await served_schema.served_bare_metal_host_schema(client))
+
+
+def beside_power_owner(owner: PowerOwner, controllers: Sequence[str]) -> str | None:
+    """The refusal line when a controller that would send power commands (or fence on
+    host-power's evidence) is asked for where baremetal-operator owns power."""
+    clash = [c for c in controllers if c in OWN_POWER_ONLY]
+    if owner != PowerOwner.BAREMETAL_OPERATOR or not clash:
+        return None
+    return (
+        f"baremetal-operator owns power here; {', '.join(clash)} would send power commands"
+        " or fence on evidence only metalmend's host-power gives: run without"
+        f" {', '.join(clash)} (metal3-remediation fences through baremetal-operator;"
+        " docs/install.md, 'Beside metal3')"
+    )
 
 
 async def freeze_when_synced(manager: Manager) -> None:

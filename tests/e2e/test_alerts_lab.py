@@ -23,13 +23,13 @@ from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Secret
 from lightkube.types import PatchType
-from metalmend.lab import lab
-from metalmend.lab import serve as lab_serve
-from metalmend.lab.controlplane import free_port
-from metalmend.lab.hosts import NAMESPACE
 
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
+from metalmend_lab import lab
+from metalmend_lab import serve as lab_serve
+from metalmend_lab.controlplane import free_port
+from metalmend_lab.hosts import NAMESPACE
 from tests.e2e.conftest import Metalmend, host
 from tests.integration.test_chart import KUBE_VERSION, VALUES
 from tests.support import until

@@ -5,6 +5,10 @@ run`` refusing the controllers whose fields it would prune, naming them."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,16 +18,23 @@ from typing import Any
 
 import pytest
 import yaml
-from lightkube import AsyncClient, Client, KubeConfig
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace
+from lightkube import ApiError, AsyncClient, Client, KubeConfig
+from lightkube.models.core_v1 import NodeSpec
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
+from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.types import PatchType
 
-from metalmend.api.resources import CRD_DIR, BareMetalHost
+from metalmend.api import names
+from metalmend.api.names import REBOOT_PREFIX
+from metalmend.api.resources import CRD_DIR, BareMetalHost, Machine, Metal3Remediation
+from metalmend.controllers import remediation
 from metalmend.kube import served_schema
 from metalmend.kube.crds import install_crds
+from metalmend.kube.manager import Manager
+from metalmend.policy.remediation import PowerOwner
+from metalmend.settings import RemediationSettings, RuntimeSettings, Settings
 from metalmend_lab.controlplane import ControlPlane, ControlPlaneConfig, free_port
-from tests.support import answers, started
+from tests.support import answers, started, until
 
 REPO = Path(__file__).resolve().parents[2]
 BMH_CRD = "metal3.io_baremetalhosts.yaml"
@@ -128,11 +139,16 @@ async def test_served_schema_check_reads_what_the_api_server_serves(
         await ours.close()
 
 
-def run(plane: ControlPlane, controllers: str, port: int) -> subprocess.Popen[str]:
+def run(
+    plane: ControlPlane, controllers: str, port: int, owner: str | None = None
+) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    if owner is not None:
+        env["METALMEND_REMEDIATION_POWER_OWNER"] = owner
     return subprocess.Popen(
         [sys.executable, "-m", "metalmend", "run", "--kubeconfig", str(plane.kubeconfig),
          "--controllers", controllers, "--health-bind", f"127.0.0.1:{port}"],
-        stderr=subprocess.PIPE, text=True,
+        stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
 
 
@@ -147,7 +163,8 @@ def run(plane: ControlPlane, controllers: str, port: int) -> subprocess.Popen[st
 def test_run_refuses_controllers_whose_fields_upstream_prunes(
     metal3_plane: ControlPlane, controllers: str, fields: list[str]
 ) -> None:
-    process = run(metal3_plane, controllers, free_port())
+    """With metalmend set as the power owner on upstream's schema."""
+    process = run(metal3_plane, controllers, free_port(), owner="metalmend")
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 2
     assert "Traceback" not in stderr
@@ -172,3 +189,218 @@ def test_health_checks_run_beside_upstream_schema(metal3_plane: ControlPlane) ->
         process.terminate()
         _, stderr = process.communicate(timeout=20)
     assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("controllers", "clash"),
+    [("host-power", "host-power"), ("all", "host-power, machine-remediation")],
+)
+def test_run_beside_baremetal_operator_refuses_what_would_send_power(
+    metal3_plane: ControlPlane, controllers: str, clash: str
+) -> None:
+    """Found upstream's schema (power owner auto): baremetal-operator owns power."""
+    process = run(metal3_plane, controllers, free_port())
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert "Traceback" not in stderr
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith(f"metalmend: baremetal-operator owns power here; {clash} would")
+    assert "docs/install.md, 'Beside metal3'" in line
+
+
+def test_run_picks_baremetal_operator_and_says_so(metal3_plane: ControlPlane) -> None:
+    port = free_port()
+    process = run(metal3_plane, "node-link,metal3-remediation", port)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, process.communicate()[1]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "metal3-remediation beside BMO never got ready"
+            time.sleep(0.2)
+        exported = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        assert 'metalmend_power_owner{owner="baremetal-operator"} 1.0' in exported
+        assert 'metalmend_power_owner{owner="metalmend"} 0.0' in exported
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=20)
+    assert "Traceback" not in stderr
+    said = [line for line in stderr.splitlines() if "power owner" in line]
+    assert said, stderr
+    assert "baremetal-operator" in said[0]
+
+
+class ReadOnlyBmc:
+    """The hosts' BMCs as metal3-remediation reads them (it never sends a command here)."""
+
+    def __init__(self) -> None:
+        self.off = False
+
+    async def is_off(self, host: Any) -> bool:
+        return self.off
+
+
+async def test_fencing_beside_baremetal_operator(metal3_plane: ControlPlane) -> None:
+    """Upstream's schema, metal3-remediation in baremetal-operator mode; the test plays
+    baremetal-operator (it writes status.poweredOn as BMO does) and the BMC."""
+    client = AsyncClient(
+        KubeConfig.from_file(metal3_plane.kubeconfig), field_manager="metalmend-tests"
+    )
+    ns = "bmo-fence"
+    await client.create(Namespace(metadata=ObjectMeta(name=ns)))
+    bmc = ReadOnlyBmc()
+    settings = Settings(
+        runtime=RuntimeSettings(namespace=ns),
+        remediation=RemediationSettings(
+            power_owner=PowerOwner.BAREMETAL_OPERATOR, confirm_window=1.0, confirm_reads=2
+        ),
+    )
+    manager = Manager(client)
+    remediation.setup(manager, settings, reader=bmc)
+    task = asyncio.create_task(manager.run())
+    try:
+        await manager.wait_synced()
+        for name, disable in (("h1", False), ("h2", True)):
+            await bmo_host(client, ns, name, disable_power_off=disable)
+            await machine_and_node(client, ns, name)
+        made = {}
+        for name in ("h1", "h2"):
+            made[name] = await client.create(
+                Metal3Remediation(
+                    metadata=ObjectMeta(
+                        name=f"m-{name}",
+                        ownerReferences=[
+                            OwnerReference(
+                                apiVersion="cluster.x-k8s.io/v1beta1",
+                                kind="Machine",
+                                name=f"m-{name}",
+                                uid=(
+                                    await client.get(Machine, f"m-{name}", namespace=ns)
+                                ).metadata.uid,
+                            )
+                        ],
+                    ),
+                    spec={"powerOffTimeoutSeconds": 30, "powerOnTimeoutSeconds": 60},
+                ),
+                namespace=ns,
+            )
+        key = f"{names.METAL3_REMEDIATION_REBOOT_PREFIX}{made['h1'].metadata.uid}"
+
+        async def annotations(host: str) -> dict[str, str]:
+            found = await client.get(BareMetalHost, host, namespace=ns)
+            return dict(found.metadata.annotations or {})
+
+        async def status(name: str) -> dict[str, Any]:
+            found = await client.get(Metal3Remediation, name, namespace=ns)
+            return dict(found.get("status") or {})
+
+        async def node_gone() -> bool:
+            try:
+                await client.get(Node, f"{ns}-m-h1")
+            except ApiError:
+                return True
+            return False
+
+        # the request: our keyed annotation only
+        await until(lambda: _has_key(annotations("h1"), key))
+        assert json.loads((await annotations("h1"))[key]) == {"mode": "hard"}
+        # BMO reports off, but our own read says on: no fence
+        await bmo_power(client, ns, "h1", on=False)
+        await until(lambda: _says(status("m-h1"), "read on from its BMC"))
+        assert not await node_gone()
+        # both agree: confirmed over the window, then the Node goes and the key with it
+        bmc.off = True
+        await bmo_power(client, ns, "h1", on=True)
+        await bmo_power(client, ns, "h1", on=False)
+        await until(node_gone)
+        await until(lambda: _lacks_key(annotations("h1"), key))
+        assert (await status("m-h1"))["offReads"] >= 2
+
+        # disablePowerOff: refused, said, and never asked for
+        await until(lambda: _says(status("m-h2"), "spec.disablePowerOff"))
+        assert (await status("m-h2"))["phase"] == "failed"
+        assert not [k for k in await annotations("h2") if k.startswith(REBOOT_PREFIX)]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for name in ("h1", "h2"):
+            with contextlib.suppress(ApiError):
+                await client.delete(Node, f"{ns}-m-{name}")
+        await client.delete(Namespace, ns)
+        await client.close()
+
+
+async def bmo_host(client: AsyncClient, ns: str, name: str, disable_power_off: bool) -> None:
+    host = {
+        "apiVersion": "metal3.io/v1alpha1",
+        "kind": "BareMetalHost",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "online": True,
+            "bootMACAddress": "52:54:00:00:00:02",
+            "disablePowerOff": disable_power_off,
+            "bmc": {
+                "address": "redfish://192.0.2.1/redfish/v1/Systems/1",
+                "credentialsName": f"{name}-bmc",
+            },
+        },
+    }
+    await client.create(BareMetalHost.from_dict(host))
+    await bmo_power(client, ns, name, on=True)
+
+
+async def bmo_power(client: AsyncClient, ns: str, name: str, on: bool) -> None:
+    """status.poweredOn as baremetal-operator writes it (no per-request field, no time)."""
+    status = {
+        "poweredOn": on,
+        "operationalStatus": "OK",
+        "errorMessage": "",
+        "errorCount": 0,
+        "provisioning": {"state": "provisioned", "ID": ""},
+    }
+    await client.patch(
+        BareMetalHost.Status, name, {"status": status}, namespace=ns, patch_type=PatchType.MERGE
+    )
+
+
+async def machine_and_node(client: AsyncClient, ns: str, host: str) -> None:
+    machine = f"m-{host}"
+    provider = f"metal3://{ns}/{host}/{machine}"
+    made = await client.create(
+        Machine(
+            metadata=ObjectMeta(name=machine, annotations={names.MACHINE_HOST: f"{ns}/{host}"}),
+            spec={"clusterName": "c", "providerID": provider},
+        ),
+        namespace=ns,
+    )
+    node = await client.create(
+        Node(metadata=ObjectMeta(name=f"{ns}-{machine}"), spec=NodeSpec(providerID=provider))
+    )
+    await client.patch(
+        Machine.Status,
+        machine,
+        {
+            "status": {
+                "nodeRef": {"kind": "Node", "name": node.metadata.name, "uid": node.metadata.uid}
+            }
+        },
+        namespace=ns,
+        patch_type=PatchType.MERGE,
+    )
+    assert made.metadata is not None
+
+
+async def _has_key(found: Any, key: str) -> bool:
+    return key in await found
+
+
+async def _lacks_key(found: Any, key: str) -> bool:
+    return key not in await found
+
+
+async def _says(found: Any, text: str) -> bool:
+    return text in str((await found).get("message") or "")

@@ -37,11 +37,16 @@ class Controllers:
         self.namespace = namespace  # None: all namespaces
         self.tasks: list[asyncio.Task[None]] = []
 
-    async def start(self, *setups: Setup, fence: FenceMethod = FenceMethod.DELETE_NODE) -> None:
+    async def start(
+        self,
+        *setups: Setup,
+        fence: FenceMethod = FenceMethod.DELETE_NODE,
+        remediation: RemediationSettings | None = None,
+    ) -> None:
         manager = Manager(self.client)
         settings = Settings(
             runtime=RuntimeSettings(namespace=self.namespace),
-            remediation=RemediationSettings(fence=fence),
+            remediation=remediation or RemediationSettings(fence=fence),
         )
         for setup in setups:
             setup(manager, settings)
@@ -358,26 +363,6 @@ async def test_one_remediation_at_a_time_per_host(world: World, controllers: Con
     waiting = "m2" if key_of(a) in keys else "m1"
     got = await world.get(Metal3Remediation, waiting)
     assert "being remediated by" in got.status["message"]
-
-
-async def test_out_of_service_taint_instead_of_deletion(
-    world: World, controllers: Controllers
-) -> None:
-    await controllers.start(remediation.setup, fence=FenceMethod.OUT_OF_SERVICE_TAINT)
-    machine = await world.machine("m1")
-    obj = await world.remediation(machine)
-    await until(await phase_is(world, "m1", "power-off"))
-    # The phase is written before the request lands on the host: report "off" only for a
-    # request host-power could have seen (seen once in CI, under load).
-    await until(lambda: _has(world.host_annotations("host-m1"), key_of(obj)))
-    await world.power("host-m1", on=False)
-    await until(await phase_is(world, "m1", "power-on"))
-    node = await world.node_obj("m1")
-    assert names.OUT_OF_SERVICE_TAINT in [t.key for t in node.spec.taints]
-    await world.client.delete(Metal3Remediation, "m1", namespace=world.ns)
-    await until(lambda: _is_none(world.get(Metal3Remediation, "m1")))
-    node = await world.node_obj("m1")
-    assert names.OUT_OF_SERVICE_TAINT not in [t.key for t in node.spec.taints or []]
 
 
 async def test_annotation_based_remediation_from_annotations_alone(

@@ -246,6 +246,22 @@ def test_a_machine_of_a_cluster_not_ready_is_not_judged_and_not_counted_healthy(
     assert (evaluation.healthy, evaluation.unhealthy, evaluation.remediate) == (0, 1, [])
 
 
+def test_a_cluster_not_ready_blocks_remediation_that_cluster_api_would_allow() -> None:
+    """Where metalmend differs from Cluster API 1.9 on purpose (docs/healthcheck.md, "The
+    Cluster"): upstream counts a Machine with a Node that it did not judge, because its
+    Cluster is not ready, as healthy (``needsRemediation`` returns early, then
+    ``healthCheckTargets`` marks it HealthCheckSucceeded=True). Two such Machines and one
+    whose Node was deleted, maxUnhealthy 1: upstream's unhealthy = 3 - 2 = 1 and it
+    remediates; here 3 - 0 = 3 and the short-circuit holds."""
+    held = "Cluster ns/c: InfrastructureReady is not True yet"
+    judged_not = [
+        Target(f"ns/m{i}", ago(7200), f"n{i}", True, cluster_not_ready=held) for i in (1, 2)
+    ]
+    deleted = Target("ns/m3", ago(7200), "n3", False, cluster_not_ready=held)
+    evaluation = evaluate(Check(max_unhealthy=1), [*judged_not, deleted], NOW)
+    assert (evaluation.healthy, evaluation.unhealthy, evaluation.remediate) == (0, 3, [])
+
+
 def test_a_control_plane_machine_is_judged_before_the_control_plane_is_initialized() -> None:
     cp = machine(labels={"cluster.x-k8s.io/control-plane": ""}, created=7200)
     assert is_control_plane(cp)

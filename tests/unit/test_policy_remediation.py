@@ -244,9 +244,12 @@ def test_fencing_refuses_when_the_host_is_no_longer_reported_off() -> None:
 
 
 def test_out_of_service_taint_instead_of_deletion() -> None:
-    settings = r.Settings(fence="out-of-service-taint")
-    decision = r.decide(observed(r.FENCING, host=host(OFF_FOR_US)), T0, settings)
-    assert kinds(decision) == ["SetProgress", "TaintNode", "SetProgress", "ReleasePower"]
+    """The taint, and the host kept off (tests/unit/test_policy_fencing_taint.py: the rest)."""
+    settings = r.Settings(fence=r.FenceMethod.OUT_OF_SERVICE_TAINT)
+    confirmed = r.Progress(phase=r.FENCING, phase_since=T0, node="node-1", off_reads=3)
+    decision = r.decide(observed(progress=confirmed, host=host(OFF_FOR_US)), T0, settings)
+    assert kinds(decision) == ["SetProgress", "TaintNode", "DeletePods", "SetProgress"]
+    assert progress_of(decision).phase == r.EVACUATING
 
 
 # ---- power-on ----------------------------------------------------------------------------------

@@ -47,6 +47,14 @@ Invariants:
    while its host is claimed. An operator releases claims at random.
 9. (docs/design.md safety invariant 9) Every BMC command and power reading reached the
    system its host names, never another behind the same endpoint.
+12. (docs/design.md, invariant 12) The out-of-service taint is never on a Node whose server
+   is not confirmed off: it is added only while the host is off (ground truth), after
+   host-power read it off for the current attempt and after metal3-remediation's own BMC
+   reads confirmed it (``confirm_reads`` over ``confirm_window``); and at every moment a
+   tainted Node's host is off, or the Node has no pod and no VolumeAttachment left. The
+   world runs workloads: a scheduler puts pods (each with a VolumeAttachment) on Ready,
+   untainted Nodes, and kube-controller-manager removes a tainted Node's pods and then its
+   attachments, a few at a time. After settling, no Node is left tainted.
 
 Four policy bugs this model found are replayed step by step at the end of this file, each
 test named for the rule it now proves:
@@ -105,6 +113,7 @@ from metalmend.bmc.settings import BmcSettings
 from metalmend.controllers import hostpower as hostpower_controller
 from metalmend.controllers import machineremediation as mr_controller
 from metalmend.controllers import remediation as m3_controller
+from metalmend.controllers.powerreads import BmcPowerReader
 from metalmend.kube.controller import Result
 from metalmend.kube.store import Store, object_key
 from metalmend.kube.writes import merge_patch
@@ -428,6 +437,7 @@ class WorldWriter:
         if resource is Node:
             world.fenced(found, f"deleted Node {name}")
             world.node_deleted(found)
+            world.workloads_gone(name)
         elif resource is Machine:
             world.machine_deleted(found)
             note("escalation deleted a Machine")
@@ -435,7 +445,12 @@ class WorldWriter:
         return True
 
     async def delete_pods_on(self, node: str) -> None:
-        pass  # no pods in this model
+        """The fenced Node's pods, deleted at once: only ever while its host is off."""
+        world = self.world
+        h = node.removeprefix("node-")
+        if world.pods.get(node) and h in world.bmcs and world.bmcs[h].on:
+            world.violate(f"invariant 12: pods of {node} deleted while host {h} is on")
+        world.pods.pop(node, None)
 
     async def create(self, resource: Any, obj: Any) -> Any:
         raise AssertionError("nothing is created in this model")
@@ -445,6 +460,17 @@ class WorldWriter:
 
     async def record_event(self, obj: Any, type_: str, reason: str, message: str) -> None:
         self.world.event_recorded(reason, message)
+
+
+class WorldEvacuations:
+    """``controllers.remediation.Evacuations`` over the world's pods and attachments."""
+
+    def __init__(self, world: RemediationWorld) -> None:
+        self.world = world
+
+    async def left_on(self, node: str) -> policy.Evacuation:
+        pods = tuple(sorted(self.world.pods.get(node, set())))
+        return policy.Evacuation(pods, tuple(sorted(self.world.attachments.get(node, set()))))
 
 
 @dataclass
@@ -494,6 +520,9 @@ class RemediationWorld(RuleBasedStateMachine):
         self.created_at: dict[str, dt.datetime] = {}  # remediation uid -> creation
         self.key_added_at: dict[tuple[str, str], dt.datetime] = {}  # (host, reboot key)
         self.debts: dict[str, Debt] = {}  # remediation uid -> labels owed
+        self.pods: dict[str, set[str]] = {}  # Node name -> pods bound to it
+        self.attachments: dict[str, set[str]] = {}  # Node name -> VolumeAttachments naming it
+        self.workloads = 0
 
     # ---- set-up ---------------------------------------------------------------------------------
 
@@ -571,6 +600,7 @@ class RemediationWorld(RuleBasedStateMachine):
             )
             node.ready = start == "on"
             self.put(self.nodes, node)
+            self.pods[name], self.attachments[name] = {f"db-{h}"}, {f"va-db-{h}"}
         for m, h in MACHINES.items():
             if h not in hosts or (m == "m3" and not shared_host):
                 continue
@@ -805,6 +835,44 @@ class RemediationWorld(RuleBasedStateMachine):
 
     def someone_deletes_the_node(self, h: str) -> None:
         self.nodes.delete(node_of_host(h))
+        self.workloads_gone(node_of_host(h))
+
+    def workloads_gone(self, node: str) -> None:
+        """A Node object deleted: pod GC removes its pods, and its attachments go."""
+        self.pods.pop(node, None)
+        self.attachments.pop(node, None)
+
+    @rule(what=st.sampled_from(["scheduler", "controller-manager"]), h=st.sampled_from(HOSTS))
+    def workloads(self, what: str, h: str) -> None:
+        if what == "scheduler":
+            self.schedule(h)
+        else:
+            self.evict(h)
+
+    def schedule(self, h: str) -> None:
+        """A pod with a volume lands on a Ready Node without the out-of-service taint."""
+        name = node_of_host(h)
+        node = self.nodes.get(name)
+        if node is None or not node.ready or node.out_of_service:
+            return
+        self.workloads += 1
+        self.pods.setdefault(name, set()).add(f"p{self.workloads}")
+        self.attachments.setdefault(name, set()).add(f"va-p{self.workloads}")
+
+    def evict(self, h: str) -> None:
+        """kube-controller-manager on a tainted Node: a pod force-deleted (taint manager and
+        pod GC), or, once no pod is left, an attachment detached."""
+        name = node_of_host(h)
+        node = self.nodes.get(name)
+        if node is None or not node.out_of_service:
+            return
+        pods, attachments = self.pods.get(name, set()), self.attachments.get(name, set())
+        if pods:
+            pods.remove(min(pods))
+            note("a tainted Node's pod removed")
+        elif attachments:
+            attachments.remove(min(attachments))
+            note("a tainted Node's volume detached")
 
     def host_hangs_or_recovers(self, h: str) -> None:
         if h in self.bmcs:
@@ -1022,7 +1090,10 @@ class RemediationWorld(RuleBasedStateMachine):
             manager, options, writer=writer, bmcs=self.pool
         )
         self.hp.random = random.Random(0)  # retry jitter: the same run replays the same
-        self.m3 = m3_controller.RemediationController(manager, options, writer)
+        reader = BmcPowerReader(manager, options, pool=self.pool)
+        self.m3 = m3_controller.RemediationController(
+            manager, options, writer, reader=reader, evacuations=WorldEvacuations(self)
+        )
         self.mr = mr_controller.MachineRemediationController(manager, options, writer)
 
     # ---- host power: controllers/hostpower.py, its real begin / act / succeeded ------------
@@ -1094,6 +1165,14 @@ class RemediationWorld(RuleBasedStateMachine):
             uid = ctx.obj.metadata.uid
             key = m3_controller.reboot_key(ctx.obj)
             self.check_fence(ctx.host, key, self.created_at[uid], what)
+            if what.startswith("tainted"):
+                confirm = self.options.remediation.confirm_reads
+                reads = ctx.observed.progress.off_reads
+                if ctx.observed.progress.phase != policy.FENCING or reads < confirm:
+                    self.violate(
+                        f"invariant 12: {what} with {reads} of {confirm} confirming reads"
+                        f" (phase {ctx.observed.progress.phase})"
+                    )
             note(f"metal3-remediation {what.split()[0]} a Node")
         else:
             # The annotation-based flow is keyed by host: its request is its reboot key (a
@@ -1300,6 +1379,17 @@ class RemediationWorld(RuleBasedStateMachine):
                 self.violate(f"invariant 4: {host.metadata.name} carries {keys}")
 
     @invariant()
+    def taint_only_while_off_or_evacuated(self) -> None:
+        for node in self.nodes.values():
+            if not node.out_of_service:
+                continue
+            name = node.metadata.name
+            h = name.removeprefix("node-")
+            left = sorted(self.pods.get(name, set()) | self.attachments.get(name, set()))
+            if self.bmcs[h].on and left:
+                self.violate(f"invariant 12: {name} tainted, host {h} on, {left} still on it")
+
+    @invariant()
     def no_violation(self) -> None:
         assert not self.violations, "\n".join(self.violations)
 
@@ -1332,6 +1422,9 @@ class RemediationWorld(RuleBasedStateMachine):
                 self.violate(f"invariant 2: online host {h} left off after settling")
         if self.rems.values():
             self.violate(f"settle: remediations never went away: {self.rems.keys()}")
+        for node in self.nodes.values():
+            if node.out_of_service:
+                self.violate(f"settle: {node.metadata.name} left tainted out-of-service")
         note("settled")
 
     def quiet(self) -> bool:

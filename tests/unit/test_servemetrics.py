@@ -14,7 +14,6 @@ from dataclasses import replace
 import httpx
 import pytest
 from fastapi import FastAPI, HTTPException
-from metalmend.lab.controlplane import free_port
 from metalmend.policy.destroy import DriveRecord, Erase, NodeState, Outcome, Step
 from prometheus_client import REGISTRY
 from sqlalchemy.exc import OperationalError
@@ -24,6 +23,7 @@ from metalmend.db import metrics as dbmetrics
 from metalmend.destroy import metrics as destroymetrics
 from metalmend.serve.settings import ServeSettings, ServeSettingsError, check
 from metalmend.web import metrics as webmetrics
+from metalmend_lab.controlplane import free_port
 
 pytestmark = pytest.mark.unit
 

@@ -72,6 +72,7 @@ OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
 REQUEST_REMEDIATION_BY = "metalmend.dev/request-remediation-by"
 REASON_POWER_OFF_REQUESTED = "PowerOffRequested"
 REASON_HOST_POWERED_OFF = "HostPoweredOff"
+REASON_HOST_CONFIRMED_OFF = "HostConfirmedOff"  # our own BMC reads agreed (taint strategy)
 REASON_NODE_FENCED = "NodeFenced"
 REASON_POWER_ON_REQUESTED = "PowerOnRequested"
 REASON_NODE_BACK = "NodeReady"

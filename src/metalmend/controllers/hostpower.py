@@ -41,6 +41,7 @@ from metalmend.bmc import AuthenticationFailed, BmcError, BmcPool, BmcTarget, pa
 from metalmend.bmc import credentials as bmc_credentials
 from metalmend.bmc.errors import Busy, TimedOut
 from metalmend.controllers import metrics
+from metalmend.controllers.powerreads import shared_pool
 from metalmend.kube import errors
 from metalmend.kube.controller import DONE, Controller, Result, beyond_status
 from metalmend.kube.manager import Manager
@@ -103,7 +104,7 @@ class HostPowerController:
         self.credentials = bmc_credentials.CredentialStore(
             {scope: informer.store for scope, informer in self.secrets.items()}
         )
-        self.bmcs = bmcs or BmcPool(settings.bmc)
+        self.bmcs = bmcs or shared_pool(manager, settings)
         self.writer = writer or KubeWriter(manager.client, manager.events, self.bmcs)
         self.settings = settings.power
         self.retry = settings.power_retry
@@ -429,7 +430,6 @@ def setup(manager: Manager, settings: Settings) -> None:
     )
     # A host whose namespace's turn at its BMC endpoint comes is handed out at once.
     controller.bmcs.wake = runner.queue.add
-    manager.on_stop(controller.bmcs.close)
     runner.watch(controller.hosts, predicate=host_power_relevant)
     for secrets in controller.secrets.values():
         runner.watch(secrets, controller._hosts_naming_secret)

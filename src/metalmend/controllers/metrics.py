@@ -56,6 +56,23 @@ REBOOT_OLDEST = cache_gauge(
         (),
     )
 )
+POWER_OWNER = cache_gauge(
+    CacheGauge(
+        "metalmend_power_owner",
+        "Who sends power commands to the hosts' BMCs, as metalmend run decided at start"
+        " (1 for the owner in use): metalmend's host-power, or baremetal-operator.",
+        ("owner",),
+    )
+)
+
+
+def power_owner_samples(owner: str) -> list[Sample]:
+    owners = [
+        str(o) for o in remediation_policy.PowerOwner if o != remediation_policy.PowerOwner.AUTO
+    ]
+    return [(POWER_OWNER.name, (o,), 1 if o == owner else 0) for o in owners]
+
+
 HOSTS_BMC_ERROR = cache_gauge(
     CacheGauge(
         "metalmend_hosts_bmc_error",

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
-from lightkube.resources.core_v1 import Node
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.storage_v1 import VolumeAttachment
 
 from metalmend.api import indexes, links, names
 from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
+from metalmend.bmc import BmcError, Busy
 from metalmend.controllers import metrics
+from metalmend.controllers.powerreads import BmcPowerReader, PowerReader
 from metalmend.controllers.tenancy import report
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
@@ -43,6 +47,33 @@ def reboot_key(remediation: Any) -> str:
     return f"{names.METAL3_REMEDIATION_REBOOT_PREFIX}{remediation.metadata.uid}"
 
 
+class Evacuations(Protocol):
+    async def left_on(self, node: str) -> policy.Evacuation:
+        """What still ties ``node`` to its workloads (policy.remediation.Evacuation)."""
+
+
+class KubeEvacuations:
+    """Pods bound to the Node (listed, not cached: there may be very many) that the taint
+    removes, and VolumeAttachments naming it."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    async def left_on(self, node: str) -> policy.Evacuation:
+        pods = []
+        async for pod in self.client.list(Pod, namespace="*", fields={"spec.nodeName": node}):
+            tolerations = [t.to_dict() for t in (pod.spec.tolerations if pod.spec else None) or []]
+            deleting = pod.metadata is not None and pod.metadata.deletionTimestamp is not None
+            if policy.blocks_evacuation(deleting, tolerations):
+                pods.append(object_key(pod))
+        attachments = [
+            object_key(a)
+            async for a in self.client.list(VolumeAttachment)
+            if a.spec.nodeName == node
+        ]
+        return policy.Evacuation(tuple(sorted(pods)), tuple(sorted(attachments)))
+
+
 @dataclass(frozen=True)
 class Planned:
     """One reconcile's decision and what it was made on."""
@@ -54,9 +85,26 @@ class Planned:
 
 
 class RemediationController:
-    def __init__(self, manager: Manager, settings: Settings, writer: Writer | None = None) -> None:
+    def __init__(
+        self,
+        manager: Manager,
+        settings: Settings,
+        writer: Writer | None = None,
+        *,
+        reader: PowerReader | None = None,
+        evacuations: Evacuations | None = None,
+    ) -> None:
         self.writer = writer or KubeWriter(manager.client, manager.events)
         self.clock = manager.clock
+        taint = settings.remediation.fence == policy.FenceMethod.OUT_OF_SERVICE_TAINT
+        bmo = settings.remediation.power_owner == policy.PowerOwner.BAREMETAL_OPERATOR
+        # Only the taint strategy, and fencing beside baremetal-operator, read BMCs
+        # themselves; only the taint lists pods (policy.remediation).
+        if reader is None and (taint or bmo):
+            reader = BmcPowerReader(manager, settings)
+        if evacuations is None and taint:
+            evacuations = KubeEvacuations(manager.client)
+        self.reader, self.evacuations = reader, evacuations
         ns = settings.runtime.namespace
         self.remediations = manager.informer(
             Metal3Remediation, namespace=ns, indexes=indexes.of(indexes.REMEDIATIONS_BY_NODE)
@@ -165,9 +213,32 @@ class RemediationController:
             link = links.host_link_of(machine)
             await report(self.writer, self.clock, machine,
                          names.CONDITION_HOST_LINK, link.refusal, link.reason)  # fmt: skip
-        observed = self.observe(remediation, host)
+        observed = await self.look(self.observe(remediation, host), host)
         decision = policy.decide(observed, self.clock.now(), self.settings)
         return Planned(remediation, host, observed, decision)
+
+    async def look(self, observed: policy.Observed, host: Any | None) -> policy.Observed:
+        """What the taint strategy needs beyond the caches, when the policy asks for it:
+        a BMC read of our own, the fenced Node's leftovers."""
+        progress, now = observed.progress, self.clock.now()
+        if (
+            host is not None
+            and self.reader is not None
+            and policy.read_due(progress, now, self.settings)
+        ):
+            try:
+                read = policy.PowerRead(off=await self.reader.is_off(host))
+            except (BmcError, Busy) as error:
+                read = policy.PowerRead(off=None, error=str(error) or type(error).__name__)
+            observed = replace(observed, power_read=read)
+        if (
+            progress.node
+            and self.evacuations is not None
+            and policy.evacuation_due(progress, self.settings)
+        ):
+            left = await self.evacuations.left_on(progress.node)
+            observed = replace(observed, evacuation=left)
+        return observed
 
     async def act(self, obj: Any, action: policy.Action, host: Any | None) -> Any | None:
         """Carry one action out through the writer; return our object if the action changed
@@ -273,6 +344,7 @@ def host_view(host: Any, key: str) -> policy.HostView:
         bmc_error=str(error or ""),
         teardown=teardown_claim(annotations),
         escalation_marked=annotations.get(names.ESCALATING) == key,
+        disable_power_off=spec.get("disablePowerOff") is True,
     )
 
 
@@ -293,8 +365,19 @@ def node_view(node: Any) -> policy.NodeView:
     )
 
 
-def setup(manager: Manager, settings: Settings) -> None:
-    controller = RemediationController(manager, settings)
+def setup(
+    manager: Manager,
+    settings: Settings,
+    *,
+    reader: PowerReader | None = None,
+    evacuations: Evacuations | None = None,
+) -> None:
+    """``reader``/``evacuations``: the BMC reads and the pod listing of the taint strategy
+    (tests give their own hardware; by default the host's BMC and the API server)."""
+    controller = RemediationController(manager, settings, reader=reader, evacuations=evacuations)
+    if controller.evacuations is not None:
+        # A VolumeAttachment going away wakes the remediation holding its Node's host off.
+        attachments = manager.informer(VolumeAttachment)
 
     def by_machine(old: Any, new: Any) -> list[str]:
         machine = new if new is not None else old
@@ -327,3 +410,14 @@ def setup(manager: Manager, settings: Settings) -> None:
     runner.watch(controller.machines, by_machine)
     runner.watch(controller.hosts, by_host)
     runner.watch(controller.nodes, by_node)
+    if controller.evacuations is not None:
+
+        def by_attachment(old: Any, new: Any) -> list[str]:
+            attachment = new if new is not None else old
+            node = attachment.spec.nodeName if attachment.spec else None
+            found = controller.remediations.store.by_index(
+                indexes.REMEDIATIONS_BY_NODE.name, node or ""
+            )
+            return sorted(object_key(r) for r in found)
+
+        runner.watch(attachments, by_attachment)

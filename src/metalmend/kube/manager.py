@@ -84,6 +84,15 @@ class Manager:
         self.api_silent_since: float | None = None
         self.api_silence = ""
         self._on_stop: list[Callable[[], Awaitable[None]]] = []
+        self._shared: dict[str, Any] = {}
+
+    def shared(self, name: str, make: Callable[[], Any]) -> Any:
+        """One object per ``name`` for all the controllers of this manager, made by
+        ``make`` on first request (the BMC pool: one set of per-BMC slots and deadlines
+        whoever reads or commands a BMC)."""
+        if name not in self._shared:
+            self._shared[name] = make()
+        return self._shared[name]
 
     def informer(
         self,

@@ -14,8 +14,16 @@ Phases (``status.phase``), each with what ends it:
   ``status.poweredOffFor``). -> fencing; a BMC error or powerOffTimeoutSeconds -> a failed
   attempt. The key is (re-)added only once host-power no longer lists it from an earlier
   attempt (``withdrawal_unseen``).
+- ``confirming-off`` (fence out-of-service-taint, or beside baremetal-operator): reported
+  off; the controller reads the BMC itself (``read_due``) ``confirm_reads`` times over
+  ``confirm_window`` seconds, all must say off. -> fencing; a read on -> power-off.
 - ``fencing``: the host is off: the Node's labels and annotations are backed up on this
-  object, the Node is deleted (or tainted out-of-service) and its pods deleted. -> power-on.
+  object, the Node is deleted and its pods deleted. -> power-on. With the taint: the Node
+  tainted out-of-service and its pods deleted, our key kept. -> evacuating.
+- ``evacuating`` (taint): the host is held off until no pod the taint removes is left on
+  the Node and no VolumeAttachment names it (``Evacuation``). -> power-on (the taint is
+  removed once the Node is Ready again). Whenever the host is no longer reported off
+  before that, the taint is removed first (invariant 12).
 - ``power-on``: our key is removed; waiting for the Node to register and be Ready, then
   restoring the backed-up labels and annotations it lacks. -> waiting;
   powerOnTimeoutSeconds -> a failed attempt. (A host with spec.online=false is not powered
@@ -73,6 +81,8 @@ class Phase(StrEnum):
     BACKOFF = "backoff"
     DELETING_MACHINE = "deleting-machine"
     FAILED = "failed"
+    CONFIRMING = "confirming-off"
+    EVACUATING = "evacuating"
 
 
 # The phases by their names, for readability in rules and tests.
@@ -83,6 +93,7 @@ POWER_OFF, FENCING, POWER_ON, WAITING = (
     Phase.WAITING,
 )
 BACKOFF, DELETING_MACHINE, FAILED = Phase.BACKOFF, Phase.DELETING_MACHINE, Phase.FAILED
+CONFIRMING, EVACUATING = Phase.CONFIRMING, Phase.EVACUATING
 PHASES = tuple(Phase)
 
 
@@ -107,12 +118,45 @@ class FenceMethod(StrEnum):
     Node and its labels stay, and Kubernetes itself detaches volumes and deletes pods."""
 
 
+class PowerOwner(StrEnum):
+    """Who sends the power commands to the hosts' BMCs."""
+
+    AUTO = "auto"
+    """``metalmend run`` decides from the served BareMetalHost schema: baremetal-operator's
+    own CRD (which has no field for host-power's evidence) means baremetal-operator."""
+
+    METALMEND = "metalmend"
+    """metalmend's host-power: evidence is its per-key acknowledgement (policy.fencing)."""
+
+    BAREMETAL_OPERATOR = "baremetal-operator"
+    """metal3's baremetal-operator: metalmend only adds its keyed reboot annotation, takes
+    BMO's ``status.poweredOn: false`` in the host version carrying that key, and confirms
+    with its own read-only BMC reads; it never sends a power command."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """Remediation (both remediation controllers)."""
 
     fence: FenceMethod = FenceMethod.DELETE_NODE
     """Deleting the Node works on every cluster; the taint needs Kubernetes >= 1.28."""
+
+    power_owner: PowerOwner = PowerOwner.AUTO
+    """Decided at start from what the cluster serves, unless set (docs/install.md)."""
+
+    confirm_window: float = 10.0
+    """Out-of-service taint only: seconds over which metalmend's own BMC reads must keep
+    saying off, after host-power first reported the host off, before the Node is tainted.
+    Some BMCs report Off while the host is still stopping; ten seconds covers the ones
+    we know of and is small against the minutes a lost Node costs."""
+
+    confirm_reads: int = 3
+    """Out-of-service taint only: how many such reads (the first at once, the others
+    spread evenly over ``confirm_window``); all must say off."""
+
+    evacuation_poll: float = 5.0
+    """Out-of-service taint only: seconds between looks at the tainted Node's pods and
+    VolumeAttachments while the host is held off for them to go."""
 
     retry_base: float = 30.0
     """Seconds before retrying a failed remediation; doubles with every failure. Long
@@ -155,6 +199,10 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def _stamp_of(value: Any) -> dt.datetime | None:
     try:
         return parse_stamp(value) if isinstance(value, str) else None
@@ -177,6 +225,11 @@ class Progress:
     message: str = ""
     host: str | None = None  # "namespace/name" of the host we put our key on: released
     # even if the Machine that named it is gone
+    # Out-of-service taint: our own BMC reads in this confirmation (all said off), since
+    # when, and when the last read was taken (off or failed).
+    off_reads: int = 0
+    off_read_since: dt.datetime | None = None
+    last_read_at: dt.datetime | None = None
 
     @classmethod
     def from_wire(cls, status: Mapping[str, Any]) -> Progress:
@@ -185,7 +238,7 @@ class Progress:
         count = status.get("retryCount")
         return cls(
             phase=Phase(phase) if phase in tuple(Phase) else None,
-            retry_count=count if isinstance(count, int) and not isinstance(count, bool) else 0,
+            retry_count=_count(count),
             last_remediated=_stamp_of(status.get("lastRemediated")),
             phase_since=_stamp_of(status.get("phaseSince")),
             next_attempt_at=_stamp_of(status.get("nextAttemptAt")),
@@ -193,6 +246,9 @@ class Progress:
             fenced_node_uid=_text(status.get("fencedNodeUID")),
             message=_text(status.get("message")) or "",
             host=_text(status.get("host")),
+            off_reads=_count(status.get("offReads")),
+            off_read_since=_stamp_of(status.get("offReadSince")),
+            last_read_at=_stamp_of(status.get("lastPowerReadAt")),
         )
 
     def to_wire(self, status: Mapping[str, Any]) -> dict[str, Any]:
@@ -208,6 +264,9 @@ class Progress:
             "fencedNodeUID": self.fenced_node_uid,
             "message": self.message or None,
             "host": self.host,
+            "offReads": self.off_reads or None,
+            "offReadSince": stamp(self.off_read_since) if self.off_read_since else None,
+            "lastPowerReadAt": stamp(self.last_read_at) if self.last_read_at else None,
         }
         for name, value in values.items():
             if value is None:
@@ -240,6 +299,8 @@ class HostView:
     teardown: Claim | None = None
     # The host carries our escalation marker (names.ESCALATING): the Machine may go.
     escalation_marked: bool = False
+    # spec.disablePowerOff (baremetal-operator turns a power-off into a reboot)
+    disable_power_off: bool = False
 
 
 @dataclass(frozen=True)
@@ -290,6 +351,60 @@ class Observed:
     # or a Node that is not the host's. With ``host`` set (the host we recorded), whatever we
     # hold on it is released; nothing else is done.
     link_problem: str = ""
+    # Out-of-service taint: metalmend's own BMC read, taken for this decision when
+    # ``read_due`` said so (None: none taken); the fenced Node's leftovers, looked at in
+    # phase evacuating (None: not looked at).
+    power_read: PowerRead | None = None
+    evacuation: Evacuation | None = None
+
+
+@dataclass(frozen=True)
+class PowerRead:
+    """One read of the host's power from its BMC, by the remediation controller itself."""
+
+    off: bool | None  # None: the read failed
+    error: str = ""  # why it failed (never a secret: the BMC layer's message)
+
+
+@dataclass(frozen=True)
+class Evacuation:
+    """What still ties a tainted Node to its workloads: pods bound to it that the taint
+    removes (``blocks_evacuation``), and VolumeAttachments naming it."""
+
+    pods: tuple[str, ...] = ()  # namespace/name
+    attachments: tuple[str, ...] = ()
+
+    @property
+    def done(self) -> bool:
+        return not self.pods and not self.attachments
+
+
+def tolerates_out_of_service(tolerations: Any) -> bool:
+    """Whether a pod's tolerations let it stay on a Node tainted
+    ``node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`` (Kubernetes' matching:
+    an empty key with Exists matches every taint; an empty effect matches every effect)."""
+    for t in tolerations or ():
+        key, operator = t.get("key") or "", t.get("operator") or "Equal"
+        effect, value = t.get("effect") or "", t.get("value") or ""
+        if effect not in ("", "NoExecute"):
+            continue
+        if key == "" and operator == "Exists":
+            return True
+        if key != names.OUT_OF_SERVICE_TAINT:
+            continue
+        if operator == "Exists" or value == OUT_OF_SERVICE_VALUE:
+            return True
+    return False
+
+
+OUT_OF_SERVICE_VALUE = "nodeshutdown"
+
+
+def blocks_evacuation(deleting: bool, tolerations: Any) -> bool:
+    """A pod bound to the tainted Node keeps the host off while it exists, unless it
+    tolerates the taint and is not being deleted (a DaemonSet's pod that tolerates every
+    taint stays for good: waiting for it would hold the host off forever)."""
+    return deleting or not tolerates_out_of_service(tolerations)
 
 
 # ---- actions, executed in order by controllers.remediation ----------------------------------
@@ -390,6 +505,50 @@ def retry_wait(retry_count: int, settings: Settings) -> float:
     return float(min(settings.retry_cap, settings.retry_base * 2 ** max(retry_count - 1, 0)))
 
 
+def _taint(settings: Settings) -> bool:
+    return settings.fence == FenceMethod.OUT_OF_SERVICE_TAINT
+
+
+def _bmo(settings: Settings) -> bool:
+    return settings.power_owner == PowerOwner.BAREMETAL_OPERATOR
+
+
+def _confirms(settings: Settings) -> bool:
+    """Whether our own BMC reads must agree before fencing: for the taint, and wherever
+    another controller (baremetal-operator) owns power."""
+    return _taint(settings) or _bmo(settings)
+
+
+def _reported_off(host: HostView, settings: Settings) -> bool:
+    """The power owner's word that the host is off for our request. Beside
+    baremetal-operator: ``status.poweredOn`` false in the very host version that carries
+    our key (BMO keeps no per-request acknowledgement and no timestamp; the confirming
+    reads make up for what that value cannot say)."""
+    if _bmo(settings):
+        power = host.power
+        return power.holds_key and power.powered_on is False
+    return reported_off(host.power)
+
+
+def read_interval(settings: Settings) -> float:
+    """Seconds between the confirmation reads: ``confirm_reads`` spread over the window."""
+    return settings.confirm_window / max(settings.confirm_reads - 1, 1)
+
+
+def read_due(progress: Progress, now: dt.datetime, settings: Settings) -> bool:
+    """Whether the controller reads the host's BMC itself before this decision (phase
+    confirming-off, the first read at once, the next one ``read_interval`` later)."""
+    if not _confirms(settings) or progress.phase != CONFIRMING:
+        return False
+    last = progress.last_read_at
+    return last is None or now >= last + _seconds(read_interval(settings))
+
+
+def evacuation_due(progress: Progress, settings: Settings) -> bool:
+    """Whether the controller looks at the fenced Node's pods and VolumeAttachments."""
+    return _taint(settings) and progress.phase == EVACUATING
+
+
 # ---- decide ----------------------------------------------------------------------------------
 
 
@@ -409,6 +568,8 @@ def decide(observed: Observed, now: dt.datetime, settings: Settings = Settings()
         return _fail_to_start(observed, problem)
     if observed.host.teardown is not None and not observed.host.power.holds_key:
         return _held_by_teardown(observed, observed.host, observed.host.teardown)
+    if _bmo(settings) and observed.host.disable_power_off and progress.phase != DELETING_MACHINE:
+        return _fail_to_start(observed, DISABLE_POWER_OFF.format(host=observed.host.key))
     handler = _HANDLERS.get(progress.phase, _start) if progress.phase else _start
     return handler(observed, observed.host, now, settings)
 
@@ -430,8 +591,20 @@ def _held_by_teardown(observed: Observed, host: HostView, claim: Claim) -> Decis
     return decision
 
 
+DISABLE_POWER_OFF = (
+    "host {host} has spec.disablePowerOff: baremetal-operator would reboot it instead of"
+    " powering it off, so it cannot be fenced; remediate it another way, or clear"
+    " disablePowerOff"
+)
+
+
 def _fail_to_start(observed: Observed, problem: str) -> Decision:
     decision = Decision()
+    node = observed.node
+    if node is not None and node.out_of_service and observed.progress.phase in (
+        POWER_OFF, CONFIRMING, FENCING, EVACUATING,
+    ):  # fmt: skip
+        decision.do(UntaintNode(node.name))  # before the host is released
     if observed.host is not None and observed.host.power.holds_key:
         decision.do(ReleasePower())
     progress = observed.progress
@@ -487,7 +660,19 @@ def _power_off(
         if host.other_remediation is not None:  # raced with another remediation: yield
             return decision.do(SetProgress(replace(progress, phase=None, message="")))
         _request_power_off(host, decision)
-    if reported_off(host.power):
+    _untaint_unless_off(observed, host, decision, settings)
+    if _reported_off(host, settings) and _confirms(settings):
+        message = (
+            f"{host.key} reported off; confirming with {settings.confirm_reads} BMC reads"
+            f" over {settings.confirm_window:g}s before the taint"
+        )
+        confirming = replace(
+            progress, phase=CONFIRMING, phase_since=now, message=message,
+            off_reads=0, off_read_since=None, last_read_at=None,
+        )  # fmt: skip
+        decision.do(SetProgress(confirming))
+        return decision.note(names.REASON_HOST_POWERED_OFF, message).at(now)
+    if _reported_off(host, settings):
         message = f"{host.key} reported off; fencing Node {progress.node or '(none)'}"
         decision.do(SetProgress(replace(progress, phase=FENCING, phase_since=now, message=message)))
         return decision.note(names.REASON_HOST_POWERED_OFF, message)
@@ -509,41 +694,124 @@ def _request_power_off(host: HostView, decision: Decision) -> None:
         decision.do(RequestPowerOff())
 
 
+def _untaint_unless_off(
+    observed: Observed, host: HostView, decision: Decision, settings: Settings
+) -> None:
+    """The taint is never on a Node whose host is not reported off for our request (until
+    the Node's workloads are gone: then the host may power on under it). In the phases
+    before that, a taint found on a host no longer reported off is taken away at once."""
+    node = observed.node
+    if node is not None and node.out_of_service and not _reported_off(host, settings):
+        decision.do(UntaintNode(node.name))
+
+
+def _power_off_again(
+    observed: Observed,
+    host: HostView,
+    now: dt.datetime,
+    settings: Settings,
+    why: str,
+    warning: bool = False,
+) -> Decision:
+    """Our key went missing or the host is on again: never fence on an old report."""
+    progress = observed.progress
+    message = f"{host.key} {why}; asking for power-off again"
+    decision = Decision()
+    _untaint_unless_off(observed, host, decision, settings)
+    again = replace(
+        progress, phase=POWER_OFF, phase_since=now, message=message,
+        off_reads=0, off_read_since=None, last_read_at=None,
+    )  # fmt: skip
+    decision.do(SetProgress(again))
+    _request_power_off(host, decision)
+    return decision.note(names.REASON_POWER_OFF_REQUESTED, message, warning=warning).at(
+        now + _seconds(observed.spec.power_off_timeout)
+    )
+
+
+def _confirming(
+    observed: Observed, host: HostView, now: dt.datetime, settings: Settings
+) -> Decision:
+    """Reported off: our own BMC reads must say off too, ``confirm_reads`` times over
+    ``confirm_window`` seconds, before the taint (some BMCs say Off before the host has
+    stopped). A read that says on starts the power-off over; a failed read is not counted,
+    and the attempt fails once powerOffTimeoutSeconds have passed on top of the window."""
+    progress = observed.progress
+    if not _reported_off(host, settings):
+        return _power_off_again(observed, host, now, settings, "no longer reported off")
+    decision = Decision()
+    _untaint_unless_off(observed, host, decision, settings)
+    interval = _seconds(read_interval(settings))
+    deadline = (progress.phase_since or now) + _seconds(
+        observed.spec.power_off_timeout + settings.confirm_window
+    )
+    read = observed.power_read
+    if read is None:
+        if now >= deadline:
+            why = f"{host.key} not confirmed off within {observed.spec.power_off_timeout:g}s"
+            return _attempt_failed(observed, now, settings, why, decision)
+        due = progress.last_read_at + interval if progress.last_read_at else now
+        return decision.at(min(due, deadline))
+    if read.off is False:
+        return _power_off_again(
+            observed,
+            host,
+            now,
+            settings,
+            "read on from its BMC after it was reported off",
+            warning=True,
+        )
+    if read.off is None:
+        message = f"reading {host.key}'s BMC failed: {read.error}; reading again"
+        decision.do(SetProgress(replace(progress, last_read_at=now, message=message)))
+        if now >= deadline:
+            why = f"{host.key} not confirmed off: BMC read failed: {read.error}"
+            return _attempt_failed(observed, now, settings, why, decision)
+        return decision.at(now + interval)
+    since = progress.off_read_since or now
+    reads = progress.off_reads + 1
+    held = (now - since).total_seconds()
+    if reads >= settings.confirm_reads and held >= settings.confirm_window:
+        message = f"{host.key} confirmed off: {reads} BMC reads over {held:g}s"
+        confirmed = replace(
+            progress, phase=FENCING, phase_since=now, message=message,
+            off_reads=reads, off_read_since=since, last_read_at=now,
+        )  # fmt: skip
+        decision.do(SetProgress(confirmed))
+        return decision.note(names.REASON_HOST_CONFIRMED_OFF, message).at(now)
+    message = f"{host.key} read off {reads} time(s) over {held:g}s; confirming"
+    decision.do(
+        SetProgress(
+            replace(
+                progress, off_reads=reads, off_read_since=since, last_read_at=now,
+                message=message,
+            )
+        )
+    )  # fmt: skip
+    return decision.at(now + interval)
+
+
 def _fencing(observed: Observed, host: HostView, now: dt.datetime, settings: Settings) -> Decision:
     progress = observed.progress
-    if not reported_off(host.power):
-        # Our key went missing or the host is on again: never fence on an old report.
-        message = f"{host.key} no longer reported off; asking for power-off again"
-        decision = Decision().do(
-            SetProgress(replace(progress, phase=POWER_OFF, phase_since=now, message=message))
-        )
-        _request_power_off(host, decision)
-        return decision.note(names.REASON_POWER_OFF_REQUESTED, message).at(
-            now + _seconds(observed.spec.power_off_timeout)
-        )
+    if not _reported_off(host, settings):
+        return _power_off_again(observed, host, now, settings, "no longer reported off")
+    if _taint(settings):
+        return _fence_by_taint(observed, host, now, settings)
+    if _bmo(settings) and progress.off_reads < settings.confirm_reads:
+        return _unconfirmed(progress, host, now)
     decision = Decision()
     node = observed.node
     fenced_uid = progress.fenced_node_uid
-    if node is not None and not (
-        settings.fence == FenceMethod.OUT_OF_SERVICE_TAINT and node.out_of_service
-    ):
+    if node is not None:
         if progress.fenced_node_uid != node.uid:
             fenced_uid = node.uid
             decision.do(SetProgress(replace(progress, fenced_node_uid=node.uid)))
-        if settings.fence == FenceMethod.OUT_OF_SERVICE_TAINT:
-            decision.do(TaintNode(node.name))
-        else:
-            if observed.backup is None:
-                decision.do(BackupNode(Backup(dict(node.labels), dict(node.annotations))))
-            decision.do(DeleteNode(node.name, node.uid))
-    if progress.node and settings.fence == FenceMethod.DELETE_NODE:
+        if observed.backup is None:
+            decision.do(BackupNode(Backup(dict(node.labels), dict(node.annotations))))
+        decision.do(DeleteNode(node.name, node.uid))
+    if progress.node:
         decision.do(DeletePods(progress.node))
-    how = (
-        "tainted out-of-service"
-        if settings.fence == FenceMethod.OUT_OF_SERVICE_TAINT
-        else "deleted"
-    )
-    fenced = f"Node {progress.node} {how}" if progress.node else "no Node to fence"
+    fenced = f"Node {progress.node} deleted" if progress.node else "no Node to fence"
     message = f"{fenced}; power-on of {host.key} requested"
     decision.note(names.REASON_NODE_FENCED, fenced)
     decision.do(
@@ -556,6 +824,87 @@ def _fencing(observed: Observed, host: HostView, now: dt.datetime, settings: Set
                 message=message,
             )
         ),
+        ReleasePower(),
+    )
+    decision.note(names.REASON_POWER_ON_REQUESTED, message)
+    return decision.at(now + _seconds(observed.spec.power_on_timeout))
+
+
+def _fence_by_taint(
+    observed: Observed, host: HostView, now: dt.datetime, settings: Settings
+) -> Decision:
+    """Confirmed off: taint the Node, keep the host off, wait for its workloads to go."""
+    progress = observed.progress
+    if progress.off_reads < settings.confirm_reads:  # never taint on less (a stale phase)
+        return _unconfirmed(progress, host, now)
+    decision = Decision()
+    node = observed.node
+    fenced_uid = progress.fenced_node_uid
+    if node is not None and not node.out_of_service:
+        fenced_uid = node.uid
+        if progress.fenced_node_uid != node.uid:
+            decision.do(SetProgress(replace(progress, fenced_node_uid=node.uid)))
+        decision.do(TaintNode(node.name))
+    if progress.node:
+        # Confirmed off: its pods are not running. Deleted at once, as for a deleted Node,
+        # rather than after the pod garbage collector's next pass (every 20 s); Kubernetes
+        # then detaches their volumes at once (the taint).
+        decision.do(DeletePods(progress.node))
+    fenced = f"Node {progress.node} tainted out-of-service" if progress.node else "no Node"
+    message = f"{fenced}; {host.key} held off until its pods are gone and volumes detached"
+    decision.note(names.REASON_NODE_FENCED, fenced)
+    evacuating = replace(
+        progress, phase=EVACUATING, phase_since=now, fenced_node_uid=fenced_uid, message=message
+    )
+    return decision.do(SetProgress(evacuating)).at(now)
+
+
+def _unconfirmed(progress: Progress, host: HostView, now: dt.datetime) -> Decision:
+    """Phase fencing without the confirmation on record (a status written around us):
+    confirm first."""
+    message = f"{host.key} reported off; confirming before fencing"
+    unconfirmed = replace(
+        progress, phase=CONFIRMING, phase_since=now, message=message,
+        off_reads=0, off_read_since=None, last_read_at=None,
+    )  # fmt: skip
+    return Decision().do(SetProgress(unconfirmed)).at(now)
+
+
+def _evacuating(
+    observed: Observed, host: HostView, now: dt.datetime, settings: Settings
+) -> Decision:
+    """Tainted and held off: power on only once no pod the taint removes is left on the
+    Node and no VolumeAttachment names it (Kubernetes' non-graceful node shutdown). No
+    deadline: the host stays off rather than come back under workloads that moved; the
+    health check's own timeout decides (deleting this object releases it)."""
+    progress = observed.progress
+    if not _reported_off(host, settings):
+        why = "no longer reported off while its Node is tainted"
+        return _power_off_again(observed, host, now, settings, why, warning=True)
+    decision = Decision()
+    node = observed.node
+    if progress.off_reads < settings.confirm_reads:  # a status written around us
+        if node is not None and node.out_of_service:
+            decision.do(UntaintNode(node.name))
+        return decision.then(_fence_by_taint(observed, host, now, settings))
+    if node is not None and not node.out_of_service:
+        decision.do(TaintNode(node.name))  # removed by someone else: the rule still holds
+    left = observed.evacuation if progress.node else Evacuation()
+    poll = now + _seconds(settings.evacuation_poll)
+    if left is None:  # not looked at for this decision
+        return decision.at(poll)
+    if not left.done:
+        what = ", ".join([*left.pods[:3], *left.attachments[:3]])
+        message = (
+            f"{host.key} held off: {len(left.pods)} pod(s) and {len(left.attachments)}"
+            f" VolumeAttachment(s) still on Node {progress.node} ({what})"
+        )
+        if progress.message != message:
+            decision.do(SetProgress(replace(progress, message=message)))
+        return decision.at(poll)
+    message = f"Node {progress.node or '(none)'} evacuated; power-on of {host.key} requested"
+    decision.do(
+        SetProgress(replace(progress, phase=POWER_ON, phase_since=now, message=message)),
         ReleasePower(),
     )
     decision.note(names.REASON_POWER_ON_REQUESTED, message)
@@ -684,6 +1033,14 @@ def _attempt_failed(
     """A failed attempt counts a retry; the host is released (never left off) and either
     the next attempt waits its turn or, for escalate, the Machine goes."""
     decision = decision or Decision()
+    node = observed.node
+    if (
+        node is not None
+        and node.out_of_service
+        and observed.progress.phase in (POWER_OFF, CONFIRMING, FENCING, EVACUATING)
+        and UntaintNode(node.name) not in decision.actions
+    ):
+        decision.do(UntaintNode(node.name))  # before the host is released
     progress = replace(observed.progress, retry_count=observed.progress.retry_count + 1)
     spec = observed.spec
     if spec.strategy == Strategy.ESCALATE and progress.retry_count >= spec.delete_after_retries:
@@ -726,13 +1083,13 @@ def _release(observed: Observed, now: dt.datetime, settings: Settings) -> Decisi
     if not observed.has_finalizer:
         return decision
     host = observed.host
+    node = observed.node
+    if node is not None and node.out_of_service:
+        decision.do(UntaintNode(node.name))  # first: never on a host that may power on
     if host is not None and host.power.holds_key:
         decision.do(ReleasePower())
     if host is not None and host.escalation_marked:
         decision.do(ClearEscalation())
-    node = observed.node
-    if node is not None and node.out_of_service:
-        decision.do(UntaintNode(node.name))
     progress = observed.progress
     backup = observed.backup
     fenced_uid = _old_uid(progress, settings)
@@ -757,7 +1114,9 @@ def _release(observed: Observed, now: dt.datetime, settings: Settings) -> Decisi
 
 _HANDLERS = {
     Phase.POWER_OFF: _power_off,
+    Phase.CONFIRMING: _confirming,
     Phase.FENCING: _fencing,
+    Phase.EVACUATING: _evacuating,
     Phase.POWER_ON: _power_on,
     Phase.WAITING: _waiting,
     Phase.BACKOFF: _backoff,

@@ -1,0 +1,73 @@
+"""Read-only BMC reads for fencing evidence, outside host-power.
+
+Fencing by the out-of-service taint does not take host-power's one "off" reading as the
+last word: the remediation controller reads the host's BMC itself, several times over a
+window, before it taints (policy.remediation, phase ``confirming-off``). This module is
+that read: the host's address and credentials are resolved exactly as host-power resolves
+them (labelled, bound Secrets from the cache: bmc.credentials), and the read goes through
+a ``BmcPool`` (the same per-endpoint slots and deadlines). It never sends a command.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from lightkube.resources.core_v1 import Secret
+
+from metalmend.bmc import BmcPool, BmcTarget, PowerState, parse
+from metalmend.bmc import credentials as bmc_credentials
+from metalmend.kube.manager import Manager
+from metalmend.settings import Settings
+
+
+def shared_pool(manager: Manager, settings: Settings) -> BmcPool:
+    """The manager's one BMC pool (host-power's commands and polls, and these reads):
+    each BMC's share of calls in flight is counted once (docs/design.md, invariant 10).
+    Closed when the manager stops."""
+
+    def make() -> BmcPool:
+        pool = BmcPool(settings.bmc)
+        manager.on_stop(pool.close)
+        return pool
+
+    made: BmcPool = manager.shared("bmc-pool", make)
+    return made
+
+
+class PowerReader(Protocol):
+    async def is_off(self, host: Any) -> bool:
+        """Whether the host's BMC reads off now (raises the pool's BmcError)."""
+
+
+class BmcPowerReader:
+    """``PowerReader`` through the host's own BMC, with host-power's credential rules."""
+
+    def __init__(self, manager: Manager, settings: Settings, pool: BmcPool | None = None) -> None:
+        secrets = {
+            scope: manager.informer(
+                Secret,
+                namespace=scope,
+                labels={bmc_credentials.SECRET_LABEL: bmc_credentials.SECRET_LABEL_VALUE},
+            )
+            for scope in bmc_credentials.secret_scopes(
+                settings.runtime.namespace, settings.runtime.secret_namespaces
+            )
+        }
+        self.credentials = bmc_credentials.CredentialStore(
+            {scope: informer.store for scope, informer in secrets.items()}
+        )
+        self.pool = pool or shared_pool(manager, settings)
+
+    def target(self, host: Any) -> BmcTarget:
+        bmc = (host.get("spec") or {}).get("bmc") or {}
+        address = parse(bmc.get("address") or "")
+        namespace, name = str(host.metadata.namespace), str(host.metadata.name)
+        creds = self.credentials.lookup(namespace, name, bmc.get("credentialsName"))
+        verify = not bmc.get("disableCertificateVerification", False)
+        return BmcTarget(
+            address, creds, verify_certificates=verify, namespace=namespace,
+            waiter=f"{namespace}/{name}",
+        )  # fmt: skip
+
+    async def is_off(self, host: Any) -> bool:
+        return await self.pool.power_state(self.target(host)) == PowerState.OFF

@@ -1,0 +1,151 @@
+"""Fencing by the out-of-service taint in the lab: real BMCs (Redfish and IPMI), the real
+host power controller, the real kube-controller-manager (its taint-eviction controller and
+pod garbage collector act on the taint), scheduler and StatefulSet controller, and
+`metalmend run --fence out-of-service-taint` as a process killed -9 once the Node is
+tainted. Watched from outside every 0.1 s: the taint is seen only while the host is off
+(the simulated server's own power, not anything metalmend reports), or once the Node has
+no pod left; the StatefulSet's pod runs elsewhere only after the taint; the host comes
+back, the taint goes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from lightkube import ApiError
+from lightkube.models.apps_v1 import StatefulSetSpec
+from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.resources.apps_v1 import StatefulSet
+from lightkube.resources.core_v1 import Node, Pod
+
+from metalmend.api import names
+from metalmend_lab import lab
+from metalmend_lab.hosts import NAMESPACE, fence_health_check
+from tests.e2e.conftest import Metalmend
+
+GRACE = 6.0
+TAINT_SETTINGS = {
+    "METALMEND_REMEDIATION_FENCE": "out-of-service-taint",
+    "METALMEND_REMEDIATION_CONFIRM_WINDOW": "2",
+    "METALMEND_REMEDIATION_CONFIRM_READS": "3",
+    "METALMEND_REMEDIATION_EVACUATION_POLL": "1",
+}
+
+
+def wait(check: Callable[[], bool], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not within {within:.0f}s: {what}")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.RunningLab]:
+    options = lab.LabOptions(
+        lab_dir=tmp_path_factory.mktemp("taint-lab"),
+        node_monitor_grace_period=GRACE,
+        hosts=3,
+        bmc="mixed",
+        boot_delay=1.0,
+        controllers="",
+    )
+    with lab.started(options) as running:
+        fence_health_check(running.client(), 2, power_off=60, power_on=120)
+        yield running
+
+
+@pytest.fixture
+def metalmend(fleet: lab.RunningLab, monkeypatch: pytest.MonkeyPatch) -> Iterator[Metalmend]:
+    for name, value in TAINT_SETTINGS.items():
+        monkeypatch.setenv(name, value)
+    process = Metalmend(fleet, lab.DEFAULT_CONTROLLERS, 3.0)
+    process.start()
+    yield process
+    process.stop()
+
+
+def tainted(node: Any) -> bool:
+    return any(t.key == names.OUT_OF_SERVICE_TAINT for t in (node.spec.taints or []))
+
+
+def test_taint_only_on_a_server_that_is_off_and_the_pod_moves_after_it(
+    fleet: lab.RunningLab, metalmend: Metalmend
+) -> None:
+    client = fleet.client()
+    workdir = fleet.plane.workdir.parent
+    labels: dict[str, Any] = {"app": "db"}
+    wait(lambda: all(h.ready == "True" for h in lab.status(workdir).hosts), 60, "Ready hosts")
+    client.create(
+        StatefulSet(
+            metadata=ObjectMeta(name="db"),
+            spec=StatefulSetSpec(
+                serviceName="db", replicas=1, selector=LabelSelector(matchLabels=labels),
+                template=PodTemplateSpec(
+                    metadata=ObjectMeta(labels=labels),
+                    spec=PodSpec(containers=[Container(name="db", image="example.org/db:1")]),
+                ),
+            ),
+        ),
+        namespace=NAMESPACE,
+    )  # fmt: skip
+
+    def running_on() -> str | None:
+        for pod in client.list(Pod, namespace=NAMESPACE, labels=labels):
+            if pod.status and pod.status.phase == "Running" and pod.spec and pod.spec.nodeName:
+                return str(pod.spec.nodeName)
+        return None
+
+    wait(lambda: running_on() is not None, 60, "db-0 Running")
+    hung = running_on()
+    assert hung is not None
+    host = next(h for h in lab.status(workdir).hosts if h.name == hung)
+    began = time.monotonic()
+    lab.inject_fault(workdir, hung, "hang")
+    at: dict[str, float] = {}
+    killed = False
+    deadline = began + 240
+    try:
+        while time.monotonic() < deadline:
+            now = time.monotonic() - began
+            try:
+                node = client.get(Node, hung)
+            except ApiError:
+                node = None
+            power = next(h.power for h in lab.status(workdir).hosts if h.name == host.name)
+            on_node = [
+                p for p in client.list(Pod, namespace="*", fields={"spec.nodeName": hung})
+            ]  # fmt: skip
+            if "tainted" in at and not on_node:
+                at.setdefault("pods_gone", now)
+            if node is not None and tainted(node):
+                at.setdefault("tainted", now)
+                assert power == "off" or not on_node, (
+                    f"{hung} tainted while its server is {power} with pods {len(on_node)}"
+                )
+                if not killed:  # restart-safe: kill -9 once the Node is tainted
+                    metalmend.kill()
+                    metalmend.start()
+                    killed = True
+            elif "tainted" in at:
+                at.setdefault("untainted", now)
+            moved = running_on()
+            if moved is not None and moved != hung:
+                at.setdefault("moved", now)
+                assert "tainted" in at, "db-0 ran elsewhere before the taint"
+            if power == "on" and "tainted" in at:
+                at.setdefault("powered_on", now)
+            if "untainted" in at and "moved" in at and node is not None:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"not done within 240s: {at}")
+    finally:
+        client.delete(StatefulSet, "db", namespace=NAMESPACE)
+    assert at["tainted"] <= at["moved"] <= at["untainted"]
+    assert at["powered_on"] >= at["pods_gone"], "powered on before the Node's pods were gone"
+    print("taint timeline (s after the hang):", {k: round(v, 1) for k, v in at.items()})
