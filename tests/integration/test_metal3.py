@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from lightkube import ApiError, AsyncClient, Client, KubeConfig
@@ -212,16 +213,12 @@ def test_run_picks_baremetal_operator_and_says_so(metal3_plane: ControlPlane) ->
     port = free_port()
     process = run(metal3_plane, "node-link,metal3-remediation", port)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert process.poll() is None, process.communicate()[1]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "metal3-remediation beside BMO never got ready"
-            time.sleep(0.2)
+        started(
+            answers(f"http://127.0.0.1:{port}/readyz"),
+            f"metalmend run (node-link, metal3-remediation beside baremetal-operator) to answer"
+            f" 200 on http://127.0.0.1:{port}/readyz",
+            process,
+        )
         exported = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert 'metalmend_power_owner{owner="baremetal-operator"} 1.0' in exported
         assert 'metalmend_power_owner{owner="metalmend"} 0.0' in exported
