@@ -44,3 +44,12 @@ def test_once_the_cache_has_moved_on_the_write_is_forgotten() -> None:
 
 def test_nothing_written_reads_the_cache() -> None:
     assert OwnWrites().latest("ns/c", BEFORE) is BEFORE
+
+
+def test_it_counts_the_keys_it_remembers_and_forgets_one_the_cache_has() -> None:
+    writes = OwnWrites()
+    assert len(writes) == 0  # nothing remembered: callers skip the lookups
+    writes.wrote("ns/c", BEFORE, OURS)
+    assert len(writes) == 1
+    assert writes.latest("ns/c", OURS) is OURS
+    assert len(writes) == 0

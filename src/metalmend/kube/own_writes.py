@@ -21,6 +21,10 @@ class OwnWrites:
     def __init__(self) -> None:
         self._written: dict[str, tuple[str | None, Any]] = {}
 
+    def __len__(self) -> int:
+        """Keys remembered (0: every read is the cache's)."""
+        return len(self._written)
+
     def wrote(self, key: str, replaced: Any, written: Any) -> None:
         """``written`` (the server's answer) replaced the object ``replaced`` under ``key``."""
         self._written[key] = (replaced.metadata.resourceVersion, written)
