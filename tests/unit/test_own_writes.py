@@ -53,3 +53,12 @@ def test_it_counts_the_keys_it_remembers_and_forgets_one_the_cache_has() -> None
     assert len(writes) == 1
     assert writes.latest("ns/c", OURS) is OURS
     assert len(writes) == 0
+
+
+def test_a_key_no_longer_in_the_cache_is_forgotten() -> None:
+    writes = OwnWrites()
+    writes.wrote("ns/gone", BEFORE, OURS)
+    writes.wrote("ns/c", BEFORE, OURS)
+    writes.retain({"ns/c"})
+    assert len(writes) == 1
+    assert writes.latest("ns/c", BEFORE) is OURS

@@ -203,7 +203,9 @@ class HealthCheckController:
         machines = list(self.machines.store.values())
         if not self.machine_writes:
             return machines
-        return [self.machine_writes.latest(object_key(m), m) or m for m in machines]
+        keys = [object_key(m) for m in machines]
+        self.machine_writes.retain(set(keys))
+        return [self.machine_writes.latest(k, m) or m for k, m in zip(keys, machines, strict=True)]
 
     def observe(
         self,

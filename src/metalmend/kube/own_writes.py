@@ -38,3 +38,9 @@ class OwnWrites:
             return cached
         self._written[key] = (replaced, written)
         return written
+
+    def retain(self, keys: set[str]) -> None:
+        """Forget every key but ``keys`` (the objects still in the cache): an object
+        deleted before its write came back is never asked for again."""
+        for key in [k for k in self._written if k not in keys]:
+            del self._written[key]
