@@ -20,7 +20,12 @@ from lightkube.types import PatchType
 
 from metalmend.api import names
 from metalmend.api.reboot import is_reboot_annotation
-from metalmend.api.resources import BareMetalHost, Metal3Remediation, NodeHealthCheck
+from metalmend.api.resources import (
+    BareMetalHost,
+    Metal3Remediation,
+    Metal3RemediationTemplate,
+    NodeHealthCheck,
+)
 from metalmend.api.stamps import stamp
 from metalmend.controllers import nodehealthcheck, remediation
 from metalmend.kube.manager import Manager
@@ -142,8 +147,14 @@ class World:
             return None
 
     async def reasons(self) -> set[str]:
+        """This test's Events: in its namespace, and those of the (cluster-scoped) check and
+        Nodes, in default, that name something of this namespace."""
         found = {e.reason async for e in self.client.list(Event, namespace=self.ns)}
-        return found | {e.reason async for e in self.client.list(Event, namespace="default")}
+        return found | {
+            e.reason
+            async for e in self.client.list(Event, namespace="default")
+            if self.ns in (e.message or "")
+        }
 
     async def cleanup(self) -> None:
         for check in self.checks:
@@ -310,3 +321,32 @@ async def _lacks(world: World, host: str, key: str) -> bool:
 
 async def _recorded(world: World, reason: str) -> bool:
     return reason in await world.reasons()
+
+
+async def test_a_template_is_copied_and_escalate_disables_the_check(world: World, run: Run) -> None:
+    ns = world.ns
+    template = {"template": {"spec": {"strategy": "reboot", "powerOffTimeoutSeconds": 45}}}
+    await world.client.create(
+        Metal3RemediationTemplate(metadata=ObjectMeta(name="fence"), spec=template), namespace=ns
+    )
+    await world.host("host-a")
+    await world.node("a", f"metal3://{ns}/host-a", ready=False)
+    await world.node("b", f"metal3://{ns}/host-b")
+    await world.check("workers", maxUnhealthy=1,
+                      remediationTemplate={"namespace": ns, "name": "fence"})  # fmt: skip
+    await run.start()
+    await until(lambda: _exists(world.remediation("a")), within=DURATION + 20)
+    made = await world.remediation("a")
+    assert made.spec["powerOffTimeoutSeconds"] == 45
+
+    await world.client.patch(
+        Metal3RemediationTemplate, "fence",
+        {"spec": {"template": {"spec": {"strategy": "escalate"}}}},
+        namespace=ns, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    await until(lambda: _status_is(world, "workers", phase="Disabled"))
+    status = await world.status("workers")
+    (condition,) = status["conditions"]
+    assert (condition["type"], condition["status"]) == ("Disabled", "True")
+    assert "escalate" in condition["message"]
+    await until(lambda: _recorded(world, "Disabled"))
