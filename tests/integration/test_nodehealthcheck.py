@@ -28,9 +28,10 @@ from metalmend.api.resources import (
 )
 from metalmend.api.stamps import stamp
 from metalmend.controllers import nodehealthcheck, remediation
+from metalmend.controllers.powerreads import PowerReader
 from metalmend.kube.manager import Manager
 from metalmend.policy.fencing import POWERED_OFF_FOR
-from metalmend.settings import RuntimeSettings, Settings
+from metalmend.settings import FenceMethod, RemediationSettings, RuntimeSettings, Settings
 from tests.support import reconciles, until
 
 DURATION = 2  # seconds a Ready=False must last
@@ -43,11 +44,16 @@ class Run:
         self.client, self.namespace = client, namespace
         self.task: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
+    async def start(
+        self, fencing: RemediationSettings | None = None, reader: PowerReader | None = None
+    ) -> None:
         manager = Manager(self.client)
-        settings = Settings(runtime=RuntimeSettings(namespace=self.namespace))
+        settings = Settings(
+            runtime=RuntimeSettings(namespace=self.namespace),
+            remediation=fencing or RemediationSettings(),
+        )
         nodehealthcheck.setup(manager, settings)
-        remediation.setup(manager, settings)
+        remediation.setup(manager, settings, reader=reader)
         self.task = asyncio.create_task(manager.run())
         await manager.wait_synced()
 
@@ -350,3 +356,66 @@ async def test_a_template_is_copied_and_escalate_disables_the_check(world: World
     assert (condition["type"], condition["status"]) == ("Disabled", "True")
     assert "escalate" in condition["message"]
     await until(lambda: _recorded(world, "Disabled"))
+
+
+class OffBmc:
+    """The hosts' BMCs as metal3-remediation reads them (read-only): off once told so."""
+
+    def __init__(self) -> None:
+        self.off: set[str] = set()
+
+    async def is_off(self, host: Any) -> bool:
+        return str(host.metadata.name) in self.off
+
+
+async def _tainted(world: World, node: str) -> bool:
+    found = await world.node_obj(node)
+    taints = (found.spec.taints if found is not None and found.spec else None) or []
+    return names.OUT_OF_SERVICE_TAINT in [t.key for t in taints]
+
+
+async def _untainted(world: World, node: str) -> bool:
+    return not await _tainted(world, node)
+
+
+async def test_the_out_of_service_taint_strategy_fences_a_node_without_a_machine(
+    world: World, run: Run
+) -> None:
+    ns = world.ns
+    taint = RemediationSettings(
+        fence=FenceMethod.OUT_OF_SERVICE_TAINT, confirm_window=1.0, confirm_reads=2,
+        evacuation_poll=0.2,
+    )  # fmt: skip
+    bmc = OffBmc()
+    await world.host("host-a")
+    await world.node("a", f"metal3://{ns}/host-a")
+    await world.node("b", f"metal3://{ns}/host-b")
+    await world.check("workers", maxUnhealthy=1)
+    await run.start(taint, bmc)
+    await world.ready("a", False)
+    await until(lambda: _exists(world.remediation("a")), within=DURATION + 20)
+    made = await world.remediation("a")
+    key = f"{names.METAL3_REMEDIATION_REBOOT_PREFIX}{made.metadata.uid}"
+    await until(lambda: _annotated(world, "host-a", key))
+    assert await _untainted(world, "a"), "no taint before the host is confirmed off"
+
+    await run.kill()  # killed mid-remediation; the host goes off meanwhile
+    bmc.off.add("host-a")
+    await world.power("host-a", on=False)
+    await run.start(taint, bmc)
+    await until(lambda: _tainted(world, "a"))  # confirmed off by our reads, then tainted
+    assert await world.node_obj("a") is not None, "the taint strategy keeps the Node"
+    # nothing left on the Node: the host is released (host-power powers it on)
+    await until(lambda: _lacks(world, "host-a", key))
+    assert await _tainted(world, "a"), "the taint stays until the Node is Ready"
+
+    await run.kill()
+    bmc.off.discard("host-a")
+    await world.power("host-a", on=True)
+    await run.start(taint, bmc)
+    await asyncio.sleep(1.1)  # Ready's transition time has whole seconds
+    await world.ready("a", True)
+    await until(lambda: _untainted(world, "a"))
+    await until(lambda: _gone(world.remediation("a")), within=30)
+    again: Any = await world.client.get(NodeHealthCheck, "workers")
+    assert again.status["phase"] == "Enabled"
