@@ -194,11 +194,15 @@ async def run(aclient: AsyncClient, namespace: str) -> AsyncIterator[Run]:
         ({"unhealthyConditions": [{"type": "Ready", "status": "Maybe", "duration": "5s"}]},
          "spec.unhealthyConditions[0].status"),
         ({"minHealthy": "half"}, "spec.minHealthy"),
+        ({"stormCooldownDuration": "10 minutes"}, "spec.stormCooldownDuration"),
         ({"remediationTemplate": {"name": "t"}}, "namespace"),
         ({"remediationTemplate": {"kind": "SelfNodeRemediationTemplate", "name": "t",
                                   "namespace": "n"}}, "spec.remediationTemplate.kind"),
     ],
-    ids=["both-limits", "duration", "status", "min-healthy", "template-namespace", "kind"],
+    ids=[
+        "both-limits", "duration", "status", "min-healthy", "storm-cooldown",
+        "template-namespace", "kind",
+    ],
 )
 async def test_the_api_server_refuses_what_the_schema_does_not_admit(
     world: World, spec: dict[str, Any], problem: str

@@ -310,3 +310,44 @@ def test_a_node_names_its_host(
     annotations: dict[str, str], provider: str | None, names_it: bool
 ) -> None:
     assert links.node_names_host(annotations, provider, HOST) is names_it
+
+
+# ---- storm recovery (stormCooldownDuration) ---------------------------------------------------
+
+
+def storm_view(*targets: NodeTarget, cooldown: float = 60) -> View:
+    return view(*targets, check=Check(min_healthy=2, storm_cooldown=cooldown))
+
+
+def test_a_storm_then_a_cooldown_before_new_remediations() -> None:
+    # a storm: minHealthy 2, and only 1 of 3 healthy
+    stormy = storm_view(node("a"), node("b", ready="False", since=600),
+                        node("c", ready="False", since=600))  # fmt: skip
+    decision = decide(stormy, NOW)
+    assert decision.of(CreateRemediation) == []
+    (status,) = decision.of(SetStatus)
+    storm = {c["type"]: c for c in status.status.conditions}["StormActive"]
+    assert storm["status"] == "True"
+    # b comes back: 2 healthy, allowed again; the storm ends now and c waits the cooldown
+    after = replace(stormy, status=status.status, targets=(
+        node("a"), node("b"), node("c", ready="False", since=600),
+    ))  # fmt: skip
+    decision = decide(after, NOW)
+    assert decision.of(CreateRemediation) == []
+    assert decision.requeue_at == NOW + dt.timedelta(seconds=60)
+    (status,) = decision.of(SetStatus)
+    assert "cooling down" in (status.status.reason or "")
+    ended = {c["type"]: c for c in status.status.conditions}["StormActive"]
+    assert ended["status"] == "False"
+    # later, read back (a restart in between changes nothing): after the cooldown, remediate
+    settled = replace(after, status=status.status)
+    assert decide(settled, NOW + dt.timedelta(seconds=30)).actions == [], "nothing at rest"
+    later = decide(settled, NOW + dt.timedelta(seconds=61))
+    assert [a.node for a in later.of(CreateRemediation)] == ["c"]
+
+
+def test_without_a_storm_the_cooldown_changes_nothing() -> None:
+    decision = decide(storm_view(node("a"), node("b"), node("c", ready="False", since=600)), NOW)
+    assert [a.node for a in decision.of(CreateRemediation)] == ["c"]
+    (status,) = decision.of(SetStatus)
+    assert "StormActive" not in {c["type"] for c in status.status.conditions}

@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from metalmend.api.stamps import stamp
+from metalmend.api.stamps import parse_stamp, stamp
 from metalmend.policy import healthcheck as machine_policy
 from metalmend.policy.decision import Decision, Event, EventType
 from metalmend.policy.healthcheck import (
@@ -72,6 +72,9 @@ PHASE_PAUSED = "Paused"
 PHASE_REMEDIATING = "Remediating"
 PHASE_ENABLED = "Enabled"
 CONDITION_DISABLED = "Disabled"
+CONDITION_STORM_ACTIVE = "StormActive"
+REASON_STORM_STARTED = "StormStarted"
+REASON_STORM_ENDED = "StormEnded"
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_TEMPLATE_NOT_FOUND = "RemediationTemplateNotFound"
 REASON_ENABLED = "Enabled"
@@ -94,6 +97,7 @@ class Check:
     min_healthy: int | str | None = None
     max_unhealthy: int | str | None = None
     pause_requests: tuple[str, ...] = ()
+    storm_cooldown: float | None = None  # seconds; None: no cooldown after a storm
 
 
 def check_from_spec(spec: Mapping[str, Any]) -> Check:
@@ -130,6 +134,7 @@ def check_from_spec(spec: Mapping[str, Any]) -> Check:
         min_healthy=minimum,
         max_unhealthy=maximum,
         pause_requests=tuple(pauses),
+        storm_cooldown=parse_duration(spec.get("stormCooldownDuration")),
     )
 
 
@@ -355,18 +360,22 @@ def decide(view: View, now: dt.datetime) -> Decision[Action]:
     allowed, _, blocked = short_circuit(check, expected, healthy)
     paused = bool(check.pause_requests)
     decision = Decision[Action]()
+    wanted: dict[str, tuple[str, str, str]] = {CONDITION_DISABLED: ("False", REASON_ENABLED, "")}
+    cooling = _storm(view, check, allowed, blocked, wanted, decision, now)
     report = _Report(view.status.unhealthy_names())
     for target in sorted(view.targets, key=lambda t: t.name):
         found = verdicts[target.name]
         decision.at(found.deadline)
-        report.target(target, found, allowed and not paused, template, decision, now)
+        start = allowed and not paused and not cooling
+        report.target(target, found, start, template, decision, now)
     phase, reason = PHASE_ENABLED, "NHC is enabled, no ongoing remediation"
     if paused:
         phase = PHASE_PAUSED
         reason = f"NHC is paused: {', '.join(check.pause_requests)}"
     elif report.in_flight:
         phase, reason = PHASE_REMEDIATING, f"NHC is remediating {len(report.in_flight)} Nodes"
-    wanted = {CONDITION_DISABLED: ("False", REASON_ENABLED, "")}
+    if cooling and not paused:
+        reason = f"{reason}; no new remediation: {cooling}"
     status = NodeCheckStatus(
         observed_nodes=min(expected, INT32_MAX),
         healthy_nodes=min(healthy, INT32_MAX),
@@ -379,12 +388,57 @@ def decide(view: View, now: dt.datetime) -> Decision[Action]:
     )
     newly_skipped = [n for n in report.skipped if n not in report.before]
     if newly_skipped:
-        why = "there are pause requests" if paused else f"it is short-circuited: {blocked}"
+        why = (
+            "there are pause requests" if paused
+            else f"it is short-circuited: {blocked}" if not allowed
+            else cooling
+        )  # fmt: skip
         nodes = ", ".join(newly_skipped)
         decision.note(EVENT_REMEDIATION_SKIPPED, f"Skipped remediation of {nodes}: {why}")
     if view.status.phase == PHASE_DISABLED:
         decision.note(EVENT_ENABLED, "the check can be honoured again")
     return _write(view, status, decision)
+
+
+def _storm(
+    view: View,
+    check: Check,
+    allowed: bool,
+    blocked: str,
+    wanted: dict[str, tuple[str, str, str]],
+    decision: Decision[Action],
+    now: dt.datetime,
+) -> str:
+    """NHC's storm recovery, where ``stormCooldownDuration`` is set: while the
+    short-circuit blocks, a storm is on (StormActive=True); once it lets remediation
+    through again, no new remediation starts for the cooldown (counted from StormActive's
+    transition to False, which the status keeps: a restart does not shorten it). Remediations
+    made in the storm's last moments may still be bringing Nodes back. Returns why new
+    remediations wait ("" when they may start)."""
+    if check.storm_cooldown is None:
+        return ""
+    before = machine_policy.condition_of(view.status.conditions, CONDITION_STORM_ACTIVE)
+    if not allowed:
+        wanted[CONDITION_STORM_ACTIVE] = ("True", REASON_STORM_STARTED, blocked)
+        return ""
+    if before.get("status") != "True" and not before:
+        return ""  # never a storm
+    ended = now if before.get("status") == "True" else _time(before.get("lastTransitionTime"))
+    wanted[CONDITION_STORM_ACTIVE] = ("False", REASON_STORM_ENDED, "")
+    until = machine_policy.after(ended or now, check.storm_cooldown)
+    if until is None or now < until:
+        decision.at(until)
+        return f"a storm ended at {stamp(ended or now)}; cooling down until" + (
+            f" {stamp(until)}" if until else " further notice"
+        )
+    return ""
+
+
+def _time(text: Any) -> dt.datetime | None:
+    try:
+        return parse_stamp(text) if isinstance(text, str) else None
+    except (ValueError, OverflowError):
+        return None
 
 
 @dataclass
