@@ -256,6 +256,9 @@ async def test_a_node_is_fenced_through_its_host_and_a_hostless_node_only_report
     again = await world.remediation("a")
     assert again is not None
     assert again.metadata.uid == made.metadata.uid, "one remediation, never a second"
+    # the Node is gone, its remediation still in flight (the server is booting)
+    status = await world.status("workers")
+    assert world.node_name("a") in status["inFlightRemediations"]
 
     await run.kill()
     await world.power("host-a", on=True)

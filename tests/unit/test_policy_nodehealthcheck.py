@@ -351,3 +351,16 @@ def test_without_a_storm_the_cooldown_changes_nothing() -> None:
     assert [a.node for a in decision.of(CreateRemediation)] == ["c"]
     (status,) = decision.of(SetStatus)
     assert "StormActive" not in {c["type"] for c in status.status.conditions}
+
+
+def test_a_remediation_whose_node_is_gone_is_reported_never_deleted() -> None:
+    """Fencing by deletion removed the Node: its remediation goes on (the server is
+    booting), is listed in flight, and the Node counts as not healthy."""
+    flight = Remediation("hosts", "c", "r-1", ago(60))
+    gone = NodeTarget(name="c", uid="", remediation=flight, exists=False)
+    decision = decide(view(node("a"), node("b"), gone), NOW)
+    assert decision.of(DeleteRemediation) == []
+    assert decision.of(CreateRemediation) == []
+    (status,) = decision.of(SetStatus)
+    assert list(status.status.in_flight) == ["c"]
+    assert (status.status.observed_nodes, status.status.healthy_nodes) == (3, 2)

@@ -89,14 +89,21 @@ class NodeHealthCheckController:
             )
         selector = spec.get("selector") or {}
         mine = self.made_by(check.metadata.name)
-        targets = tuple(
+        targets = [
             self.target(node, mine.get(node.metadata.name))
             for node in self.nodes.store.values()
             if matches(selector, node.metadata.labels)
-        )
+        ]
+        selected = {t.name for t in targets}
+        # its remediations of Nodes gone (deleted by fencing) or no longer selected
+        targets += [
+            policy.NodeTarget(name=name, uid="", remediation=remediation_of(obj), exists=False)
+            for name, obj in sorted(mine.items())
+            if name not in selected
+        ]
         return policy.View(
             check=rules,
-            targets=targets,
+            targets=tuple(targets),
             template=template,
             template_missing=missing,
             status=status,
@@ -161,14 +168,7 @@ class NodeHealthCheckController:
             if claim is not None:
                 stale = interlock.claim_stale(claim, node.metadata.name, node.metadata.uid)
                 teardown = interlock.hold_message(object_key(host), claim, stale)
-        found = None
-        if remediation is not None:
-            meta = remediation.metadata
-            deleting = meta.deletionTimestamp is not None
-            found = policy.Remediation(
-                meta.namespace, meta.name, "" if deleting else str(meta.uid or ""),
-                meta.creationTimestamp,
-            )  # fmt: skip
+        found = remediation_of(remediation) if remediation is not None else None
         return policy.NodeTarget(
             name=node.metadata.name,
             uid=str(node.metadata.uid or ""),
@@ -210,6 +210,15 @@ class NodeHealthCheckController:
             case Event(type=kind, reason=reason, message=message):
                 await self.writer.record_event(check, str(kind), reason, message)
         return None
+
+
+def remediation_of(obj: Any) -> policy.Remediation:
+    """A remediation as the policy reads it (uid "" while it is being deleted: it still
+    counts, but is not deleted again)."""
+    meta = obj.metadata
+    deleting = meta.deletionTimestamp is not None
+    uid = "" if deleting else str(meta.uid or "")
+    return policy.Remediation(meta.namespace, meta.name, uid, meta.creationTimestamp)
 
 
 def remediation_object(check: Any, action: policy.CreateRemediation) -> Any:

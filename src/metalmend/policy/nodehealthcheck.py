@@ -198,6 +198,9 @@ class NodeTarget:
     host_problem: str = ""  # why no host (when ``host`` is "")
     remediation: Remediation | None = None
     teardown: str = ""  # why its host may not be remediated now (policy.interlock)
+    # False: no such Node is selected now, but this check's remediation of it is there
+    # (fencing deleted the Node, or the selector changed): reported, never healthy
+    exists: bool = True
 
 
 @dataclass(frozen=True)
@@ -340,6 +343,9 @@ def verdict(check: Check, target: NodeTarget, now: dt.datetime) -> machine_polic
     )
     rules = machine_policy.Check(unhealthy_conditions=check.unhealthy_conditions)
     found = machine_policy.verdict(rules, as_machine, now)
+    if not target.exists:
+        message = "the Node is not there (or no longer selected); its remediation goes on"
+        return machine_policy.Verdict(Health.WAITING, "NodeNotFound", message)
     if found.kind == Health.WAITING and target.deleting:
         return machine_policy.Verdict(Health.WAITING, "NodeDeleting", "the Node is being deleted")
     return found
