@@ -95,12 +95,19 @@ class NodeHealthCheckController:
             if matches(selector, node.metadata.labels)
         ]
         selected = {t.name for t in targets}
-        # its remediations of Nodes gone (deleted by fencing) or no longer selected
-        targets += [
-            policy.NodeTarget(name=name, uid="", remediation=remediation_of(obj), exists=False)
-            for name, obj in sorted(mine.items())
-            if name not in selected
-        ]
+        # its remediations of Nodes no longer selected (judged until their remediation
+        # ends) or gone (deleted by fencing: reported, never healthy)
+        for name, obj in sorted(mine.items()):
+            if name in selected:
+                continue
+            node = self.nodes.store.get(name)
+            if node is not None:
+                targets.append(self.target(node, obj))
+            else:
+                gone = policy.NodeTarget(
+                    name=name, uid="", remediation=remediation_of(obj), exists=False
+                )
+                targets.append(gone)
         return policy.View(
             check=rules,
             targets=tuple(targets),
