@@ -9,10 +9,13 @@ import asyncio
 import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from lightkube import ApiError, AsyncClient
+from lightkube.codecs import from_dict
 from lightkube.models.core_v1 import NodeSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node
@@ -426,3 +429,19 @@ async def test_the_out_of_service_taint_strategy_fences_a_node_without_a_machine
     await until(lambda: _gone(world.remediation("a")), within=30)
     again: Any = await world.client.get(NodeHealthCheck, "workers")
     assert again.status["phase"] == "Enabled"
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy/examples/node-health-check.yaml"
+
+
+async def test_the_example_applies(world: World) -> None:
+    for body in yaml.safe_load_all(EXAMPLE.read_text()):
+        if body["kind"] == "NodeHealthCheck":
+            body["metadata"]["name"] = f"{world.ns}-example"
+            body["spec"]["remediationTemplate"]["namespace"] = world.ns
+            world.checks.append(body["metadata"]["name"])
+            created: Any = await world.client.create(from_dict(body))
+            assert created["spec"]["remediationTemplate"]["kind"] == "Metal3RemediationTemplate"
+        else:
+            body["metadata"]["namespace"] = world.ns
+            await world.client.create(from_dict(body))
