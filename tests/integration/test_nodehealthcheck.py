@@ -135,7 +135,9 @@ class World:
             ],
             **spec,
         }
-        created = await self.client.create(NodeHealthCheck(metadata=ObjectMeta(name=name), spec=body))
+        created = await self.client.create(
+            NodeHealthCheck(metadata=ObjectMeta(name=name), spec=body)
+        )
         self.checks.append(name)
         return created
 
@@ -192,19 +194,36 @@ async def run(aclient: AsyncClient, namespace: str) -> AsyncIterator[Run]:
     ("spec", "problem"),
     [
         ({"minHealthy": 1, "maxUnhealthy": 1}, "mutually exclusive"),
-        ({"unhealthyConditions": [{"type": "Ready", "status": "False", "duration": "5"}]},
-         "spec.unhealthyConditions[0].duration"),
-        ({"unhealthyConditions": [{"type": "Ready", "status": "Maybe", "duration": "5s"}]},
-         "spec.unhealthyConditions[0].status"),
+        (
+            {"unhealthyConditions": [{"type": "Ready", "status": "False", "duration": "5"}]},
+            "spec.unhealthyConditions[0].duration",
+        ),
+        (
+            {"unhealthyConditions": [{"type": "Ready", "status": "Maybe", "duration": "5s"}]},
+            "spec.unhealthyConditions[0].status",
+        ),
         ({"minHealthy": "half"}, "spec.minHealthy"),
         ({"stormCooldownDuration": "10 minutes"}, "spec.stormCooldownDuration"),
         ({"remediationTemplate": {"name": "t"}}, "namespace"),
-        ({"remediationTemplate": {"kind": "SelfNodeRemediationTemplate", "name": "t",
-                                  "namespace": "n"}}, "spec.remediationTemplate.kind"),
+        (
+            {
+                "remediationTemplate": {
+                    "kind": "SelfNodeRemediationTemplate",
+                    "name": "t",
+                    "namespace": "n",
+                }
+            },
+            "spec.remediationTemplate.kind",
+        ),
     ],
     ids=[
-        "both-limits", "duration", "status", "min-healthy", "storm-cooldown",
-        "template-namespace", "kind",
+        "both-limits",
+        "duration",
+        "status",
+        "min-healthy",
+        "storm-cooldown",
+        "template-namespace",
+        "kind",
     ],
 )
 async def test_the_api_server_refuses_what_the_schema_does_not_admit(
@@ -245,7 +264,8 @@ async def test_a_node_is_fenced_through_its_host_and_a_hostless_node_only_report
     await until(lambda: _status_is(world, "workers", phase="Remediating", healthyNodes=2))
     status = await world.status("workers")
     assert sorted(u["name"] for u in status["unhealthyNodes"]) == [
-        world.node_name("a"), world.node_name("d")
+        world.node_name("a"),
+        world.node_name("d"),
     ]
     assert list(status["inFlightRemediations"]) == [world.node_name("a")]
     assert await world.remediation("d") is None, "a Node without a host is never remediated"
@@ -295,7 +315,9 @@ async def test_a_remediation_naming_a_node_that_does_not_name_its_host_fences_no
     await world.node("x", "metal3://elsewhere/host-z")  # another tenant's Node
     await run.start()
     body = Metal3Remediation(
-        metadata=ObjectMeta(name="forged", annotations={names.REMEDIATED_NODE: world.node_name("x")}),
+        metadata=ObjectMeta(
+            name="forged", annotations={names.REMEDIATED_NODE: world.node_name("x")}
+        ),
         spec={"strategy": "reboot"},
     )
     await world.client.create(body, namespace=ns)
@@ -445,3 +467,26 @@ async def test_the_example_applies(world: World) -> None:
         else:
             body["metadata"]["namespace"] = world.ns
             await world.client.create(from_dict(body))
+
+
+async def test_a_machineless_remediation_with_strategy_escalate_fails_at_once(
+    world: World, run: Run
+) -> None:
+    ns = world.ns
+    await world.host("host-a")
+    await world.node("a", f"metal3://{ns}/host-a")
+    await run.start()
+    body = Metal3Remediation(
+        metadata=ObjectMeta(name="esc", annotations={names.REMEDIATED_NODE: world.node_name("a")}),
+        spec={"strategy": "escalate"},
+    )
+    await world.client.create(body, namespace=ns)
+
+    async def failed() -> bool:
+        obj: Any = await world.client.get(Metal3Remediation, "esc", namespace=ns)
+        status = obj.get("status") or {}
+        return status.get("phase") == "failed" and "escalate" in status.get("message", "")
+
+    await until(failed)
+    host: Any = await world.client.get(BareMetalHost, "host-a", namespace=ns)
+    assert not any(is_reboot_annotation(k) for k in host.metadata.annotations or {})

@@ -182,7 +182,9 @@ def test_an_unhealthy_node_with_a_host_gets_a_remediation() -> None:
     assert status.status.observed_nodes == 3
     assert status.status.healthy_nodes == 2
     assert [u["name"] for u in status.status.unhealthy_nodes] == ["c"]
-    assert decision.actions.index(status) < decision.actions.index(decision.of(CreateRemediation)[0])
+    assert decision.actions.index(status) < decision.actions.index(
+        decision.of(CreateRemediation)[0]
+    )
 
 
 def test_a_node_without_a_host_is_reported_never_remediated() -> None:
@@ -253,8 +255,10 @@ def test_a_teardown_holds_remediation_off() -> None:
 
 @pytest.mark.parametrize(
     "changes",
-    [{"spec_error": "minHealthy and maxUnhealthy are mutually exclusive"},
-     {"template": None, "template_missing": "remediation template ns/t not found"}],
+    [
+        {"spec_error": "minHealthy and maxUnhealthy are mutually exclusive"},
+        {"template": None, "template_missing": "remediation template ns/t not found"},
+    ],
     ids=["invalid-spec", "template-missing"],
 )
 def test_disabled_says_why_and_writes_once(changes: dict[str, object]) -> None:

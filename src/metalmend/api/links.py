@@ -326,8 +326,10 @@ def node_names_host(
     ref = node_host_ref(annotations, provider_id)
     if ref is None:
         return False
-    named = bool(host.uid) and ref.uid == host.uid if ref.uid else (
-        f"{ref.namespace}/{ref.host}" == host.key
+    named = (
+        bool(host.uid) and ref.uid == host.uid
+        if ref.uid
+        else (f"{ref.namespace}/{ref.host}" == host.key)
     )
     other = parse_provider_id(provider_id) is not None and not provider_id_names_host(
         provider_id, host.key, host.uid

@@ -84,9 +84,7 @@ class NodeHealthCheckController:
         missing = ""
         if template is None:
             ref = spec.get("remediationTemplate") or {}
-            missing = (
-                f"remediation template {ref.get('namespace')}/{ref.get('name')} not found"
-            )
+            missing = f"remediation template {ref.get('namespace')}/{ref.get('name')} not found"
         selector = spec.get("selector") or {}
         mine = self.made_by(check.metadata.name)
         targets = [

@@ -240,9 +240,12 @@ class RemediationController:
             facts = links.host_facts(found)
             provider = links.node_provider_id(node)
             if not links.node_names_host(node.metadata.annotations, provider, facts):
-                node, link_problem = None, (
-                    f"Node {node_name} does not name host {facts.key} (its {names.NODE_HOST}"
-                    " annotation or providerID): refusing to fence it"
+                node, link_problem = (
+                    None,
+                    (
+                        f"Node {node_name} does not name host {facts.key} (its {names.NODE_HOST}"
+                        " annotation or providerID): refusing to fence it"
+                    ),
                 )
         return policy.Observed(
             spec=spec,

@@ -170,9 +170,13 @@ def short_circuit(check: Check, expected: int, healthy: int) -> tuple[bool, int,
     minimum = scaled(wanted, expected, round_up=True) or 0
     if healthy >= minimum:
         return True, min(healthy - minimum, INT32_MAX), ""
-    return False, 0, (
-        f"{healthy} of {expected} selected Nodes healthy, fewer than minHealthy {wanted}"
-        f" ({minimum})"
+    return (
+        False,
+        0,
+        (
+            f"{healthy} of {expected} selected Nodes healthy, fewer than minHealthy {wanted}"
+            f" ({minimum})"
+        ),
     )
 
 
