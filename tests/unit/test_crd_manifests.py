@@ -9,13 +9,14 @@ from metalmend.kube.crds import load_crds
 CRDS = {crd.metadata.name: crd for crd in load_crds()}
 
 
-def test_the_five_kinds_are_defined() -> None:
+def test_the_six_kinds_are_defined() -> None:
     assert set(CRDS) == {
         "baremetalhosts.metal3.io",
         "machines.cluster.x-k8s.io",
         "machinehealthchecks.cluster.x-k8s.io",
         "metal3remediations.remediation.metal3.io",
         "metal3remediationtemplates.remediation.metal3.io",
+        "nodehealthchecks.healthcheck.metalmend.dev",
     }
 
 

@@ -10,13 +10,21 @@ health, remediate.
 
 from __future__ import annotations
 
-from metalmend.controllers import Setup, healthcheck, hostpower, machineremediation, nodelink
+from metalmend.controllers import (
+    Setup,
+    healthcheck,
+    hostpower,
+    machineremediation,
+    nodehealthcheck,
+    nodelink,
+)
 from metalmend.controllers import remediation as metal3_remediation
 
 CONTROLLERS: dict[str, Setup] = {
     "node-link": nodelink.setup,
     "host-power": hostpower.setup,
     "machine-health-check": healthcheck.setup,
+    "node-health-check": nodehealthcheck.setup,
     "metal3-remediation": metal3_remediation.setup,
     "machine-remediation": machineremediation.setup,
 }
