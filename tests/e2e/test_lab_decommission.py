@@ -140,7 +140,8 @@ def pods_on(client: Client, node: str, app: str) -> list[Pod]:
 
 def test_the_lab_design_reference_is_in_endpoints_json(site: lab.RunningLab) -> None:
     data = endpoints(site)
-    assert set(data) == {"url", "ca", "token", "design_ref"}
+    assert set(data) == {"url", "ca", "token", "design_ref", "metrics"}
+    assert data["metrics"].startswith("http://127.0.0.1:")
     assert data["design_ref"] == site.state.design_ref
     assert etcd_health(site) == ("kubernetes: Healthy (3 of 3 members healthy; the site needs 2)")
 

@@ -81,7 +81,7 @@ def test_endpoints_json_says_exactly_where_and_how_to_call_the_service(
 ) -> None:
     path = serving_lab.plane.workdir.parent / "endpoints.json"
     data = endpoints(serving_lab)
-    assert set(data) <= {"url", "ca", "token", "design_ref"}
+    assert set(data) <= {"url", "ca", "token", "design_ref", "metrics"}
     assert {"url", "ca", "token"} <= set(data)
     assert data["url"].startswith("https://127.0.0.1:")
     assert Path(data["ca"]).is_absolute()

@@ -115,9 +115,12 @@ async def test_basic_reboot(
     await until(lambda: rebooted_after(kube, spec.name, asked), within=REDFISH_CHANGE * 3)
     assert REBOOT not in ((await bmh(kube, spec.name)).metadata.annotations or {})
     assert await bmcs.power_state(target(spec)) == PowerState.ON
-    assert {"RebootRequested", "PowerOff", "PowerOn", "RebootCompleted"} <= set(
-        await reasons(kube, spec.name)
-    )
+
+    async def told() -> bool:  # the Events are recorded after the status, on their own
+        said = set(await reasons(kube, spec.name))
+        return {"RebootRequested", "PowerOff", "PowerOn", "RebootCompleted"} <= said
+
+    await until(told)
 
 
 async def test_two_clients_hold_the_host_off_until_both_are_done(
