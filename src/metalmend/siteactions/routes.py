@@ -25,8 +25,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
+from lightkube import AsyncClient
 
+from metalmend.api.resources import BareMetalHost
 from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.db import Database
 from metalmend.designs import documents
@@ -37,7 +39,7 @@ from metalmend.errors import Conflict, Invalid, NotFound
 from metalmend.log import fields
 from metalmend.siteactions import model, redeploy
 from metalmend.siteactions.policy import actions as siteactions
-from metalmend.siteactions.policy import deploysite
+from metalmend.siteactions.policy import deploysite, statuses
 from metalmend.siteactions.policy.actions import ActionLifecycle, ActionName, Version
 from metalmend.siteactions.store import ActionStore
 from metalmend.siteactions.worker import ActionWorker
@@ -58,6 +60,8 @@ CREATE_ACTION = auth.Permission("actions", "", "create", GROUP)
 LIST_ACTIONS = auth.Permission("actions", "", "list", GROUP)
 GET_ACTION = auth.Permission("actions", "", "get", GROUP)
 CONTROL_ACTION = auth.Permission("actions", "control", "create", GROUP)
+GET_STEP_LOGS = auth.Permission("actions", "logs", "get", GROUP)
+GET_SITE_STATUSES = auth.Permission("sitestatuses", "", "get", GROUP)
 # A commit past validation: its own permission, since it lets a design no action would
 # accept be committed (and redeploy_server's default revision be one).
 FORCE_COMMIT = auth.Permission("configdocs", "commit-force", "create", GROUP)
@@ -533,7 +537,7 @@ async def get_step(action_id: str, step: str, request: Request) -> JSONResponse:
     if found is None:
         text = f"action {action_id} has no step {step[:64]!r}"
         raise StatusError(404, "NotFound", text, errors(text))
-    return JSONResponse(found.detail())
+    return JSONResponse(found.detail(action_id))
 
 
 @router.post(
@@ -565,3 +569,50 @@ async def control_action(action_id: str, verb: str, request: Request) -> JSONRes
         " it ends), no further step starts"
     )
     return JSONResponse(body(202, "Accepted", text, notes(text)), status_code=202)
+
+
+@router.get(
+    "/actions/{action_id}/steps/{step}/logs",
+    summary="A step's log (text): what serve recorded of it, its notes and its record",
+    description="Query: try_number (Shipyard's; serve keeps the latest try only).",
+    responses=documented((200, "text"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_STEP_LOGS, "action_id", limit=64)],
+)
+async def step_logs(action_id: str, step: str, request: Request) -> PlainTextResponse:
+    found = (await _found(request, action_id)).step(step)
+    if found is None:
+        text = f"action {action_id} has no step {step[:64]!r}"
+        raise StatusError(404, "NotFound", text, errors(text))
+    raw = request.query_params.get("try_number")
+    if raw is not None and raw != str(found.try_number):
+        text = (
+            f"step {found.name} of action {action_id} has no log of try {raw[:16]!r}: serve"
+            f" keeps the latest try, {found.try_number}"
+        )
+        raise StatusError(404, "NotFound", text, errors(text))
+    log_text = statuses.step_log(
+        action_id, found.name, str(found.state), found.try_number,
+        [(model.iso(n.at), n.text) for n in found.notes], found.record,
+    )  # fmt: skip
+    return PlainTextResponse(log_text)
+
+
+@router.get(
+    "/site_statuses",
+    summary="The site's hosts: provisioning state and power (Shipyard's site statuses)",
+    description="Query: filters=nodes-provision-status,machines-power-state (default both).",
+    responses=documented((200, "statuses"), (400, "BadRequest")),
+    dependencies=[auth.Admit(GET_SITE_STATUSES)],
+)
+async def site_statuses(request: Request) -> JSONResponse:
+    served = _shipyard(request)
+    wanted = statuses.filters(request.query_params.getlist("filters"))
+    if isinstance(wanted, statuses.BadFilter):
+        raise StatusError(400, "BadRequest", wanted.message, errors(wanted.message))
+    client = deps.of(request, AsyncClient)
+    hosts: list[dict[str, Any]] = []
+    for namespace in served.namespaces or ("*",):
+        async for host in client.list(BareMetalHost, namespace=namespace):
+            found: Any = host  # a generic resource: its to_dict is untyped
+            hosts.append(found.to_dict())
+    return JSONResponse(statuses.site_statuses(wanted, hosts))
