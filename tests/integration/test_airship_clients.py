@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
 from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
@@ -15,9 +16,11 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRole
 
 from metalmend.api.resources import BareMetalHost
 from metalmend_lab.controlplane import ControlPlane
-from tests.integration.test_serve_promenade import bearer, status_of, token
+from tests.integration.test_serve_promenade import bearer, lines, status_of, token
 from tests.integration.test_shipyard_api import (
+    YAML,
     Service,
+    design,
     host_up,
     serve_kubeconfig,
     service,
@@ -162,3 +165,68 @@ async def test_site_statuses_with_shipyards_filters(
         assert "supported: nodes-provision-status" in status_of(bad, 400, "BadRequest")["message"]
         denied = await http.get("/site_statuses", headers=shipyard_client(reader))
         assert "get sitestatuses" in status_of(denied, 403, "Forbidden")["message"]
+
+
+async def test_configdocs_and_actions_as_shipyards_client_expects_them(
+    service: Service, control_plane: ControlPlane, kube: Client, namespace: str
+) -> None:
+    admin = token(control_plane, kube, namespace, "site-admin", "metalmend-shipyard-admin")
+    who = {**shipyard_client(admin), **YAML}
+    async with service.running() as http:
+        # the services' health and versions, no token needed
+        for name in ("shipyard", "deckhand", "drydock", "promenade"):
+            health = await http.get(f"http://serve/{name}/api/v1.0/health")
+            assert (health.status_code, health.content) == (204, b"")
+            versions = await http.get(f"http://serve/{name}/versions")
+            assert versions.json() == {"v1.0": {"path": f"/{name}/api/v1.0", "status": "stable"}}
+        put = await http.post("/configdocs/site", content=design(namespace, ["h1"]), headers=who)
+        assert put.status_code == 201, put.text
+        # Deckhand's status on each document read through configdocs
+        found = [
+            d
+            for d in yaml.safe_load_all((await http.get("/configdocs/site", headers=who)).text)
+            if d
+        ]
+        assert {(d["status"]["bucket"], d["status"]["revision"]) for d in found} == {("site", 1)}
+        rendered = await http.get("/renderedconfigdocs", headers=who)
+        assert all(d["status"]["bucket"] == "site" for d in yaml.safe_load_all(rendered.text) if d)
+        # a second collection: the CLI's words in the refusal
+        refused = await http.post(
+            "/configdocs/other", content=design(namespace, ["h2"]), headers=who
+        )
+        message = status_of(refused, 409, "Conflict")["message"]
+        assert "shipyard commit configdocs" in message and "--append" in message
+        # append onto a collection the buffer already holds: 409, as Shipyard
+        again = await http.post(
+            "/configdocs/site", content=design(namespace, ["h3"]), headers=who,
+            params={"buffermode": "append"},
+        )  # fmt: skip
+        assert "already in the buffer" in status_of(again, 409, "Conflict")["message"]
+        # parameters: continue-on-fail=false accepted (refused later: nothing committed),
+        # true refused saying why, anything else refused by name
+        kept = {"name": "update_site", "parameters": {"continue-on-fail": "false"}}
+        answer = await http.post("/actions", headers=shipyard_client(admin), json=kept)
+        assert "shipyard commit configdocs" in status_of(answer, 400, "BadRequest")["message"]
+        true = {"name": "update_site", "parameters": {"continue-on-fail": "true"}}
+        answer = await http.post("/actions", headers=shipyard_client(admin), json=true)
+        assert (
+            "continue-on-fail=true is not supported"
+            in status_of(answer, 400, "BadRequest")["message"]
+        )
+        typo = {"name": "deploy_site", "parameters": {"contnue-on-fail": "true"}}
+        answer = await http.post("/actions", headers=shipyard_client(admin), json=typo)
+        assert "'contnue-on-fail'" in status_of(answer, 400, "BadRequest")["message"]
+        # a dry run of a buffer that does not validate: 200 with the problems
+        outside = await http.post(
+            "/configdocs/site", content=design("kube-system", ["h1"]), headers=who,
+            params={"buffermode": "replace"},
+        )  # fmt: skip
+        assert outside.status_code == 201, outside.text
+        dry = await http.post(
+            "/commitconfigdocs", headers=shipyard_client(admin), params={"dryrun": "true"}
+        )
+        document = status_of(dry, 200, "Success")
+        assert "does not validate" in document["message"]
+        assert any("kube-system" in line for line in lines(document))
+        refused = await http.post("/commitconfigdocs", headers=shipyard_client(admin))
+        status_of(refused, 400, "BadRequest")

@@ -49,7 +49,7 @@ from metalmend.teardown.interlock import Interlock
 from metalmend.teardown.params import RequestRejected
 from metalmend.teardown.policy.settings import TeardownSettings
 from metalmend.teardown.shutdown import KubeletShutdown
-from metalmend.web import auth, context, deps
+from metalmend.web import auth, context, conventions, deps
 from metalmend.web import metrics as webmetrics
 from metalmend.web.auth import Gate
 from metalmend.web.bodies import BodyLimits
@@ -147,6 +147,8 @@ def create_app(
             app, app_services, teardown, destroy, redeploy, site_namespaces, site_label_prefixes
         ),
     )
+    for service in ("shipyard", "deckhand", "drydock", "promenade"):  # health and versions
+        conventions.install(app, service, health=service != "promenade")
     app.add_middleware(context.ContextMarker)  # X-Context-Marker: checked, echoed, logged
     app.add_middleware(webmetrics.Requests)  # /metrics: by API, route template, status
 

@@ -134,13 +134,19 @@ def _revision_of(store: DesignStore, version: Version) -> int:
     return found
 
 
-def _wire(store: DesignStore, revision: int, collection: str | None) -> list[dict[str, Any]]:
+def _wire(
+    store: DesignStore, revision: int, collection: str | None, *, status: bool = False
+) -> list[dict[str, Any]]:
+    """The documents of ``revision`` (one collection's, or all); with ``status`` as
+    Deckhand answers them, each with ``status: {bucket, revision}`` (its collection and
+    the revision read)."""
     return [
         {
             "schema": e.document.schema,
             "metadata": dict(e.document.metadata),
             "data": e.document.data,
         }
+        | ({"status": {"bucket": e.bucket, "revision": revision}} if status else {})
         for e in store.entries(revision)
         if collection is None or e.bucket == collection
     ]
@@ -190,8 +196,16 @@ def _put_unlocked(store: DesignStore, name: str, docs: Sequence[Document], mode:
     if changes and mode == "rejectoncontents":
         listed = ", ".join(f"{c} ({s})" for c, s in sorted(changes.items()))
         raise Conflict(
-            f"the buffer already holds changes not committed: {listed}. Commit them first, or"
-            " put with buffermode=append (add to them) or buffermode=replace (discard them)"
+            f"the buffer already holds changes not committed: {listed}. Commit them first"
+            " (shipyard commit configdocs), or put again with --append (buffermode=append: add"
+            " to them) or --replace (buffermode=replace: discard them)"
+        )
+    if mode == "append" and name in changes:
+        raise Conflict(
+            f"collection {name} is already in the buffer ({changes[name]}): --append"
+            " (buffermode=append) adds a collection the buffer does not hold, as Shipyard"
+            " does; put it with --replace (buffermode=replace) to discard the buffer first,"
+            " or commit it (shipyard commit configdocs)"
         )
     if changes and mode == "replace":
         committed = siteactions.locate(history, Version.COMMITTED)
@@ -277,7 +291,7 @@ async def get_configdocs(collection: str, request: Request) -> Response:
 
     def read(store: DesignStore) -> list[dict[str, Any]]:
         revision = _revision_of(store, version)
-        found = _wire(store, revision, name)
+        found = _wire(store, revision, name, status=True)
         if not found and name not in store.revision(revision).buckets:
             raise NotFound(
                 f"collection {name} is not in the {version} version (revision {revision})"
@@ -343,6 +357,9 @@ async def commit_configdocs(request: Request) -> JSONResponse:
     revision, docs = await run(request, buffered)
     problems = _site_problems(docs, served)
     lines = [Message(p, True, "ValidationMessage") for p in problems]
+    if dryrun and problems and not force:  # Shipyard: a dry run answers 200 with the problems
+        text = f"dry run: the buffer (revision {revision}) does not validate; nothing committed"
+        return JSONResponse(body(200, "Success", text, lines))
     if problems and not force:
         text = f"the buffer (revision {revision}) does not validate; nothing committed"
         raise StatusError(400, "BadRequest", text, lines)
@@ -368,7 +385,9 @@ async def commit_configdocs(request: Request) -> JSONResponse:
 async def rendered_configdocs(request: Request) -> Response:
     version = _version(request)
     return await documents_answer(
-        await run(request, lambda store: _wire(store, _revision_of(store, version), None))
+        await run(
+            request, lambda store: _wire(store, _revision_of(store, version), None, status=True)
+        )
     )
 
 
@@ -393,9 +412,9 @@ async def _action_body(request: Request) -> tuple[ActionName, dict[str, Any]]:
 
 def _targets(name: ActionName, parameters: dict[str, Any]) -> tuple[str, ...]:
     if name is not ActionName.REDEPLOY_SERVER:
-        if parameters:
-            text = f"{name} takes no parameters; given: {', '.join(sorted(parameters))[:200]}"
-            raise StatusError(400, "BadRequest", text, errors(text))
+        problem = siteactions.site_parameters(str(name), parameters)
+        if problem is not None:
+            raise StatusError(400, "BadRequest", problem, errors(problem))
         return ()
     found = siteactions.redeploy_parameters(parameters)
     if isinstance(found, siteactions.BadParameters):
@@ -454,7 +473,7 @@ def _admitted(store: DesignStore, name: ActionName, allow: bool) -> tuple[int | 
     if isinstance(committed, siteactions.Absent):
         raise Invalid(
             f"{name} needs committed configdocs: {committed.reason}"
-            " (metalmend site commit configdocs)"
+            " (shipyard commit configdocs, or metalmend site commit configdocs)"
         )
     verdict = siteactions.guard(name, history, committed, allow)
     if isinstance(verdict, siteactions.Refused):
