@@ -195,7 +195,8 @@ async def test_configdocs_and_actions_as_shipyards_client_expects_them(
             "/configdocs/other", content=design(namespace, ["h2"]), headers=who
         )
         message = status_of(refused, 409, "Conflict")["message"]
-        assert "shipyard commit configdocs" in message and "--append" in message
+        assert "shipyard commit configdocs" in message
+        assert "--append" in message
         # append onto a collection the buffer already holds: 409, as Shipyard
         again = await http.post(
             "/configdocs/site", content=design(namespace, ["h3"]), headers=who,
