@@ -202,7 +202,16 @@ async def test_configdocs_and_actions_as_shipyards_client_expects_them(
             "/configdocs/site", content=design(namespace, ["h3"]), headers=who,
             params={"buffermode": "append"},
         )  # fmt: skip
-        assert "already in the buffer" in status_of(again, 409, "Conflict")["message"]
+        conflict = status_of(again, 409, "Conflict")
+        assert "already in the buffer" in conflict["message"]
+        # Shipyard's own error fields beside the Status ones; Drydock's on its routes
+        assert (conflict["errorType"], conflict["retry"]) == ("ApiError", False)
+        drydock = await http.get(
+            "http://serve/drydock/api/v1.0/tasks/nope", headers=shipyard_client("bad")
+        )
+        refused_here = status_of(drydock, 401, "Unauthorized")
+        assert (refused_here["type"], refused_here["retry"]) == ("error", False)
+        assert "errorType" not in refused_here
         # parameters: continue-on-fail=false accepted (refused later: nothing committed),
         # true refused saying why, anything else refused by name
         kept = {"name": "update_site", "parameters": {"continue-on-fail": "false"}}

@@ -41,3 +41,19 @@ def install(app: FastAPI, service: str, *, health: bool = True) -> None:
         return JSONResponse({VERSION: {"path": api, "status": "stable"}})
 
     app.include_router(router)
+
+
+def error_fields(path: str, code: int) -> dict[str, object]:
+    """What Shipyard's and Drydock's own error bodies carry beyond the Status fields, for
+    a refusal on their routes: Shipyard's ``errorType`` (its ``ApiError`` for a refused
+    request, ``AppError`` for a failure of its own) and ``retry``; Drydock's ``type``
+    (``error``) and ``retry``. ``retry``: whether the same request may succeed later
+    unchanged (429, 503). Nothing for other routes or for success."""
+    if code < 400:
+        return {}
+    retry = code in (429, 503)
+    if path.startswith("/shipyard/"):
+        return {"errorType": "ApiError" if code < 500 else "AppError", "retry": retry}
+    if path.startswith("/drydock/"):
+        return {"type": "error", "retry": retry}
+    return {}
