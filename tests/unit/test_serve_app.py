@@ -144,7 +144,10 @@ async def test_the_openapi_document_names_the_mounted_endpoints_and_bearer_auth(
         "/promenade/api/v1.0/nodes/{node_id}/remove-etcd",
         "/promenade/api/v1.0/etcd-cluster-health-statuses",
         "/promenade/api/v1.0/nodes/{node_id}/decommission",
+        "/promenade/versions",  # Airship's convention, as the other three services
     }
+    for service in ("shipyard", "deckhand", "drydock"):
+        assert {f"/{service}/api/v1.0/health", f"/{service}/versions"} <= paths
     drain = document["paths"]["/promenade/api/v1.0/nodes/{node_id}/drain"]["post"]
     assert {p["name"] for p in drain["parameters"]} == {"node_id", "timeout", "grace-period"}
     assert "HTTPBearer" in document["components"]["securitySchemes"]

@@ -49,7 +49,7 @@ from metalmend.teardown.interlock import Interlock
 from metalmend.teardown.params import RequestRejected
 from metalmend.teardown.policy.settings import TeardownSettings
 from metalmend.teardown.shutdown import KubeletShutdown
-from metalmend.web import auth, context, deps
+from metalmend.web import auth, context, conventions, deps
 from metalmend.web import metrics as webmetrics
 from metalmend.web.auth import Gate
 from metalmend.web.bodies import BodyLimits
@@ -80,9 +80,13 @@ def response(
     message: str,
     messages: list[Message],
     headers: Mapping[str, str] | None = None,
+    path: str = "",
 ) -> JSONResponse:
+    """A Status body; on Shipyard's and Drydock's routes with their own error fields too
+    (``web.conventions.error_fields``), the Status fields kept."""
     sent = dict(headers or {}) | ({"WWW-Authenticate": "Bearer"} if code == 401 else {})
-    return JSONResponse(body(code, reason, message, messages), status_code=code, headers=sent)
+    answer = body(code, reason, message, messages) | conventions.error_fields(path, code)
+    return JSONResponse(answer, status_code=code, headers=sent)
 
 
 def create_app(
@@ -147,6 +151,8 @@ def create_app(
             app, app_services, teardown, destroy, redeploy, site_namespaces, site_label_prefixes
         ),
     )
+    for service in ("shipyard", "deckhand", "drydock", "promenade"):  # health and versions
+        conventions.install(app, service, health=service != "promenade")
     app.add_middleware(context.ContextMarker)  # X-Context-Marker: checked, echoed, logged
     app.add_middleware(webmetrics.Requests)  # /metrics: by API, route template, status
 
@@ -161,7 +167,14 @@ def create_app(
 
     @app.exception_handler(StatusError)
     async def status_error(request: Request, error: StatusError) -> JSONResponse:
-        return response(error.code, error.reason, error.message, error.messages, error.headers)
+        return response(
+            error.code,
+            error.reason,
+            error.message,
+            error.messages,
+            error.headers,
+            request.url.path,
+        )
 
     @app.exception_handler(MetalmendError)
     async def domain_error(request: Request, error: MetalmendError) -> JSONResponse:
@@ -169,7 +182,14 @@ def create_app(
 
     @app.exception_handler(RequestRejected)
     async def rejected(request: Request, error: RequestRejected) -> JSONResponse:
-        return response(400, error.reason, error.message, [Message(error.message, True)])
+        return response(
+            400,
+            error.reason,
+            error.message,
+            [Message(error.message, True)],
+            None,
+            request.url.path,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -178,7 +198,12 @@ def create_app(
             for problem in error.errors()
         ]
         return response(
-            400, "BadRequest", "the request cannot be read", [Message(x, True) for x in lines]
+            400,
+            "BadRequest",
+            "the request cannot be read",
+            [Message(x, True) for x in lines],
+            None,
+            request.url.path,
         )
 
     @app.exception_handler(HTTPException)
@@ -189,25 +214,31 @@ def create_app(
             text = f"{request.url.path} does not take {request.method}"
         else:
             text = str(error.detail)
-        return response(error.status_code, reason_for(error.status_code), text, [])
+        return response(
+            error.status_code, reason_for(error.status_code), text, [], None, request.url.path
+        )
 
     @app.exception_handler(DatabaseUnavailable)
     async def database_unavailable(request: Request, error: DatabaseUnavailable) -> JSONResponse:
         # Every route's: one line for the caller, without the database's host, name, user
         # or path; the cause is logged once per outage by metalmend.db, not per request.
         text = error.message
-        return response(503, "ServiceUnavailable", text, [Message(text, True)])
+        return response(
+            503, "ServiceUnavailable", text, [Message(text, True)], None, request.url.path
+        )
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
         text = f"the API server answered {errors.code(error)} {error.status.message}"
         log.warning("request failed: %s", text)
-        return response(500, "InternalError", text, [Message(text, True)])
+        return response(500, "InternalError", text, [Message(text, True)], None, request.url.path)
 
     @app.exception_handler(httpx2.HTTPError)
     async def unreachable(request: Request, error: httpx2.HTTPError) -> JSONResponse:
         text = f"cannot reach the API server: {error}"
-        return response(503, "ServiceUnavailable", text, [Message(text, True)])
+        return response(
+            503, "ServiceUnavailable", text, [Message(text, True)], None, request.url.path
+        )
 
     @app.exception_handler(Exception)
     async def failure(request: Request, error: Exception) -> JSONResponse:
@@ -219,7 +250,7 @@ def create_app(
             extra=fields(**{context.FIELD: marker}),
         )  # fmt: skip
         text = f"metalmend serve failed: {type(error).__name__}"
-        answer = response(500, "InternalError", text, [Message(text, True)])
+        answer = response(500, "InternalError", text, [Message(text, True)], None, request.url.path)
         if marker is not None:
             answer.headers[context.HEADER] = marker
         return answer

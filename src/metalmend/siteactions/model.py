@@ -9,7 +9,9 @@ of a task ended from outside) for the step a stop interrupted.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -53,7 +55,26 @@ class Note:
     text: str
 
     def to_wire(self) -> dict[str, Any]:
+        """As stored (a time and a text); ``shown`` is what the API answers."""
         return {"note_timestamp": iso(self.at), "note_val": self.text}
+
+    def shown(self, sub_type: str, subject: str, assoc_id: str) -> dict[str, Any]:
+        """The note as Shipyard answers one (its notes helper: ``assoc_id`` as
+        ``action/ID`` or ``step/ID/STEP``, ``subject`` the action's id or the step's name,
+        ``sub_type`` action or step, ``verbosity`` 1, a ``note_id`` that stays the same
+        from one answer to the next, no URL to resolve)."""
+        seed = f"{assoc_id}\0{iso(self.at)}\0{self.text}".encode()  # kept when older go
+        note_id = base64.b32encode(hashlib.sha256(seed).digest()).decode()[:26]
+        return {
+            "assoc_id": assoc_id,
+            "subject": subject,
+            "sub_type": sub_type,
+            "note_val": self.text,
+            "verbosity": 1,
+            "note_id": note_id,
+            "note_timestamp": iso(self.at),
+            "resolved_url_value": None,
+        }
 
     @classmethod
     def from_wire(cls, raw: Mapping[str, Any]) -> Note:
@@ -72,17 +93,21 @@ class Step:
     start: dt.datetime | None = None
     end: dt.datetime | None = None
 
-    def summary(self, action_url: str) -> dict[str, Any]:
+    def shown_notes(self, action_id: str) -> list[dict[str, Any]]:
+        assoc = f"step/{action_id}/{self.name}"
+        return [n.shown("step", self.name, assoc) for n in self.notes]
+
+    def summary(self, action_url: str, action_id: str) -> dict[str, Any]:
         """As listed in an action: id, url, index, state, notes."""
         return {
             "id": self.name,
             "url": f"{action_url}/steps/{self.name}",
             "index": self.index,
             "state": str(self.state),
-            "notes": [n.to_wire() for n in self.notes],
+            "notes": self.shown_notes(action_id),
         }
 
-    def detail(self) -> dict[str, Any]:
+    def detail(self, action_id: str) -> dict[str, Any]:
         """``GET /actions/{id}/steps/{step}``: Airflow's task instance, as Shipyard shows it."""
         duration = (self.end - self.start).total_seconds() if self.start and self.end else None
         return {
@@ -94,7 +119,7 @@ class Step:
             "duration": duration,
             "try_number": self.try_number,
             "operator": "metalmend",
-            "notes": [n.to_wire() for n in self.notes],
+            "notes": self.shown_notes(action_id),
         }
 
 
@@ -143,10 +168,10 @@ class Action:
             "committed_rev_id": self.committed_rev_id,
             "design_revision": self.revision,
             "allow_intermediate_commits": self.allow_intermediate_commits,
-            "steps": [s.summary(url) for s in self.steps],
+            "steps": [s.summary(url, self.id) for s in self.steps],
             "validations": [],
             "command_audit": [dict(c) for c in self.command_audit],
-            "notes": [n.to_wire() for n in self.notes],
+            "notes": [n.shown("action", self.id, f"action/{self.id}") for n in self.notes],
             "stop_requested_by": self.stop_requested,
         }
 

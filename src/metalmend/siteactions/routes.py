@@ -25,8 +25,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
+from lightkube import AsyncClient
 
+from metalmend.api.resources import BareMetalHost
 from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.db import Database
 from metalmend.designs import documents
@@ -37,7 +39,7 @@ from metalmend.errors import Conflict, Invalid, NotFound
 from metalmend.log import fields
 from metalmend.siteactions import model, redeploy
 from metalmend.siteactions.policy import actions as siteactions
-from metalmend.siteactions.policy import deploysite
+from metalmend.siteactions.policy import deploysite, statuses
 from metalmend.siteactions.policy.actions import ActionLifecycle, ActionName, Version
 from metalmend.siteactions.store import ActionStore
 from metalmend.siteactions.worker import ActionWorker
@@ -58,6 +60,8 @@ CREATE_ACTION = auth.Permission("actions", "", "create", GROUP)
 LIST_ACTIONS = auth.Permission("actions", "", "list", GROUP)
 GET_ACTION = auth.Permission("actions", "", "get", GROUP)
 CONTROL_ACTION = auth.Permission("actions", "control", "create", GROUP)
+GET_STEP_LOGS = auth.Permission("actions", "logs", "get", GROUP)
+GET_SITE_STATUSES = auth.Permission("sitestatuses", "", "get", GROUP)
 # A commit past validation: its own permission, since it lets a design no action would
 # accept be committed (and redeploy_server's default revision be one).
 FORCE_COMMIT = auth.Permission("configdocs", "commit-force", "create", GROUP)
@@ -130,13 +134,19 @@ def _revision_of(store: DesignStore, version: Version) -> int:
     return found
 
 
-def _wire(store: DesignStore, revision: int, collection: str | None) -> list[dict[str, Any]]:
+def _wire(
+    store: DesignStore, revision: int, collection: str | None, *, status: bool = False
+) -> list[dict[str, Any]]:
+    """The documents of ``revision`` (one collection's, or all); with ``status`` as
+    Deckhand answers them, each with ``status: {bucket, revision}`` (its collection and
+    the revision read)."""
     return [
         {
             "schema": e.document.schema,
             "metadata": dict(e.document.metadata),
             "data": e.document.data,
         }
+        | ({"status": {"bucket": e.bucket, "revision": revision}} if status else {})
         for e in store.entries(revision)
         if collection is None or e.bucket == collection
     ]
@@ -186,8 +196,16 @@ def _put_unlocked(store: DesignStore, name: str, docs: Sequence[Document], mode:
     if changes and mode == "rejectoncontents":
         listed = ", ".join(f"{c} ({s})" for c, s in sorted(changes.items()))
         raise Conflict(
-            f"the buffer already holds changes not committed: {listed}. Commit them first, or"
-            " put with buffermode=append (add to them) or buffermode=replace (discard them)"
+            f"the buffer already holds changes not committed: {listed}. Commit them first"
+            " (shipyard commit configdocs), or put again with --append (buffermode=append: add"
+            " to them) or --replace (buffermode=replace: discard them)"
+        )
+    if mode == "append" and name in changes:
+        raise Conflict(
+            f"collection {name} is already in the buffer ({changes[name]}): --append"
+            " (buffermode=append) adds a collection the buffer does not hold, as Shipyard"
+            " does; put it with --replace (buffermode=replace) to discard the buffer first,"
+            " or commit it (shipyard commit configdocs)"
         )
     if changes and mode == "replace":
         committed = siteactions.locate(history, Version.COMMITTED)
@@ -273,7 +291,7 @@ async def get_configdocs(collection: str, request: Request) -> Response:
 
     def read(store: DesignStore) -> list[dict[str, Any]]:
         revision = _revision_of(store, version)
-        found = _wire(store, revision, name)
+        found = _wire(store, revision, name, status=True)
         if not found and name not in store.revision(revision).buckets:
             raise NotFound(
                 f"collection {name} is not in the {version} version (revision {revision})"
@@ -339,6 +357,9 @@ async def commit_configdocs(request: Request) -> JSONResponse:
     revision, docs = await run(request, buffered)
     problems = _site_problems(docs, served)
     lines = [Message(p, True, "ValidationMessage") for p in problems]
+    if dryrun and problems and not force:  # Shipyard: a dry run answers 200 with the problems
+        text = f"dry run: the buffer (revision {revision}) does not validate; nothing committed"
+        return JSONResponse(body(200, "Success", text, lines))
     if problems and not force:
         text = f"the buffer (revision {revision}) does not validate; nothing committed"
         raise StatusError(400, "BadRequest", text, lines)
@@ -364,7 +385,9 @@ async def commit_configdocs(request: Request) -> JSONResponse:
 async def rendered_configdocs(request: Request) -> Response:
     version = _version(request)
     return await documents_answer(
-        await run(request, lambda store: _wire(store, _revision_of(store, version), None))
+        await run(
+            request, lambda store: _wire(store, _revision_of(store, version), None, status=True)
+        )
     )
 
 
@@ -389,9 +412,9 @@ async def _action_body(request: Request) -> tuple[ActionName, dict[str, Any]]:
 
 def _targets(name: ActionName, parameters: dict[str, Any]) -> tuple[str, ...]:
     if name is not ActionName.REDEPLOY_SERVER:
-        if parameters:
-            text = f"{name} takes no parameters; given: {', '.join(sorted(parameters))[:200]}"
-            raise StatusError(400, "BadRequest", text, errors(text))
+        problem = siteactions.site_parameters(str(name), parameters)
+        if problem is not None:
+            raise StatusError(400, "BadRequest", problem, errors(problem))
         return ()
     found = siteactions.redeploy_parameters(parameters)
     if isinstance(found, siteactions.BadParameters):
@@ -450,7 +473,7 @@ def _admitted(store: DesignStore, name: ActionName, allow: bool) -> tuple[int | 
     if isinstance(committed, siteactions.Absent):
         raise Invalid(
             f"{name} needs committed configdocs: {committed.reason}"
-            " (metalmend site commit configdocs)"
+            " (shipyard commit configdocs, or metalmend site commit configdocs)"
         )
     verdict = siteactions.guard(name, history, committed, allow)
     if isinstance(verdict, siteactions.Refused):
@@ -533,7 +556,7 @@ async def get_step(action_id: str, step: str, request: Request) -> JSONResponse:
     if found is None:
         text = f"action {action_id} has no step {step[:64]!r}"
         raise StatusError(404, "NotFound", text, errors(text))
-    return JSONResponse(found.detail())
+    return JSONResponse(found.detail(action_id))
 
 
 @router.post(
@@ -565,3 +588,50 @@ async def control_action(action_id: str, verb: str, request: Request) -> JSONRes
         " it ends), no further step starts"
     )
     return JSONResponse(body(202, "Accepted", text, notes(text)), status_code=202)
+
+
+@router.get(
+    "/actions/{action_id}/steps/{step}/logs",
+    summary="A step's log (text): what serve recorded of it, its notes and its record",
+    description="Query: try_number (Shipyard's; serve keeps the latest try only).",
+    responses=documented((200, "text"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_STEP_LOGS, "action_id", limit=64)],
+)
+async def step_logs(action_id: str, step: str, request: Request) -> PlainTextResponse:
+    found = (await _found(request, action_id)).step(step)
+    if found is None:
+        text = f"action {action_id} has no step {step[:64]!r}"
+        raise StatusError(404, "NotFound", text, errors(text))
+    raw = request.query_params.get("try_number")
+    if raw is not None and raw != str(found.try_number):
+        text = (
+            f"step {found.name} of action {action_id} has no log of try {raw[:16]!r}: serve"
+            f" keeps the latest try, {found.try_number}"
+        )
+        raise StatusError(404, "NotFound", text, errors(text))
+    log_text = statuses.step_log(
+        action_id, found.name, str(found.state), found.try_number,
+        [(model.iso(n.at), n.text) for n in found.notes], found.record,
+    )  # fmt: skip
+    return PlainTextResponse(log_text)
+
+
+@router.get(
+    "/site_statuses",
+    summary="The site's hosts: provisioning state and power (Shipyard's site statuses)",
+    description="Query: filters=nodes-provision-status,machines-power-state (default both).",
+    responses=documented((200, "statuses"), (400, "BadRequest")),
+    dependencies=[auth.Admit(GET_SITE_STATUSES)],
+)
+async def site_statuses(request: Request) -> JSONResponse:
+    served = _shipyard(request)
+    wanted = statuses.filters(request.query_params.getlist("filters"))
+    if isinstance(wanted, statuses.BadFilter):
+        raise StatusError(400, "BadRequest", wanted.message, errors(wanted.message))
+    client = deps.of(request, AsyncClient)
+    hosts: list[dict[str, Any]] = []
+    for namespace in served.namespaces or ("*",):
+        async for host in client.list(BareMetalHost, namespace=namespace):
+            found: Any = host  # a generic resource: its to_dict is untyped
+            hosts.append(found.to_dict())
+    return JSONResponse(statuses.site_statuses(wanted, hosts))

@@ -77,11 +77,36 @@ def _throttled(wait: float) -> StatusError:
     )
 
 
+NO_TOKEN = (
+    "send a Kubernetes token, as Authorization: Bearer <token> or as X-Auth-Token: <token>"
+    " (Airship's clients)"
+)
+TWO_TOKENS = (
+    "Authorization: Bearer and X-Auth-Token name two different tokens: send one of them"
+    " (or the same token in both)"
+)
+
+
 def bearer_token(authorization: str | None) -> str:
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise _unauthorized("send a Kubernetes bearer token (Authorization: Bearer <token>)")
+        raise _unauthorized(NO_TOKEN)
     return token.strip()
+
+
+def presented_token(authorization: str | None, auth_token: str | None) -> str:
+    """The one token a request presents: ``Authorization: Bearer`` (Kubernetes' way) or
+    ``X-Auth-Token`` (how Airship's clients send their Keystone token, here a Kubernetes
+    token), both checked by the same TokenReview. Both present: they must agree, else 401
+    (which one would be checked would be a guess)."""
+    header = (auth_token or "").strip()
+    if not header:
+        return bearer_token(authorization)
+    if authorization is None or not authorization.strip():
+        return header
+    if bearer_token(authorization) != header:
+        raise _unauthorized(TWO_TOKENS)
+    return header
 
 
 @dataclass(frozen=True)
@@ -169,9 +194,13 @@ class Gate:
             limits.auth_failures_burst, limits.auth_failure_interval, limits.addresses
         )
 
-    async def caller(self, authorization: str | None, peer: str = "") -> Caller:
-        """Who sends this token (401 when nobody), for the client at address ``peer``."""
-        token = bearer_token(authorization)
+    async def caller(
+        self, authorization: str | None, peer: str = "", auth_token: str | None = None
+    ) -> Caller:
+        """Who sends this token (401 when nobody), for the client at address ``peer``:
+        ``Authorization: Bearer`` or ``X-Auth-Token`` (``presented_token``), one cache and
+        one failure limit for both."""
+        token = presented_token(authorization, auth_token)
         key = ReviewCache.key(token)
         found, caller = self.reviews.get(key)
         if not found:
@@ -284,10 +313,14 @@ def Admit(permission: Permission, name: str | None = None, *, limit: int | None 
 async def authenticate(
     request: Request, credentials: HTTPAuthorizationCredentials | None
 ) -> Caller:
-    """The caller of ``request`` (TokenReview, cached briefly), or 401/429."""
+    """The caller of ``request`` (TokenReview, cached briefly), or 401/429. The token is
+    ``Authorization: Bearer`` or ``X-Auth-Token`` (Airship's clients)."""
     gate = deps.of(request, Gate)
     header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
-    return await gate.caller(header, request.client.host if request.client else "")
+    if header is None and request.headers.get("authorization"):
+        header = request.headers["authorization"]  # not Bearer: refused by name below
+    peer = request.client.host if request.client else ""
+    return await gate.caller(header, peer, request.headers.get("x-auth-token"))
 
 
 def caller_of(request: Request) -> str:

@@ -221,10 +221,42 @@ def guard(
         INTERMEDIATE_COMMIT,
         f"{action} of committed revision {current} refused: revision(s) {listed} were"
         f" committed since the last site action ({since}) and never deployed. Review them"
-        " (metalmend site get configdocs --last-site-action --committed), then create the"
-        " action again with allow-intermediate-commits=true to deploy them all at once.",
+        " (shipyard get configdocs --committed --last-site-action; or metalmend site get"
+        " configdocs --last-site-action --committed), then create the action again with"
+        " --allow-intermediate-commits (allow-intermediate-commits=true) to deploy them all"
+        " at once.",
         found,
     )
+
+
+CONTINUE_ON_FAIL = "continue-on-fail"
+
+
+def site_parameters(action: str, parameters: Mapping[str, Any]) -> str | None:
+    """What is wrong with a deploy_site's or update_site's parameters (None: nothing).
+    Shipyard's CLI documents ``--param continue-on-fail=true`` for them: false is accepted
+    (it is what these actions do); true is refused saying why, since every step here
+    needs the one before it (a design not validated is never applied). Anything else is
+    refused by name."""
+    problems = []
+    for name, raw in parameters.items():
+        if name != CONTINUE_ON_FAIL:
+            problems.append(f"{str(name)[:64]!r}")
+            continue
+        found = boolean_parameter(name, raw, False)
+        if isinstance(found, str):
+            return found
+        if found:
+            return (
+                f"{action}: continue-on-fail=true is not supported: each of its steps needs"
+                " the one before it to have succeeded (a design that does not validate is"
+                " never applied, hosts not provisioned are never labelled), so there is no"
+                " step to continue to; fix what failed and create the action again, or leave"
+                " continue-on-fail out (false)"
+            )
+    if problems:
+        return f"{action} takes only {CONTINUE_ON_FAIL} (false); given: {', '.join(problems)[:200]}"
+    return None
 
 
 def boolean_parameter(name: str, raw: object, default: bool) -> bool | str:

@@ -1,0 +1,242 @@
+"""The wire contract Airship's own clients depend on (docs/airship-clients.md), spoken as
+Shipyard's command-line client speaks it, against the real serve app and the real API
+server: the token as ``X-Auth-Token``, notes with every field the client prints, a step's
+log as text, the site statuses with Shipyard's filters, each refused to a role without
+its permission."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from lightkube import Client
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.rbac_v1 import PolicyRule
+from lightkube.resources.rbac_authorization_v1 import ClusterRole
+
+from metalmend.api.resources import BareMetalHost
+from metalmend_lab.controlplane import ControlPlane
+from tests.integration.test_serve_promenade import bearer, lines, status_of, token
+from tests.integration.test_shipyard_api import (
+    YAML,
+    Service,
+    design,
+    host_up,
+    serve_kubeconfig,
+    service,
+    wait_for,
+)
+
+__all__ = ["serve_kubeconfig", "service"]
+
+# Every field Shipyard's client reads from a note (its format_notes: a missing one prints
+# "!!! Unparseable Note").
+NOTE_FIELDS = {
+    "assoc_id", "subject", "sub_type", "note_val", "verbosity", "note_id", "note_timestamp",
+    "resolved_url_value",
+}  # fmt: skip
+
+
+def shipyard_client(value: str) -> dict[str, str]:
+    """The headers Shipyard's client sends: its token as X-Auth-Token, no Authorization."""
+    return {"X-Auth-Token": value, "X-Context-Marker": "1c4b6a5e-9d1f-4a57-8c3e-7c0b2b0d9a11"}
+
+
+def action_reader(control_plane: ControlPlane, kube: Client, namespace: str) -> str:
+    """A token that may read actions, and nothing else: not their logs, not the site."""
+    role = f"{namespace}-action-reader"
+    kube.create(
+        ClusterRole(
+            metadata=ObjectMeta(name=role),
+            rules=[PolicyRule(apiGroups=["shipyard.metalmend.dev"], resources=["actions"],
+                              verbs=["get", "list"])],
+        )
+    )  # fmt: skip
+    return token(control_plane, kube, namespace, "action-reader", role)
+
+
+async def test_shipyards_client_reads_actions_notes_and_step_logs_with_its_own_header(
+    service: Service, control_plane: ControlPlane, kube: Client, namespace: str
+) -> None:
+    redeployer = token(
+        control_plane, kube, namespace, "site-redeployer", "metalmend-shipyard-redeployer"
+    )
+    reader = action_reader(control_plane, kube, namespace)
+    other = token(control_plane, kube, namespace, "site-viewer", "metalmend-shipyard-viewer")
+    async with service.running() as http:
+        create = {"name": "redeploy_server", "parameters": {"target_nodes": "n1"}}
+        answer = await http.post("/actions", headers=shipyard_client(redeployer), json=create)
+        assert answer.status_code == 201, answer.text
+        action_id = answer.json()["id"]
+        found: dict[str, Any] = await wait_for(http, shipyard_client(redeployer), action_id)
+
+        # the token in both headers: the same one is accepted, two different ones refused
+        both = {**bearer(redeployer), "X-Auth-Token": redeployer}
+        assert (await http.get(f"/actions/{action_id}", headers=both)).status_code == 200
+        two = {**bearer(redeployer), "X-Auth-Token": other}
+        refused = status_of(await http.get(f"/actions/{action_id}", headers=two), 401,
+                            "Unauthorized")  # fmt: skip
+        assert "two different tokens" in refused["message"]
+        garbage = await http.get("/actions", headers=shipyard_client("not-a-token"))
+        assert "not valid" in status_of(garbage, 401, "Unauthorized")["message"]
+
+        # notes, action and step, in Shipyard's shape
+        for note in found["notes"]:  # (an action's own notes: guards it was let past)
+            assert set(note) == NOTE_FIELDS
+            assert (note["sub_type"], note["subject"]) == ("action", action_id)
+            assert note["assoc_id"] == f"action/{action_id}"
+            assert note["verbosity"] == 1
+            assert len(note["note_id"]) == 26
+        lookup = next(s for s in found["steps"] if s["id"] == "design_lookup")
+        note = lookup["notes"][-1]
+        assert set(note) == NOTE_FIELDS
+        assert note["assoc_id"] == f"step/{action_id}/design_lookup"
+        assert (note["sub_type"], note["subject"]) == ("step", "design_lookup")
+        assert note["note_val"].startswith("missing precondition:")
+        again = (await http.get(f"/actions/{action_id}", headers=shipyard_client(reader))).json()
+        step_again = next(s for s in again["steps"] if s["id"] == "design_lookup")
+        assert step_again["notes"][-1]["note_id"] == note["note_id"]  # stable
+        detail = await http.get(
+            f"/actions/{action_id}/steps/design_lookup", headers=shipyard_client(reader)
+        )
+        assert detail.json()["notes"][-1] == note
+
+        # the step's log: text, its notes in order
+        logs = await http.get(
+            f"/actions/{action_id}/steps/design_lookup/logs", headers=shipyard_client(redeployer)
+        )
+        assert logs.status_code == 200, logs.text
+        assert logs.headers["content-type"].startswith("text/plain")
+        assert logs.text.startswith(f"action {action_id} step design_lookup: failed")
+        assert note["note_val"] in logs.text
+        tried = await http.get(
+            f"/actions/{action_id}/steps/design_lookup/logs",
+            headers=shipyard_client(redeployer), params={"try_number": "7"},
+        )  # fmt: skip
+        assert "keeps the latest try" in status_of(tried, 404, "NotFound")["message"]
+        missing = await http.get(
+            f"/actions/{action_id}/steps/nope/logs", headers=shipyard_client(redeployer)
+        )
+        status_of(missing, 404, "NotFound")
+        # reading actions is not reading their logs
+        denied = await http.get(
+            f"/actions/{action_id}/steps/design_lookup/logs", headers=shipyard_client(reader)
+        )
+        assert "get actions/logs" in status_of(denied, 403, "Forbidden")["message"]
+
+
+async def test_site_statuses_with_shipyards_filters(
+    service: Service, control_plane: ControlPlane, kube: Client, namespace: str
+) -> None:
+    viewer = token(control_plane, kube, namespace, "site-viewer", "metalmend-shipyard-viewer")
+    reader = action_reader(control_plane, kube, namespace)
+    for name in ("h1", "h2"):
+        kube.create(
+            BareMetalHost(metadata=ObjectMeta(name=name, namespace=namespace),
+                          spec={"online": True})
+        )  # fmt: skip
+    host_up(kube, namespace, "h2")
+    async with service.running() as http:
+        both = await http.get("/site_statuses", headers=shipyard_client(viewer))
+        assert both.status_code == 200, both.text
+        assert both.json() == {
+            "nodes_provision_status": [
+                {"hostname": "h1", "status": "unknown", "namespace": namespace},
+                {"hostname": "h2", "status": "provisioned", "namespace": namespace},
+            ],
+            "machines_powerstate": [
+                {"hostname": "h1", "power_state": "unknown", "namespace": namespace},
+                {"hostname": "h2", "power_state": "On", "namespace": namespace},
+            ],
+        }
+        power = await http.get(
+            "/site_statuses", headers=shipyard_client(viewer),
+            params={"filters": "machines-power-state"},
+        )  # fmt: skip
+        assert list(power.json()) == ["machines_powerstate"]
+        listed = await http.get(
+            "/site_statuses?filters=nodes-provision-status%2Cmachines-power-state",
+            headers=shipyard_client(viewer),
+        )
+        assert list(listed.json()) == ["nodes_provision_status", "machines_powerstate"]
+        bad = await http.get(
+            "/site_statuses", headers=shipyard_client(viewer), params={"filters": "cpu-temp"}
+        )
+        assert "supported: nodes-provision-status" in status_of(bad, 400, "BadRequest")["message"]
+        denied = await http.get("/site_statuses", headers=shipyard_client(reader))
+        assert "get sitestatuses" in status_of(denied, 403, "Forbidden")["message"]
+
+
+async def test_configdocs_and_actions_as_shipyards_client_expects_them(
+    service: Service, control_plane: ControlPlane, kube: Client, namespace: str
+) -> None:
+    admin = token(control_plane, kube, namespace, "site-admin", "metalmend-shipyard-admin")
+    who = {**shipyard_client(admin), **YAML}
+    async with service.running() as http:
+        # the services' health and versions, no token needed
+        for name in ("shipyard", "deckhand", "drydock", "promenade"):
+            health = await http.get(f"http://serve/{name}/api/v1.0/health")
+            assert (health.status_code, health.content) == (204, b"")
+            versions = await http.get(f"http://serve/{name}/versions")
+            assert versions.json() == {"v1.0": {"path": f"/{name}/api/v1.0", "status": "stable"}}
+        put = await http.post("/configdocs/site", content=design(namespace, ["h1"]), headers=who)
+        assert put.status_code == 201, put.text
+        # Deckhand's status on each document read through configdocs
+        found = [
+            d
+            for d in yaml.safe_load_all((await http.get("/configdocs/site", headers=who)).text)
+            if d
+        ]
+        assert {(d["status"]["bucket"], d["status"]["revision"]) for d in found} == {("site", 1)}
+        rendered = await http.get("/renderedconfigdocs", headers=who)
+        assert all(d["status"]["bucket"] == "site" for d in yaml.safe_load_all(rendered.text) if d)
+        # a second collection: the CLI's words in the refusal
+        refused = await http.post(
+            "/configdocs/other", content=design(namespace, ["h2"]), headers=who
+        )
+        message = status_of(refused, 409, "Conflict")["message"]
+        assert "shipyard commit configdocs" in message
+        assert "--append" in message
+        # append onto a collection the buffer already holds: 409, as Shipyard
+        again = await http.post(
+            "/configdocs/site", content=design(namespace, ["h3"]), headers=who,
+            params={"buffermode": "append"},
+        )  # fmt: skip
+        conflict = status_of(again, 409, "Conflict")
+        assert "already in the buffer" in conflict["message"]
+        # Shipyard's own error fields beside the Status ones; Drydock's on its routes
+        assert (conflict["errorType"], conflict["retry"]) == ("ApiError", False)
+        drydock = await http.get(
+            "http://serve/drydock/api/v1.0/tasks/nope", headers=shipyard_client("bad")
+        )
+        refused_here = status_of(drydock, 401, "Unauthorized")
+        assert (refused_here["type"], refused_here["retry"]) == ("error", False)
+        assert "errorType" not in refused_here
+        # parameters: continue-on-fail=false accepted (refused later: nothing committed),
+        # true refused saying why, anything else refused by name
+        kept = {"name": "update_site", "parameters": {"continue-on-fail": "false"}}
+        answer = await http.post("/actions", headers=shipyard_client(admin), json=kept)
+        assert "shipyard commit configdocs" in status_of(answer, 400, "BadRequest")["message"]
+        true = {"name": "update_site", "parameters": {"continue-on-fail": "true"}}
+        answer = await http.post("/actions", headers=shipyard_client(admin), json=true)
+        assert (
+            "continue-on-fail=true is not supported"
+            in status_of(answer, 400, "BadRequest")["message"]
+        )
+        typo = {"name": "deploy_site", "parameters": {"contnue-on-fail": "true"}}
+        answer = await http.post("/actions", headers=shipyard_client(admin), json=typo)
+        assert "'contnue-on-fail'" in status_of(answer, 400, "BadRequest")["message"]
+        # a dry run of a buffer that does not validate: 200 with the problems
+        outside = await http.post(
+            "/configdocs/site", content=design("kube-system", ["h1"]), headers=who,
+            params={"buffermode": "replace"},
+        )  # fmt: skip
+        assert outside.status_code == 201, outside.text
+        dry = await http.post(
+            "/commitconfigdocs", headers=shipyard_client(admin), params={"dryrun": "true"}
+        )
+        document = status_of(dry, 200, "Success")
+        assert "does not validate" in document["message"]
+        assert any("kube-system" in line for line in lines(document))
+        refused = await http.post("/commitconfigdocs", headers=shipyard_client(admin))
+        status_of(refused, 400, "BadRequest")
