@@ -71,6 +71,7 @@ CONTROLLER_NAMES = (
     "machine-health-check",
     "metal3-remediation",
     "machine-remediation",
+    "fence-remediation",
 )
 
 

@@ -9,13 +9,15 @@ from metalmend.kube.crds import load_crds
 CRDS = {crd.metadata.name: crd for crd in load_crds()}
 
 
-def test_the_five_kinds_are_defined() -> None:
+def test_the_seven_kinds_are_defined() -> None:
     assert set(CRDS) == {
         "baremetalhosts.metal3.io",
         "machines.cluster.x-k8s.io",
         "machinehealthchecks.cluster.x-k8s.io",
         "metal3remediations.remediation.metal3.io",
         "metal3remediationtemplates.remediation.metal3.io",
+        "fenceremediations.remediation.metalmend.dev",
+        "fenceremediationtemplates.remediation.metalmend.dev",
     }
 
 

@@ -10,7 +10,14 @@ health, remediate.
 
 from __future__ import annotations
 
-from metalmend.controllers import Setup, healthcheck, hostpower, machineremediation, nodelink
+from metalmend.controllers import (
+    Setup,
+    fenceremediation,
+    healthcheck,
+    hostpower,
+    machineremediation,
+    nodelink,
+)
 from metalmend.controllers import remediation as metal3_remediation
 
 CONTROLLERS: dict[str, Setup] = {
@@ -19,6 +26,7 @@ CONTROLLERS: dict[str, Setup] = {
     "machine-health-check": healthcheck.setup,
     "metal3-remediation": metal3_remediation.setup,
     "machine-remediation": machineremediation.setup,
+    "fence-remediation": fenceremediation.setup,
 }
 
 

@@ -85,6 +85,9 @@ class Planned:
 
 
 class RemediationController:
+    # The kind of the remediation objects (FenceRemediationController: its own kind).
+    resource: Any = Metal3Remediation
+
     def __init__(
         self,
         manager: Manager,
@@ -107,7 +110,7 @@ class RemediationController:
         self.reader, self.evacuations = reader, evacuations
         ns = settings.runtime.namespace
         self.remediations = manager.informer(
-            Metal3Remediation, namespace=ns, indexes=indexes.of(indexes.REMEDIATIONS_BY_NODE)
+            self.resource, namespace=ns, indexes=indexes.of(indexes.REMEDIATIONS_BY_NODE)
         )
         self.machines = manager.informer(
             Machine,
@@ -197,7 +200,14 @@ class RemediationController:
         remediation = planned.remediation
         for action in planned.decision.actions:
             remediation = await self.act(remediation, action, planned.host) or remediation
+        await self.after(remediation, planned)
         return Result.at(planned.decision.requeue_at)
+
+    async def after(self, remediation: Any, planned: Planned) -> None:
+        """Once the decision is carried out (FenceRemediationController: its conditions)."""
+
+    def decide(self, remediation: Any, observed: policy.Observed) -> policy.Decision:
+        return policy.decide(observed, self.clock.now(), self.settings)
 
     async def plan(self, key: str) -> Planned | None:
         """Observe from the caches and decide (after telling the Machine whether its host
@@ -214,7 +224,7 @@ class RemediationController:
             await report(self.writer, self.clock, machine,
                          names.CONDITION_HOST_LINK, link.refusal, link.reason)  # fmt: skip
         observed = await self.look(self.observe(remediation, host), host)
-        decision = policy.decide(observed, self.clock.now(), self.settings)
+        decision = self.decide(remediation, observed)
         return Planned(remediation, host, observed, decision)
 
     async def look(self, observed: policy.Observed, host: Any | None) -> policy.Observed:
@@ -248,7 +258,7 @@ class RemediationController:
             case policy.SetProgress(progress=progress):
                 before = obj.get("status") or {}
                 status = progress.to_wire(before)
-                written = await writer.patch_status(Metal3Remediation, obj, status)
+                written = await writer.patch_status(self.resource, obj, status)
                 metrics.entered(metrics.METAL3_REMEDIATION, before, progress.phase)
                 return written
             case policy.AddFinalizer() | policy.RemoveFinalizer():
@@ -256,10 +266,10 @@ class RemediationController:
                 wanted = [f for f in present if f != names.REMEDIATION_FINALIZER]
                 if isinstance(action, policy.AddFinalizer):
                     wanted.append(names.REMEDIATION_FINALIZER)
-                return await writer.set_finalizers(Metal3Remediation, obj, wanted)
+                return await writer.set_finalizers(self.resource, obj, wanted)
             case policy.BackupNode(backup=backup):
                 return await writer.patch_metadata(
-                    Metal3Remediation, obj, "annotations", backup.to_wire(), require_version=True
+                    self.resource, obj, "annotations", backup.to_wire(), require_version=True
                 )
             case policy.Event(type=kind, reason=reason, message=message):
                 await writer.record_event(obj, kind, reason, message)
