@@ -68,7 +68,7 @@ async def nhc(aclient: AsyncClient, namespace: str) -> AsyncIterator[Any]:
                             type="object", x_kubernetes_preserve_unknown_fields=True
                         )
                     ),
-                )  # fmt: skip
+                )
             ],
         ),
     )
