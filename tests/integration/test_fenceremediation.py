@@ -6,6 +6,7 @@ NodeHealthCheck). The test plays host-power, as tests/integration/test_remediati
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,11 +22,17 @@ from lightkube.models.apiextensions_v1 import (
 )
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from metalmend.api import names
-from metalmend.api.resources import FenceRemediation
-from metalmend.controllers import fenceremediation
+from metalmend.api.resources import (
+    FenceRemediation,
+    FenceRemediationTemplate,
+    Machine,
+    MachineHealthCheck,
+)
+from metalmend.controllers import fenceremediation, healthcheck
 from metalmend.policy import fenceremediation as fence
 from tests.integration.test_remediation import (
     Controllers,
@@ -236,3 +243,54 @@ async def test_a_node_without_a_machine_is_refused_in_words(
     await until(conditions_are(world, obj.metadata.name, **{P: "False", S: "False"}))
     got = await world.get(FenceRemediation, obj.metadata.name)
     assert "no Machine in namespace" in got.status["message"]
+
+
+async def test_a_machine_health_check_instantiates_the_template(
+    world: World, controllers: Controllers
+) -> None:
+    """metalmend's own machine-health-check, which follows Cluster API's contract, names
+    a FenceRemediationTemplate: the object it creates is fenced by fence-remediation."""
+    await controllers.start(healthcheck.setup, fenceremediation.setup)
+    template = {"template": {"spec": spec()}}
+    await world.client.create(
+        FenceRemediationTemplate(metadata=ObjectMeta(name="fence-first"), spec=template),
+        namespace=world.ns,
+    )
+    await world.machine("m1")
+    await world.client.patch(
+        Machine, "m1", {"metadata": {"labels": {"role": "worker"}}},
+        namespace=world.ns, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    ref = {
+        "apiVersion": "remediation.metalmend.dev/v1alpha1",
+        "kind": "FenceRemediationTemplate",
+        "name": "fence-first",
+    }
+    check = {
+        "clusterName": "c",
+        "selector": {"matchLabels": {"role": "worker"}},
+        "unhealthyConditions": [{"type": "KernelDeadlock", "status": "True", "timeout": "1s"}],
+        "remediationTemplate": ref,
+    }
+    await world.client.create(
+        MachineHealthCheck(metadata=ObjectMeta(name="workers"), spec=check), namespace=world.ns
+    )
+    now = dt.datetime.now(dt.UTC).isoformat()
+    deadlock = {"type": "KernelDeadlock", "status": "True", "reason": "DockerHung",
+                "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
+    await world.client.patch(
+        Node.Status, world.node_name("m1"), {"status": {"conditions": [deadlock]}}
+    )
+
+    await until(lambda: _exists(world.get(FenceRemediation, "m1")), within=60)
+    obj = await world.get(FenceRemediation, "m1")
+    owner = obj.metadata.ownerReferences[0]
+    assert (owner.kind, owner.name) == ("Machine", "m1")
+    await until(lambda: _has(world.host_annotations("host-m1"), key_of(obj)))
+    await until(conditions_are(world, "m1", **{P: "True"}))
+    await world.power("host-m1", on=False)
+    await until(lambda: _is_none(world.node_obj("m1")))
+
+
+async def _exists(found: Any) -> bool:
+    return await found is not None
