@@ -44,7 +44,7 @@ from tests.integration.test_remediation import (
     key_of,
     world,
 )
-from tests.support import until
+from tests.support import reconciles, until
 
 __all__ = ["controllers", "world"]  # the fixtures, shared with test_remediation
 
@@ -181,6 +181,15 @@ async def test_machine_health_check_shaped_is_fenced_first_and_reports_success(
     await world.node("m1")
     await until(phase_of(world, "m1", "waiting"))
     await until(conditions_are(world, "m1", **{P: "False", S: "True", D: "False"}))
+    # nothing changed: a reconcile (woken by the Node) writes nothing
+    version = (await world.get(FenceRemediation, "m1")).metadata.resourceVersion
+    before = reconciles("fence-remediation")
+    await world.client.patch(
+        Node, world.node_name("m1"), {"metadata": {"labels": {"poke": "1"}}},
+        patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    await until(lambda: reconciles("fence-remediation") > before)
+    assert (await world.get(FenceRemediation, "m1")).metadata.resourceVersion == version
 
     await world.client.delete(FenceRemediation, "m1", namespace=world.ns)  # healthy again
     await until(lambda: _is_none(world.get(FenceRemediation, "m1")))
