@@ -16,8 +16,9 @@ that arrived before its reader waited, on both sides (our IPMI worker and the la
 BMC), and each loss cost a retransmission interval (0.5-1 s); a power command also cost
 two round trips (pyghmi's ``set_power`` reads the power first). Redfish: every request
 paid a new TCP and TLS handshake, because the lab emulator's server (werkzeug) closes every
-connection, and a power command read the system again before its POST. ``BEFORE`` is what
-this benchmark printed without those fixes. Prints numbers; asserts nothing.
+connection, and a power command read the system again before its POST. It prints only
+what this run measured: no figures of another run, commit or machine beside them (they
+would read as a comparison nobody made). Prints numbers; asserts nothing.
 """
 
 from __future__ import annotations
@@ -42,22 +43,6 @@ from metalmend_lab.hosts import NAMESPACE
 
 REBOOTS = int(os.environ.get("METALMEND_BENCH_REBOOTS", "1000"))
 READS = 1000
-# Printed with the results: the same benchmark before the fixes (2026-11-23, this 2-core
-# machine shared with other jobs), ms. IPMI: 200 reboots, pyghmi's lost wake-up and two
-# round trips per command. Redfish: 1,000 reboots, one POST per command already, the
-# emulator closing every connection.
-BEFORE = {
-    "ipmi": {
-        "request -> power-off at BMC": "p50   26.1  p90   48.6  p99 1555.4  max 1655.9  over 200 ms: 13/200",
-        "BMC on -> status updated": "p50   12.1  p90   21.1  p99  926.9  max 1021.0  over 200 ms: 5/200",
-        "bare ipmi power read": "p50    2.5  p90    8.9  p99  886.3  max 1536.4  over 200 ms: 26/1000",
-    },
-    "redfish": {
-        "request -> power-off at BMC": "p50  101.2  p90  159.7  p99  273.6  max  439.6  over 200 ms: 36/1000",
-        "BMC on -> status updated": "p50   80.0  p90  129.1  p99  211.4  max  286.9  over 200 ms: 14/1000",
-        "bare redfish power read": "p50   28.5  p90   43.5  p99   63.4  max  176.6  over 200 ms: 0/1000",
-    },
-}
 
 
 async def run(running: lab.RunningLab, kind: str) -> None:
@@ -85,9 +70,6 @@ async def run(running: lab.RunningLab, kind: str) -> None:
     await bare_round_trips(running, kind)
     if kind == "ipmi":
         ipmitool_round_trips(running)
-    print(f"before the fixes, {kind}, same benchmark (ms)")
-    for label, line in BEFORE[kind].items():
-        print(f"  {label:28} {line}")
 
 
 def summary(values: list[float]) -> str:

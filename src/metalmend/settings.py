@@ -69,6 +69,7 @@ CONTROLLER_NAMES = (
     "node-link",
     "host-power",
     "machine-health-check",
+    "node-health-check",
     "metal3-remediation",
     "machine-remediation",
     "fence-remediation",

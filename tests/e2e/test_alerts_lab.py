@@ -27,7 +27,7 @@ from lightkube.types import PatchType
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
 from metalmend_lab import lab
-from metalmend_lab import serve as lab_serve
+from metalmend_lab import servedeploy as lab_serve
 from metalmend_lab.controlplane import free_port
 from metalmend_lab.hosts import NAMESPACE
 from tests.e2e.conftest import Metalmend, host

@@ -9,7 +9,7 @@ from metalmend.kube.crds import load_crds
 CRDS = {crd.metadata.name: crd for crd in load_crds()}
 
 
-def test_the_seven_kinds_are_defined() -> None:
+def test_the_eight_kinds_are_defined() -> None:
     assert set(CRDS) == {
         "baremetalhosts.metal3.io",
         "machines.cluster.x-k8s.io",
@@ -18,6 +18,7 @@ def test_the_seven_kinds_are_defined() -> None:
         "metal3remediationtemplates.remediation.metal3.io",
         "fenceremediations.remediation.metalmend.dev",
         "fenceremediationtemplates.remediation.metalmend.dev",
+        "nodehealthchecks.healthcheck.metalmend.dev",
     }
 
 

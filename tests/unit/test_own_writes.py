@@ -44,3 +44,21 @@ def test_once_the_cache_has_moved_on_the_write_is_forgotten() -> None:
 
 def test_nothing_written_reads_the_cache() -> None:
     assert OwnWrites().latest("ns/c", BEFORE) is BEFORE
+
+
+def test_it_counts_the_keys_it_remembers_and_forgets_one_the_cache_has() -> None:
+    writes = OwnWrites()
+    assert len(writes) == 0  # nothing remembered: callers skip the lookups
+    writes.wrote("ns/c", BEFORE, OURS)
+    assert len(writes) == 1
+    assert writes.latest("ns/c", OURS) is OURS
+    assert len(writes) == 0
+
+
+def test_a_key_no_longer_in_the_cache_is_forgotten() -> None:
+    writes = OwnWrites()
+    writes.wrote("ns/gone", BEFORE, OURS)
+    writes.wrote("ns/c", BEFORE, OURS)
+    writes.retain({"ns/c"})
+    assert len(writes) == 1
+    assert writes.latest("ns/c", BEFORE) is OURS

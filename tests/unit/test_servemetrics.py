@@ -14,15 +14,16 @@ from dataclasses import replace
 import httpx
 import pytest
 from fastapi import FastAPI, HTTPException
-from metalmend.policy.destroy import DriveRecord, Erase, NodeState, Outcome, Step
 from prometheus_client import REGISTRY
 from sqlalchemy.exc import OperationalError
 
 from metalmend.controllers import metrics as run_metrics
 from metalmend.db import metrics as dbmetrics
 from metalmend.destroy import metrics as destroymetrics
-from metalmend.serve.settings import ServeSettings, ServeSettingsError, check
+from metalmend.destroy.policy.destroy import DriveRecord, Erase, NodeState, Outcome, Step
+from metalmend.serve.settings import ServeSettingsError, check
 from metalmend.web import metrics as webmetrics
+from metalmend.web.settings import ServeSettings
 from metalmend_lab.controlplane import free_port
 
 pytestmark = pytest.mark.unit

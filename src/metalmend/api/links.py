@@ -298,3 +298,40 @@ def node_fence_refusal(node_name: str, node_provider_id: str | None, host: HostF
         f"Node {node_name} (providerID {node_provider_id}) is not a Node of host {host.key}:"
         " refusing to fence it"
     )
+
+
+# ---- a Node without a Machine: its host (the NodeHealthCheck, docs/healthcheck.md) -----------
+
+
+def node_host_ref(
+    annotations: Mapping[str, str] | None, provider_id: str | None
+) -> ProviderRef | None:
+    """The host a Node names: the operator's link (names.NODE_HOST, "<namespace>/<host>")
+    first, else a metal3 providerID (``metal3://<namespace>/<host>[/<machine>]``, or the
+    legacy ``metal3://<host uid>``); None if neither names one."""
+    link = (annotations or {}).get(names.NODE_HOST, "")
+    namespace, _, host = link.partition("/")
+    if namespace and host and "/" not in host:
+        return ProviderRef(namespace=namespace, host=host)
+    return parse_provider_id(provider_id)
+
+
+def node_names_host(
+    annotations: Mapping[str, str] | None, provider_id: str | None, host: HostFacts
+) -> bool:
+    """Whether the Node itself names ``host`` (``node_host_ref``), and no providerID of it
+    names another: the proof a remediation without a Machine needs before it fences the
+    Node (a Metal3Remediation's annotations are its creator's word, not the Node's). A
+    providerID of another scheme (k3s's ``k3s://<node>``) names no host either way."""
+    ref = node_host_ref(annotations, provider_id)
+    if ref is None:
+        return False
+    named = (
+        bool(host.uid) and ref.uid == host.uid
+        if ref.uid
+        else (f"{ref.namespace}/{ref.host}" == host.key)
+    )
+    other = parse_provider_id(provider_id) is not None and not provider_id_names_host(
+        provider_id, host.key, host.uid
+    )
+    return named and not other

@@ -88,3 +88,12 @@ REASON_CANNOT_REMEDIATE = "CannotRemediate"
 REASON_RELEASED = "RemediationReleased"
 REASON_BACKUP_LOST = "NodeLabelsNotRestored"
 REASON_MACHINE_REMEDIATION = "MachineRemediation"
+
+# NodeHealthCheck (healthcheck.metalmend.dev; docs/healthcheck.md, "NodeHealthCheck")
+# On a Node: "<namespace>/<host>", the operator's explicit link to the node's BareMetalHost
+# (Nodes are written by cluster administrators and the Node's own kubelet only).
+NODE_HOST = "metalmend.dev/baremetalhost"
+# On a Metal3Remediation the NodeHealthCheck made: the Node it remediates (no Machine).
+REMEDIATED_NODE = "metalmend.dev/node"
+# On the same: the NodeHealthCheck that made it (a label, to list them).
+NODE_HEALTH_CHECK_LABEL = "metalmend.dev/node-health-check"

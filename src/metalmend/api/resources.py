@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lightkube.generic_resource import create_namespaced_resource
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 
 # Inside the package so that a wheel carries them (in the repository it links to deploy/crds).
 CRD_DIR = Path(__file__).resolve().parents[1] / "crds"
@@ -39,4 +39,7 @@ FenceRemediationTemplate = create_namespaced_resource(
     "v1alpha1",
     "FenceRemediationTemplate",
     "fenceremediationtemplates",
+)
+NodeHealthCheck = create_global_resource(
+    "healthcheck.metalmend.dev", "v1alpha1", "NodeHealthCheck", "nodehealthchecks"
 )

@@ -16,6 +16,7 @@ from metalmend.controllers import (
     healthcheck,
     hostpower,
     machineremediation,
+    nodehealthcheck,
     nodelink,
 )
 from metalmend.controllers import remediation as metal3_remediation
@@ -24,6 +25,7 @@ CONTROLLERS: dict[str, Setup] = {
     "node-link": nodelink.setup,
     "host-power": hostpower.setup,
     "machine-health-check": healthcheck.setup,
+    "node-health-check": nodehealthcheck.setup,
     "metal3-remediation": metal3_remediation.setup,
     "machine-remediation": machineremediation.setup,
     "fence-remediation": fenceremediation.setup,

@@ -136,6 +136,8 @@ class RemediationController:
         its annotation, never leaves its host held off)."""
         machine = self.machine_of(remediation)
         hosts = links.host_of(machine) if machine is not None else []
+        if machine is None and (named := self.node_target_host(remediation)):
+            hosts = [named]
         recorded = (remediation.get("status") or {}).get("host")
         # status is writable by whoever may update the status subresource: a recorded host
         # outside this namespace is none of ours (and none of this remediation's business).
@@ -147,8 +149,30 @@ class RemediationController:
             hosts = [recorded]
         return self.hosts.store.get(hosts[0]) if hosts else None
 
+    def node_target_host(self, remediation: Any) -> str:
+        """A remediation without a Machine, made for a Node (names.REMEDIATED_NODE, by the
+        NodeHealthCheck): the host the Node itself names, if of this object's namespace
+        ("" otherwise: no host to act on)."""
+        node_name = (remediation.metadata.annotations or {}).get(names.REMEDIATED_NODE)
+        node = self.nodes.store.get(node_name) if node_name else None
+        if node is None:
+            return ""
+        ref = links.node_host_ref(node.metadata.annotations, links.node_provider_id(node))
+        if ref is None:
+            return ""
+        if ref.uid:
+            host = next((h for h in self.hosts.store.values() if h.metadata.uid == ref.uid), None)
+            key = object_key(host) if host is not None else ""
+        else:
+            key = f"{ref.namespace}/{ref.host}"
+        return key if links.key_in_namespace(key, remediation.metadata.namespace) else ""
+
     def observe(self, remediation: Any, found: Any | None) -> policy.Observed:
         """``found``: the host object, as ``host_object`` returned it for this decision."""
+        if self.machine_of(remediation) is None and names.REMEDIATED_NODE in (
+            remediation.metadata.annotations or {}
+        ):
+            return self.observe_node_target(remediation, found)
         progress = policy.Progress.from_wire(remediation.get("status") or {})
         machine = self.machine_of(remediation)
         host, problem, link_problem = None, "", ""
@@ -189,6 +213,55 @@ class RemediationController:
             node=node_view(node) if node is not None else None,
             backup=policy.Backup.from_wire(remediation.metadata.annotations or {}),
             link_problem=link_problem,
+        )
+
+    def observe_node_target(self, remediation: Any, found: Any | None) -> policy.Observed:
+        """A remediation of a Node without a Machine (the NodeHealthCheck's): the Node is
+        the target (``machine_found``: the target is known; ``machine_node``: the Node). It
+        is fenced only if the Node itself names this host (its link annotation or its
+        providerID: api/links.node_names_host); the object's annotation alone proves
+        nothing, since whoever may create one in this namespace may write it."""
+        progress = policy.Progress.from_wire(remediation.get("status") or {})
+        target = (remediation.metadata.annotations or {}).get(names.REMEDIATED_NODE) or ""
+        spec = policy.Spec.from_wire(remediation.get("spec") or {})
+        host = host_view(found, reboot_key(remediation)) if found is not None else None
+        problem, link_problem = "", ""
+        if spec.strategy == policy.Strategy.ESCALATE:
+            problem = link_problem = (
+                "strategy escalate deletes the Machine; this remediation of Node"
+                f" {target} has none: use strategy reboot"
+            )
+        elif found is None:
+            problem = (
+                f"Node {target} names no BareMetalHost of namespace"
+                f" {remediation.metadata.namespace} ({names.NODE_HOST} annotation or metal3"
+                " providerID)"
+            )
+        node_name = progress.node or target
+        node = self.nodes.store.get(node_name) if node_name else None
+        if node is not None and found is not None:
+            facts = links.host_facts(found)
+            provider = links.node_provider_id(node)
+            if not links.node_names_host(node.metadata.annotations, provider, facts):
+                node, link_problem = (
+                    None,
+                    (
+                        f"Node {node_name} does not name host {facts.key} (its {names.NODE_HOST}"
+                        " annotation or providerID): refusing to fence it"
+                    ),
+                )
+        return policy.Observed(
+            spec=spec,
+            progress=progress,
+            has_finalizer=names.REMEDIATION_FINALIZER in (remediation.metadata.finalizers or []),
+            deleting_since=remediation.metadata.deletionTimestamp,
+            machine_found=bool(target),
+            machine_node=target or None,
+            host=host,
+            host_problem=problem,
+            node=node_view(node) if node is not None else None,
+            backup=policy.Backup.from_wire(remediation.metadata.annotations or {}),
+            link_problem=link_problem if found is not None else "",
         )
 
     # ---- reconcile ----------------------------------------------------------------------

@@ -21,6 +21,10 @@ class OwnWrites:
     def __init__(self) -> None:
         self._written: dict[str, tuple[str | None, Any]] = {}
 
+    def __len__(self) -> int:
+        """Keys remembered (0: every read is the cache's)."""
+        return len(self._written)
+
     def wrote(self, key: str, replaced: Any, written: Any) -> None:
         """``written`` (the server's answer) replaced the object ``replaced`` under ``key``."""
         self._written[key] = (replaced.metadata.resourceVersion, written)
@@ -34,3 +38,9 @@ class OwnWrites:
             return cached
         self._written[key] = (replaced, written)
         return written
+
+    def retain(self, keys: set[str]) -> None:
+        """Forget every key but ``keys`` (the objects still in the cache): an object
+        deleted before its write came back is never asked for again."""
+        for key in [k for k in self._written if k not in keys]:
+            del self._written[key]

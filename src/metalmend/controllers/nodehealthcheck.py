@@ -1,0 +1,293 @@
+"""The NodeHealthCheck controller ("node-health-check"), in the house shape
+(docs/decide-act.md): ``observe`` builds a frozen view of one check from the informers'
+caches (the Nodes its selector picks, each with its BareMetalHost and the Metal3Remediation
+made for it), policy.nodehealthcheck ``decide``s, and ``act`` carries each action out.
+
+A Node finds its host by the operator's link on the Node (``metalmend.dev/baremetalhost:
+<namespace>/<host>``), else by its metal3 providerID (``metal3://<namespace>/<host>``, or
+the legacy ``metal3://<host uid>``), as api/links.py reads them. A Node without one is
+reported, never remediated.
+
+Remediation goes through metalmend's fence-first flow: a Metal3Remediation named after the
+Node in its host's namespace, annotated with the Node's name (names.REMEDIATED_NODE),
+labelled with the check's name and owned by the check; metal3-remediation fences the
+host (power off, confirm off, out-of-service taint or Node deletion, per its settings, under
+the teardown interlock). Deleted once the Node is healthy again. Stateless: every fact is
+read again from the caches, and the objects it makes have fixed names, so a restart at
+any point resumes where the objects say.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
+from lightkube.resources.core_v1 import Node
+
+from metalmend.api import links, names
+from metalmend.api.resources import (
+    BareMetalHost,
+    Metal3Remediation,
+    Metal3RemediationTemplate,
+    NodeHealthCheck,
+)
+from metalmend.api.selector import matches
+from metalmend.controllers.healthcheck import check_changed, node_health
+from metalmend.kube.controller import DONE, Controller, Result
+from metalmend.kube.manager import Manager
+from metalmend.kube.own_writes import OwnWrites
+from metalmend.kube.store import object_key
+from metalmend.kube.writer import KubeWriter, Writer
+from metalmend.policy import interlock
+from metalmend.policy import nodehealthcheck as policy
+from metalmend.policy.decision import Event
+from metalmend.policy.healthcheck import InvalidSpec, NodeCondition
+from metalmend.settings import Settings
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "healthcheck.metalmend.dev/v1alpha1"
+# What a remediation made without a template does: power-cycle (fenced) until the Node is
+# healthy again; never "escalate", which deletes a Machine these Nodes do not have.
+DEFAULT_SPEC: Mapping[str, Any] = {"strategy": "reboot"}
+ESCALATE_REFUSED = (
+    "remediation template {ref}: strategy escalate deletes the Machine, and Nodes checked"
+    " by a NodeHealthCheck have none; use strategy reboot"
+)
+
+
+class NodeHealthCheckController:
+    def __init__(self, manager: Manager, settings: Settings, writer: Writer | None = None) -> None:
+        self.clock = manager.clock
+        self.writer: Writer = writer or KubeWriter(manager.client, manager.events)
+        ns = settings.runtime.namespace
+        self.checks = manager.informer(NodeHealthCheck)
+        self.nodes = manager.informer(Node)
+        self.hosts = manager.informer(BareMetalHost, namespace=ns)
+        self.remediations = manager.informer(Metal3Remediation, namespace=ns)
+        self.templates = manager.informer(Metal3RemediationTemplate, namespace=ns)
+        self.own_writes = OwnWrites()
+
+    # ---- observe ----------------------------------------------------------------------
+
+    def observe(self, check: Any) -> policy.View:
+        spec = check.get("spec") or {}
+        status = policy.NodeCheckStatus.from_wire(check.get("status"))
+        generation = check.metadata.generation
+        try:
+            rules = policy.check_from_spec(spec)
+            template = self.template(spec.get("remediationTemplate"))
+        except InvalidSpec as error:
+            return policy.View(None, spec_error=str(error), status=status, generation=generation)
+        missing = ""
+        if template is None:
+            ref = spec.get("remediationTemplate") or {}
+            missing = f"remediation template {ref.get('namespace')}/{ref.get('name')} not found"
+        selector = spec.get("selector") or {}
+        mine = self.made_by(check.metadata.name)
+        targets = [
+            self.target(node, mine.get(node.metadata.name))
+            for node in self.nodes.store.values()
+            if matches(selector, node.metadata.labels)
+        ]
+        selected = {t.name for t in targets}
+        # its remediations of Nodes no longer selected (judged until their remediation
+        # ends) or gone (deleted by fencing: reported, never healthy)
+        for name, obj in sorted(mine.items()):
+            if name in selected:
+                continue
+            node = self.nodes.store.get(name)
+            if node is not None:
+                targets.append(self.target(node, obj))
+            else:
+                gone = policy.NodeTarget(
+                    name=name, uid="", remediation=remediation_of(obj), exists=False
+                )
+                targets.append(gone)
+        return policy.View(
+            check=rules,
+            targets=tuple(targets),
+            template=template,
+            template_missing=missing,
+            status=status,
+            generation=generation,
+        )
+
+    def template(self, ref: Any) -> policy.Template | None:
+        """The spec remediations are made with; None: the named template is not there.
+        InvalidSpec: one that cannot be used for Nodes."""
+        if not ref:
+            return policy.Template(dict(DEFAULT_SPEC))
+        key = f"{ref.get('namespace')}/{ref.get('name')}"
+        template = self.templates.store.get(key)
+        if template is None:
+            return None
+        body = ((template.get("spec") or {}).get("template") or {}).get("spec") or {}
+        if body.get("strategy") == "escalate":
+            raise InvalidSpec(ESCALATE_REFUSED.format(ref=key))
+        return policy.Template(dict(body))
+
+    def made_by(self, check_name: str) -> dict[str, Any]:
+        """The Metal3Remediations this check made, by Node name."""
+        found: dict[str, Any] = {}
+        for obj in self.remediations.store.values():
+            labels = obj.metadata.labels or {}
+            node = (obj.metadata.annotations or {}).get(names.REMEDIATED_NODE)
+            if node and labels.get(names.NODE_HEALTH_CHECK_LABEL) == check_name:
+                found[node] = obj
+        return found
+
+    def host_of(self, node: Any) -> tuple[Any | None, str]:
+        """The Node's BareMetalHost, or why none."""
+        provider = links.node_provider_id(node)
+        ref = links.node_host_ref(node.metadata.annotations, provider)
+        if ref is None:
+            return None, (
+                f"no {names.NODE_HOST} annotation and no metal3 providerID"
+                f" (providerID: {provider or 'none'})"
+            )
+        if ref.uid:
+            host = next((h for h in self.hosts.store.values() if h.metadata.uid == ref.uid), None)
+            wanted = f"uid {ref.uid}"
+        else:
+            wanted = f"{ref.namespace}/{ref.host}"
+            host = self.hosts.store.get(wanted)
+        if host is None:
+            return None, f"BareMetalHost {wanted} not found"
+        if not links.node_names_host(node.metadata.annotations, provider, links.host_facts(host)):
+            return None, f"providerID {provider} names another host than {object_key(host)}"
+        return host, ""
+
+    def target(self, node: Any, remediation: Any | None) -> policy.NodeTarget:
+        now = self.clock.now()
+        conditions: dict[str, NodeCondition] = {}
+        for c in (node.status.conditions if node.status else None) or []:
+            since = c.lastTransitionTime or c.lastHeartbeatTime or now
+            conditions[c.type] = NodeCondition(c.status, since)
+        host, problem = self.host_of(node)
+        teardown = ""
+        if host is not None:
+            claim = interlock.teardown_claim(host.metadata.annotations or {})
+            if claim is not None:
+                stale = interlock.claim_stale(claim, node.metadata.name, node.metadata.uid)
+                teardown = interlock.hold_message(object_key(host), claim, stale)
+        found = remediation_of(remediation) if remediation is not None else None
+        return policy.NodeTarget(
+            name=node.metadata.name,
+            uid=str(node.metadata.uid or ""),
+            conditions=conditions,
+            deleting=node.metadata.deletionTimestamp is not None,
+            host=object_key(host) if host is not None else "",
+            host_problem=problem,
+            remediation=found,
+            teardown=teardown,
+        )
+
+    # ---- reconcile ----------------------------------------------------------------------
+
+    async def reconcile(self, key: str) -> Result:
+        check = self.own_writes.latest(key, self.checks.store.get(key))
+        if check is None:
+            return DONE
+        decision = policy.decide(self.observe(check), self.clock.now())
+        for action in decision.actions:
+            check = await self.act(check, action) or check
+        return Result.at(decision.requeue_at) if decision.requeue_at else DONE
+
+    async def act(self, check: Any, action: policy.Action) -> Any | None:
+        match action:
+            case policy.SetStatus(status=status):
+                wire = status.to_wire(check.get("status") or {})
+                written = await self.writer.patch_status(NodeHealthCheck, check, wire)
+                if written is not None:
+                    self.own_writes.wrote(object_key(check), check, written)
+                return written
+            case policy.CreateRemediation():
+                await self.writer.create(Metal3Remediation, remediation_object(check, action))
+            case policy.DeleteRemediation(namespace=namespace, name=name, uid=uid):
+                await self.writer.delete_exact(Metal3Remediation, name, uid, namespace=namespace)
+            case policy.NodeEvent(node=name, type=kind, reason=reason, message=message):
+                node = self.nodes.store.get(name)
+                if node is not None:
+                    await self.writer.record_event(node, str(kind), reason, message)
+            case Event(type=kind, reason=reason, message=message):
+                await self.writer.record_event(check, str(kind), reason, message)
+        return None
+
+
+def remediation_of(obj: Any) -> policy.Remediation:
+    """A remediation as the policy reads it (uid "" while it is being deleted: it still
+    counts, but is not deleted again)."""
+    meta = obj.metadata
+    deleting = meta.deletionTimestamp is not None
+    uid = "" if deleting else str(meta.uid or "")
+    return policy.Remediation(meta.namespace, meta.name, uid, meta.creationTimestamp)
+
+
+def remediation_object(check: Any, action: policy.CreateRemediation) -> Any:
+    namespace = action.host.partition("/")[0]
+    owner = OwnerReference(
+        apiVersion=API_VERSION,
+        kind="NodeHealthCheck",
+        name=check.metadata.name,
+        uid=str(check.metadata.uid),
+    )
+    metadata = ObjectMeta(
+        name=action.node,
+        namespace=namespace,
+        annotations={names.REMEDIATED_NODE: action.node},
+        labels={names.NODE_HEALTH_CHECK_LABEL: check.metadata.name},
+        ownerReferences=[owner],
+    )
+    return Metal3Remediation(metadata=metadata, spec=dict(action.spec))
+
+
+def node_read(node: Any) -> tuple[Any, ...]:
+    """What a check reads of a Node: its health (as the MachineHealthCheck), its labels
+    (the selector) and how it names its host."""
+    annotations = node.metadata.annotations or {}
+    return (
+        node_health(node),
+        tuple(sorted((node.metadata.labels or {}).items())),
+        annotations.get(names.NODE_HOST),
+        links.node_provider_id(node),
+    )
+
+
+def node_changed(old: Any | None, new: Any | None) -> bool:
+    if old is None or new is None:
+        return True
+    return node_read(old) != node_read(new)
+
+
+def host_changed(old: Any | None, new: Any | None) -> bool:
+    """A host came or went, or its teardown claim changed (power writes wake nothing)."""
+    if old is None or new is None:
+        return True
+    claims = [
+        (obj.metadata.annotations or {}).get(interlock.TEARDOWN_ANNOTATION) for obj in (old, new)
+    ]
+    return claims[0] != claims[1]
+
+
+def setup(manager: Manager, settings: Settings) -> None:
+    controller = NodeHealthCheckController(manager, settings)
+    checks = controller.checks
+
+    def every_check(old: Any, new: Any) -> list[str]:
+        del old, new
+        return sorted(object_key(c) for c in checks.store.values())
+
+    def made_by_check(old: Any, new: Any) -> list[str]:
+        obj = new if new is not None else old
+        name = (obj.metadata.labels or {}).get(names.NODE_HEALTH_CHECK_LABEL)
+        return [name] if name else []
+
+    runner = manager.add(Controller("node-health-check", controller.reconcile, workers=1))
+    runner.watch(checks, predicate=check_changed)
+    runner.watch(controller.nodes, every_check, predicate=node_changed)
+    runner.watch(controller.hosts, every_check, predicate=host_changed)
+    runner.watch(controller.remediations, made_by_check)
+    runner.watch(controller.templates, every_check)

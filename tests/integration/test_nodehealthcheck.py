@@ -1,0 +1,492 @@
+"""The NodeHealthCheck on the real API server, with no Machines at all: its CRD's validation,
+and a Node remediated through metal3-remediation's fence-first flow with both controllers
+killed and restarted mid-remediation. The test plays host-power (it writes the host's
+power status), as tests/integration/test_remediation.py does."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import ApiError, AsyncClient
+from lightkube.codecs import from_dict
+from lightkube.models.core_v1 import NodeSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Node
+from lightkube.types import PatchType
+
+from metalmend.api import names
+from metalmend.api.reboot import is_reboot_annotation
+from metalmend.api.resources import (
+    BareMetalHost,
+    Metal3Remediation,
+    Metal3RemediationTemplate,
+    NodeHealthCheck,
+)
+from metalmend.api.stamps import stamp
+from metalmend.controllers import nodehealthcheck, remediation
+from metalmend.controllers.powerreads import PowerReader
+from metalmend.kube.manager import Manager
+from metalmend.policy.fencing import POWERED_OFF_FOR
+from metalmend.settings import FenceMethod, RemediationSettings, RuntimeSettings, Settings
+from tests.support import reconciles, until
+
+DURATION = 2  # seconds a Ready=False must last
+
+
+class Run:
+    """node-health-check and metal3-remediation, as `metalmend run` runs them."""
+
+    def __init__(self, client: AsyncClient, namespace: str) -> None:
+        self.client, self.namespace = client, namespace
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(
+        self, fencing: RemediationSettings | None = None, reader: PowerReader | None = None
+    ) -> None:
+        manager = Manager(self.client)
+        settings = Settings(
+            runtime=RuntimeSettings(namespace=self.namespace),
+            remediation=fencing or RemediationSettings(),
+        )
+        nodehealthcheck.setup(manager, settings)
+        remediation.setup(manager, settings, reader=reader)
+        self.task = asyncio.create_task(manager.run())
+        await manager.wait_synced()
+
+    async def kill(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+            self.task = None
+
+
+class World:
+    def __init__(self, client: AsyncClient, namespace: str) -> None:
+        self.client, self.ns = client, namespace
+        self.nodes: list[str] = []
+        self.checks: list[str] = []
+
+    def node_name(self, name: str) -> str:
+        return f"{self.ns}-{name}"
+
+    async def host(self, name: str) -> None:
+        await self.client.create(
+            BareMetalHost(metadata=ObjectMeta(name=name), spec={"online": True}),
+            namespace=self.ns,
+        )
+        await self.power(name, on=True)
+
+    async def node(
+        self, name: str, provider: str | None, ready: bool = True, **annotations: str
+    ) -> None:
+        node = self.node_name(name)
+        with contextlib.suppress(ApiError):
+            await self.client.create(
+                Node(
+                    metadata=ObjectMeta(
+                        name=node,
+                        labels={"role": "worker", "suite": self.ns},
+                        annotations=annotations or None,
+                    ),
+                    spec=NodeSpec(providerID=provider),
+                )
+            )
+        if node not in self.nodes:
+            self.nodes.append(node)
+        await self.ready(name, ready)
+
+    async def ready(self, name: str, ready: bool) -> None:
+        now = dt.datetime.now(dt.UTC).isoformat()
+        condition = {"type": "Ready", "status": "True" if ready else "False", "reason": "Test",
+                     "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
+        await self.client.patch(
+            Node.Status, self.node_name(name), {"status": {"conditions": [condition]}}
+        )
+
+    async def power(self, host: str, on: bool) -> None:
+        """As host-power reports it: off for the reboot keys on the host now."""
+        now = dt.datetime.now(dt.UTC)
+        provisioning = {"state": "provisioned", "lastPoweredOn": stamp(now - dt.timedelta(hours=1))}
+        listed = None
+        if not on:
+            provisioning["pendingRebootSince"] = stamp(now)
+            found: Any = await self.client.get(BareMetalHost, host, namespace=self.ns)
+            keys = [k for k in found.metadata.annotations or {} if is_reboot_annotation(k)]
+            listed = sorted(k for k in keys if k != names.REBOOT)
+        status = {"poweredOn": on, "operationalStatus": "OK", "provisioning": provisioning,
+                  POWERED_OFF_FOR: listed or None}  # fmt: skip
+        await self.client.patch(
+            BareMetalHost.Status, host, {"status": status},
+            namespace=self.ns, patch_type=PatchType.MERGE,
+        )  # fmt: skip
+
+    async def check(self, name: str, **spec: Any) -> Any:
+        body = {
+            "selector": {"matchLabels": {"suite": self.ns}},
+            "unhealthyConditions": [
+                {"type": "Ready", "status": "False", "duration": f"{DURATION}s"}
+            ],
+            **spec,
+        }
+        created = await self.client.create(
+            NodeHealthCheck(metadata=ObjectMeta(name=name), spec=body)
+        )
+        self.checks.append(name)
+        return created
+
+    async def remediation(self, node: str) -> Any | None:
+        try:
+            return await self.client.get(Metal3Remediation, self.node_name(node), namespace=self.ns)
+        except ApiError:
+            return None
+
+    async def status(self, check: str) -> dict[str, Any]:
+        obj: Any = await self.client.get(NodeHealthCheck, check)
+        return dict(obj.get("status") or {})
+
+    async def node_obj(self, name: str) -> Any | None:
+        try:
+            return await self.client.get(Node, self.node_name(name))
+        except ApiError:
+            return None
+
+    async def reasons(self) -> set[str]:
+        """This test's Events: in its namespace, and those of the (cluster-scoped) check and
+        Nodes, in default, that name something of this namespace."""
+        found = {e.reason async for e in self.client.list(Event, namespace=self.ns)}
+        return found | {
+            e.reason
+            async for e in self.client.list(Event, namespace="default")
+            if self.ns in (e.message or "")
+        }
+
+    async def cleanup(self) -> None:
+        for check in self.checks:
+            with contextlib.suppress(ApiError):
+                await self.client.delete(NodeHealthCheck, check)
+        for node in self.nodes:
+            with contextlib.suppress(ApiError):
+                await self.client.delete(Node, node)
+
+
+@pytest.fixture
+async def world(aclient: AsyncClient, namespace: str) -> AsyncIterator[World]:
+    made = World(aclient, namespace)
+    yield made
+    await made.cleanup()
+
+
+@pytest.fixture
+async def run(aclient: AsyncClient, namespace: str) -> AsyncIterator[Run]:
+    running = Run(aclient, namespace)
+    yield running
+    await running.kill()
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ({"minHealthy": 1, "maxUnhealthy": 1}, "mutually exclusive"),
+        (
+            {"unhealthyConditions": [{"type": "Ready", "status": "False", "duration": "5"}]},
+            "spec.unhealthyConditions[0].duration",
+        ),
+        (
+            {"unhealthyConditions": [{"type": "Ready", "status": "Maybe", "duration": "5s"}]},
+            "spec.unhealthyConditions[0].status",
+        ),
+        ({"minHealthy": "half"}, "spec.minHealthy"),
+        ({"stormCooldownDuration": "10 minutes"}, "spec.stormCooldownDuration"),
+        ({"remediationTemplate": {"name": "t"}}, "namespace"),
+        (
+            {
+                "remediationTemplate": {
+                    "kind": "SelfNodeRemediationTemplate",
+                    "name": "t",
+                    "namespace": "n",
+                }
+            },
+            "spec.remediationTemplate.kind",
+        ),
+    ],
+    ids=[
+        "both-limits",
+        "duration",
+        "status",
+        "min-healthy",
+        "storm-cooldown",
+        "template-namespace",
+        "kind",
+    ],
+)
+async def test_the_api_server_refuses_what_the_schema_does_not_admit(
+    world: World, spec: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(ApiError) as refused:
+        await world.check("bad", **spec)
+    assert refused.value.status.code == 422
+    assert problem in (refused.value.status.message or "")
+
+
+async def test_a_node_is_fenced_through_its_host_and_a_hostless_node_only_reported(
+    world: World, run: Run
+) -> None:
+    ns = world.ns
+    for name in ("a", "b", "c"):
+        await world.host(f"host-{name}")
+    await world.node("a", f"metal3://{ns}/host-a")
+    await world.node("b", None, **{names.NODE_HOST: f"{ns}/host-b"})  # the operator's link
+    await world.node("c", f"metal3://{ns}/host-c/m3m-c")  # CAPM3's longer form
+    await world.node("d", "k3s://d")  # no host at all
+    check = await world.check("workers", maxUnhealthy=2)
+    await run.start()
+    await until(lambda: _status_is(world, "workers", observedNodes=4, healthyNodes=4))
+    assert (await world.status("workers"))["phase"] == "Enabled"
+
+    await world.ready("a", False)
+    await world.ready("d", False)
+    await until(lambda: _exists(world.remediation("a")), within=DURATION + 20)
+    made = await world.remediation("a")
+    assert made.metadata.annotations[names.REMEDIATED_NODE] == world.node_name("a")
+    assert made.metadata.labels[names.NODE_HEALTH_CHECK_LABEL] == "workers"
+    (owner,) = made.metadata.ownerReferences
+    assert (owner.kind, owner.name, owner.uid) == ("NodeHealthCheck", "workers", check.metadata.uid)
+    key = f"{names.METAL3_REMEDIATION_REBOOT_PREFIX}{made.metadata.uid}"
+    # fence first: metal3-remediation holds the Node's host off before anything else
+    await until(lambda: _annotated(world, "host-a", key))
+    await until(lambda: _status_is(world, "workers", phase="Remediating", healthyNodes=2))
+    status = await world.status("workers")
+    assert sorted(u["name"] for u in status["unhealthyNodes"]) == [
+        world.node_name("a"),
+        world.node_name("d"),
+    ]
+    assert list(status["inFlightRemediations"]) == [world.node_name("a")]
+    assert await world.remediation("d") is None, "a Node without a host is never remediated"
+    await until(lambda: _recorded(world, "NoBareMetalHost"))
+    assert await world.node_obj("a") is not None, "not fenced before the host is off"
+
+    await run.kill()  # mid-remediation: the host goes off while nobody watches
+    await world.power("host-a", on=False)
+    await run.start()
+    await until(lambda: _gone(world.node_obj("a")))  # fenced (Node deleted), after the off
+    again = await world.remediation("a")
+    assert again is not None
+    assert again.metadata.uid == made.metadata.uid, "one remediation, never a second"
+    # the Node is gone, its remediation still in flight (the server is booting)
+    status = await world.status("workers")
+    assert world.node_name("a") in status["inFlightRemediations"]
+
+    await run.kill()
+    await world.power("host-a", on=True)
+    await world.node("a", f"metal3://{ns}/host-a")  # its kubelet registers again, Ready
+    await run.start()
+    await until(lambda: _gone(world.remediation("a")), within=30)  # healthy: deleted
+    await until(lambda: _lacks(world, "host-a", key))
+    await until(lambda: _status_is(world, "workers", phase="Enabled", healthyNodes=3))
+    assert {"RemediationCreated", "RemediationRemoved", "PowerOffRequested"} <= (
+        await world.reasons()
+    )
+
+    # At rest: a restart reads everything again and writes nothing.
+    before: Any = await world.client.get(NodeHealthCheck, "workers")
+    await run.kill()
+    count = reconciles("node-health-check")
+    await run.start()
+    await until(lambda: reconciles("node-health-check") > count)
+    await run.kill()
+    after: Any = await world.client.get(NodeHealthCheck, "workers")
+    assert after.metadata.resourceVersion == before.metadata.resourceVersion
+
+
+async def test_a_remediation_naming_a_node_that_does_not_name_its_host_fences_nothing(
+    world: World, run: Run
+) -> None:
+    """Whoever may create a Metal3Remediation in a namespace may annotate it with any Node's
+    name: metal3-remediation believes only the Node."""
+    ns = world.ns
+    await world.host("host-a")
+    await world.node("x", "metal3://elsewhere/host-z")  # another tenant's Node
+    await run.start()
+    body = Metal3Remediation(
+        metadata=ObjectMeta(
+            name="forged", annotations={names.REMEDIATED_NODE: world.node_name("x")}
+        ),
+        spec={"strategy": "reboot"},
+    )
+    await world.client.create(body, namespace=ns)
+
+    async def failed() -> bool:
+        obj: Any = await world.client.get(Metal3Remediation, "forged", namespace=ns)
+        return (obj.get("status") or {}).get("phase") == "failed"
+
+    await until(failed)
+    host: Any = await world.client.get(BareMetalHost, "host-a", namespace=ns)
+    assert not any(is_reboot_annotation(k) for k in host.metadata.annotations or {})
+    assert await world.node_obj("x") is not None
+
+
+async def _status_is(world: World, check: str, **expected: Any) -> bool:
+    try:
+        current = await world.status(check)
+    except ApiError:
+        return False
+    return all(current.get(k) == v for k, v in expected.items())
+
+
+async def _exists(found: Any) -> bool:
+    return await found is not None
+
+
+async def _gone(found: Any) -> bool:
+    return await found is None
+
+
+async def _annotated(world: World, host: str, key: str) -> bool:
+    obj: Any = await world.client.get(BareMetalHost, host, namespace=world.ns)
+    return key in (obj.metadata.annotations or {})
+
+
+async def _lacks(world: World, host: str, key: str) -> bool:
+    return not await _annotated(world, host, key)
+
+
+async def _recorded(world: World, reason: str) -> bool:
+    return reason in await world.reasons()
+
+
+async def test_a_template_is_copied_and_escalate_disables_the_check(world: World, run: Run) -> None:
+    ns = world.ns
+    template = {"template": {"spec": {"strategy": "reboot", "powerOffTimeoutSeconds": 45}}}
+    await world.client.create(
+        Metal3RemediationTemplate(metadata=ObjectMeta(name="fence"), spec=template), namespace=ns
+    )
+    await world.host("host-a")
+    await world.node("a", f"metal3://{ns}/host-a", ready=False)
+    await world.node("b", f"metal3://{ns}/host-b")
+    await world.check("workers", maxUnhealthy=1,
+                      remediationTemplate={"namespace": ns, "name": "fence"})  # fmt: skip
+    await run.start()
+    await until(lambda: _exists(world.remediation("a")), within=DURATION + 20)
+    made = await world.remediation("a")
+    assert made.spec["powerOffTimeoutSeconds"] == 45
+
+    await world.client.patch(
+        Metal3RemediationTemplate, "fence",
+        {"spec": {"template": {"spec": {"strategy": "escalate"}}}},
+        namespace=ns, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    await until(lambda: _status_is(world, "workers", phase="Disabled"))
+    status = await world.status("workers")
+    (condition,) = status["conditions"]
+    assert (condition["type"], condition["status"]) == ("Disabled", "True")
+    assert "escalate" in condition["message"]
+    await until(lambda: _recorded(world, "Disabled"))
+
+
+class OffBmc:
+    """The hosts' BMCs as metal3-remediation reads them (read-only): off once told so."""
+
+    def __init__(self) -> None:
+        self.off: set[str] = set()
+
+    async def is_off(self, host: Any) -> bool:
+        return str(host.metadata.name) in self.off
+
+
+async def _tainted(world: World, node: str) -> bool:
+    found = await world.node_obj(node)
+    taints = (found.spec.taints if found is not None and found.spec else None) or []
+    return names.OUT_OF_SERVICE_TAINT in [t.key for t in taints]
+
+
+async def _untainted(world: World, node: str) -> bool:
+    return not await _tainted(world, node)
+
+
+async def test_the_out_of_service_taint_strategy_fences_a_node_without_a_machine(
+    world: World, run: Run
+) -> None:
+    ns = world.ns
+    taint = RemediationSettings(
+        fence=FenceMethod.OUT_OF_SERVICE_TAINT, confirm_window=1.0, confirm_reads=2,
+        evacuation_poll=0.2,
+    )  # fmt: skip
+    bmc = OffBmc()
+    await world.host("host-a")
+    await world.node("a", f"metal3://{ns}/host-a")
+    await world.node("b", f"metal3://{ns}/host-b")
+    await world.check("workers", maxUnhealthy=1)
+    await run.start(taint, bmc)
+    await world.ready("a", False)
+    await until(lambda: _exists(world.remediation("a")), within=DURATION + 20)
+    made = await world.remediation("a")
+    key = f"{names.METAL3_REMEDIATION_REBOOT_PREFIX}{made.metadata.uid}"
+    await until(lambda: _annotated(world, "host-a", key))
+    assert await _untainted(world, "a"), "no taint before the host is confirmed off"
+
+    await run.kill()  # killed mid-remediation; the host goes off meanwhile
+    bmc.off.add("host-a")
+    await world.power("host-a", on=False)
+    await run.start(taint, bmc)
+    await until(lambda: _tainted(world, "a"))  # confirmed off by our reads, then tainted
+    assert await world.node_obj("a") is not None, "the taint strategy keeps the Node"
+    # nothing left on the Node: the host is released (host-power powers it on)
+    await until(lambda: _lacks(world, "host-a", key))
+    assert await _tainted(world, "a"), "the taint stays until the Node is Ready"
+
+    await run.kill()
+    bmc.off.discard("host-a")
+    await world.power("host-a", on=True)
+    await run.start(taint, bmc)
+    await asyncio.sleep(1.1)  # Ready's transition time has whole seconds
+    await world.ready("a", True)
+    await until(lambda: _untainted(world, "a"))
+    await until(lambda: _gone(world.remediation("a")), within=30)
+    again: Any = await world.client.get(NodeHealthCheck, "workers")
+    assert again.status["phase"] == "Enabled"
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy/examples/node-health-check.yaml"
+
+
+async def test_the_example_applies(world: World) -> None:
+    for body in yaml.safe_load_all(EXAMPLE.read_text()):
+        if body["kind"] == "NodeHealthCheck":
+            body["metadata"]["name"] = f"{world.ns}-example"
+            body["spec"]["remediationTemplate"]["namespace"] = world.ns
+            world.checks.append(body["metadata"]["name"])
+            created: Any = await world.client.create(from_dict(body))
+            assert created["spec"]["remediationTemplate"]["kind"] == "Metal3RemediationTemplate"
+        else:
+            body["metadata"]["namespace"] = world.ns
+            await world.client.create(from_dict(body))
+
+
+async def test_a_machineless_remediation_with_strategy_escalate_fails_at_once(
+    world: World, run: Run
+) -> None:
+    ns = world.ns
+    await world.host("host-a")
+    await world.node("a", f"metal3://{ns}/host-a")
+    await run.start()
+    body = Metal3Remediation(
+        metadata=ObjectMeta(name="esc", annotations={names.REMEDIATED_NODE: world.node_name("a")}),
+        spec={"strategy": "escalate"},
+    )
+    await world.client.create(body, namespace=ns)
+
+    async def failed() -> bool:
+        obj: Any = await world.client.get(Metal3Remediation, "esc", namespace=ns)
+        status = obj.get("status") or {}
+        return status.get("phase") == "failed" and "escalate" in status.get("message", "")
+
+    await until(failed)
+    host: Any = await world.client.get(BareMetalHost, "host-a", namespace=ns)
+    assert not any(is_reboot_annotation(k) for k in host.metadata.annotations or {})
