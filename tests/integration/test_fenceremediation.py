@@ -20,6 +20,7 @@ from lightkube.models.apiextensions_v1 import (
     CustomResourceValidation,
     JSONSchemaProps,
 )
+from lightkube.models.core_v1 import NodeSpec
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.core_v1 import Node
@@ -27,6 +28,7 @@ from lightkube.types import PatchType
 
 from metalmend.api import names
 from metalmend.api.resources import (
+    BareMetalHost,
     FenceRemediation,
     FenceRemediationTemplate,
     Machine,
@@ -243,7 +245,7 @@ async def test_timed_out_annotation_stops_and_releases_the_host(
     assert key not in await world.host_annotations("host-m1")
 
 
-async def test_a_node_without_a_machine_is_refused_in_words(
+async def test_a_node_naming_no_host_is_refused_in_words(
     world: World, controllers: Controllers, nhc: Any
 ) -> None:
     await controllers.start(fenceremediation.setup)
@@ -251,7 +253,40 @@ async def test_a_node_without_a_machine_is_refused_in_words(
     await until(phase_of(world, obj.metadata.name, "failed"))
     await until(conditions_are(world, obj.metadata.name, **{P: "False", S: "False"}))
     got = await world.get(FenceRemediation, obj.metadata.name)
-    assert "no Machine in namespace" in got.status["message"]
+    assert "names no BareMetalHost" in got.status["message"]
+
+
+async def test_a_node_without_a_machine_is_fenced_through_the_host_it_names(
+    world: World, controllers: Controllers, nhc: Any
+) -> None:
+    """NodeHealthCheck on a cluster without Machines: the Node's metal3 providerID names
+    its host; the FenceRemediation named after the Node fences it."""
+    await controllers.start(fenceremediation.setup)
+    await world.client.create(
+        BareMetalHost(metadata=ObjectMeta(name="host-n1"), spec={"online": True}),
+        namespace=world.ns,
+    )
+    await world.power("host-n1", on=True)
+    node = f"{world.ns}-n1"
+    await world.client.create(
+        Node(
+            metadata=ObjectMeta(name=node), spec=NodeSpec(providerID=f"metal3://{world.ns}/host-n1")
+        )
+    )
+    world.nodes.append(node)
+    owner = OwnerReference(
+        apiVersion="remediation.medik8s.io/v1alpha1", kind="NodeHealthCheck",
+        name=nhc.metadata.name, uid=nhc.metadata.uid,
+    )  # fmt: skip
+    obj = await world.client.create(
+        FenceRemediation(metadata=ObjectMeta(name=node, ownerReferences=[owner]), spec=spec()),
+        namespace=world.ns,
+    )
+    await until(lambda: _has(world.host_annotations("host-n1"), key_of(obj)))
+    await until(conditions_are(world, node, **{P: "True"}))
+    await world.power("host-n1", on=False)
+    await until(phase_of(world, node, "power-on"))
+    await until(lambda: _lacks(world.host_annotations("host-n1"), key_of(obj)))
 
 
 async def test_a_machine_health_check_instantiates_the_template(

@@ -10,7 +10,6 @@ timed-out annotation; the conditions), the rest is the RemediationController it 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Any
 
 from lightkube.resources.storage_v1 import VolumeAttachment
@@ -27,11 +26,6 @@ from metalmend.policy import remediation as policy
 from metalmend.settings import Settings
 
 log = logging.getLogger(__name__)
-
-NO_MACHINE = (
-    "no Machine in namespace {namespace} has Node {node} as its status.nodeRef: a Node"
-    " target is remediated through the Machine that owns it"
-)
 
 
 def target_of(remediation: Any) -> fence.Target:
@@ -61,14 +55,12 @@ class FenceRemediationController(RemediationController):
         )
         return machines[0] if machines else None
 
-    def observe(self, remediation: Any, found: Any | None) -> policy.Observed:
-        observed = super().observe(remediation, found)
+    def remediated_node(self, remediation: Any) -> str | None:
+        """A Node target that no Machine of this namespace names is remediated as the
+        NodeHealthCheck's Machine-less remediations are: through the host the Node itself
+        names (its link annotation or metal3 providerID), never by the object's word."""
         goal = target_of(remediation)
-        if goal.kind == "Node" and not observed.machine_found:
-            namespace = remediation.metadata.namespace
-            problem = NO_MACHINE.format(namespace=namespace, node=goal.name)
-            observed = replace(observed, host_problem=problem)
-        return observed
+        return goal.name if goal.kind == "Node" else None
 
     def decide(self, remediation: Any, observed: policy.Observed) -> policy.Decision:
         annotations = remediation.metadata.annotations or {}
@@ -145,8 +137,18 @@ def setup(
 
     def by_host(old: Any, new: Any) -> list[str]:
         host = new if new is not None else old
-        found = controller.machines.store.by_index(indexes.MACHINES_BY_HOST.name, object_key(host))
-        return remediating({object_key(m) for m in found}, set().union(*map(nodes_of, found)))
+        key = object_key(host)
+        found = controller.machines.store.by_index(indexes.MACHINES_BY_HOST.name, key)
+        keys = set(remediating({object_key(m) for m in found}, set().union(*map(nodes_of, found))))
+        # Node targets without a Machine: the host they hold, or the one their Node names
+        for remediation in controller.remediations.store.values():
+            held = (remediation.get("status") or {}).get("host")
+            if held == key or (
+                controller.remediated_node(remediation)
+                and controller.node_target_host(remediation) == key
+            ):
+                keys.add(object_key(remediation))
+        return sorted(keys)
 
     def by_node(old: Any, new: Any) -> list[str]:
         node = new if new is not None else old

@@ -149,11 +149,17 @@ class RemediationController:
             hosts = [recorded]
         return self.hosts.store.get(hosts[0]) if hosts else None
 
+    def remediated_node(self, remediation: Any) -> str | None:
+        """The Node a remediation without a Machine is made for (names.REMEDIATED_NODE, by
+        the NodeHealthCheck; FenceRemediationController: the external remediation
+        contract's Node target)."""
+        return (remediation.metadata.annotations or {}).get(names.REMEDIATED_NODE) or None
+
     def node_target_host(self, remediation: Any) -> str:
         """A remediation without a Machine, made for a Node (names.REMEDIATED_NODE, by the
         NodeHealthCheck): the host the Node itself names, if of this object's namespace
         ("" otherwise: no host to act on)."""
-        node_name = (remediation.metadata.annotations or {}).get(names.REMEDIATED_NODE)
+        node_name = self.remediated_node(remediation)
         node = self.nodes.store.get(node_name) if node_name else None
         if node is None:
             return ""
@@ -169,9 +175,7 @@ class RemediationController:
 
     def observe(self, remediation: Any, found: Any | None) -> policy.Observed:
         """``found``: the host object, as ``host_object`` returned it for this decision."""
-        if self.machine_of(remediation) is None and names.REMEDIATED_NODE in (
-            remediation.metadata.annotations or {}
-        ):
+        if self.machine_of(remediation) is None and self.remediated_node(remediation):
             return self.observe_node_target(remediation, found)
         progress = policy.Progress.from_wire(remediation.get("status") or {})
         machine = self.machine_of(remediation)
@@ -222,7 +226,7 @@ class RemediationController:
         providerID: api/links.node_names_host); the object's annotation alone proves
         nothing, since whoever may create one in this namespace may write it."""
         progress = policy.Progress.from_wire(remediation.get("status") or {})
-        target = (remediation.metadata.annotations or {}).get(names.REMEDIATED_NODE) or ""
+        target = self.remediated_node(remediation) or ""
         spec = policy.Spec.from_wire(remediation.get("spec") or {})
         host = host_view(found, reboot_key(remediation)) if found is not None else None
         problem, link_problem = "", ""
