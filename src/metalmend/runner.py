@@ -75,8 +75,10 @@ async def run(config: RunConfig) -> None:
         await client.close()
         raise ClusterUnavailable(refused)
     # Before anything runs: a schema that prunes our status fields would fail silently.
-    # Beside baremetal-operator, metal3-remediation reads only status.poweredOn (kept).
-    checked = [c for c in controllers if owner == PowerOwner.METALMEND or c != "metal3-remediation"]
+    # Beside baremetal-operator, metal3-remediation (and fence-remediation, the same flow)
+    # read only status.poweredOn (kept).
+    fencing = ("metal3-remediation", "fence-remediation")
+    checked = [c for c in controllers if owner == PowerOwner.METALMEND or c not in fencing]
     if refused := await served_schema.check(client, checked):
         await client.close()
         raise ClusterUnavailable(refused)

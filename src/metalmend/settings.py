@@ -72,6 +72,7 @@ CONTROLLER_NAMES = (
     "node-health-check",
     "metal3-remediation",
     "machine-remediation",
+    "fence-remediation",
 )
 
 

@@ -9,13 +9,15 @@ from metalmend.kube.crds import load_crds
 CRDS = {crd.metadata.name: crd for crd in load_crds()}
 
 
-def test_the_six_kinds_are_defined() -> None:
+def test_the_eight_kinds_are_defined() -> None:
     assert set(CRDS) == {
         "baremetalhosts.metal3.io",
         "machines.cluster.x-k8s.io",
         "machinehealthchecks.cluster.x-k8s.io",
         "metal3remediations.remediation.metal3.io",
         "metal3remediationtemplates.remediation.metal3.io",
+        "fenceremediations.remediation.metalmend.dev",
+        "fenceremediationtemplates.remediation.metalmend.dev",
         "nodehealthchecks.healthcheck.metalmend.dev",
     }
 
@@ -35,3 +37,17 @@ def test_baremetalhost_keeps_upstream_fields_it_does_not_model() -> None:
     assert spec["x-kubernetes-preserve-unknown-fields"] is True
     provisioning = status["properties"]["provisioning"]["properties"]
     assert {"state", "lastPoweredOn", "pendingRebootSince"} <= set(provisioning)
+
+
+def test_no_kind_of_ours_is_served_in_capm3s_group() -> None:
+    """CAPM3 always serves Metal3Remediation(Template) in infrastructure.cluster.x-k8s.io
+    and cannot be switched off: a CRD of ours there would replace its."""
+    groups = {crd.spec.group for crd in CRDS.values()}
+    assert "infrastructure.cluster.x-k8s.io" not in groups
+    fence = CRDS["fenceremediations.remediation.metalmend.dev"].spec
+    template = CRDS["fenceremediationtemplates.remediation.metalmend.dev"].spec
+    # the external remediation contract: the template's kind is the object's + "Template"
+    assert template.names.kind == fence.names.kind + "Template"
+    assert [v.name for v in fence.versions] == [v.name for v in template.versions]
+    status = fence.versions[0].schema.openAPIV3Schema.properties["status"]
+    assert "conditions" in status["properties"]

@@ -65,6 +65,9 @@ REMEDIATION_ENDED_AT = "metalmend.dev/remediation-ended-at"
 ESCALATING = "metalmend.dev/escalating"
 METAL3_REMEDIATION_REBOOT_PREFIX = "reboot.metal3.io/metal3-remediation-"  # + object uid
 REMEDIATION_FINALIZER = "remediation.metal3.io"
+# The external remediation contract of medik8s NodeHealthCheck (FenceRemediation objects)
+NHC_NODE_NAME = "remediation.medik8s.io/node-name"
+NHC_TIMED_OUT = "remediation.medik8s.io/nhc-timed-out"
 NODE_LABELS_BACKUP = "remediation.metal3.io/node-labels-backup"  # as CAPM3 names them
 NODE_ANNOTATIONS_BACKUP = "remediation.metal3.io/node-annotations-backup"
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"

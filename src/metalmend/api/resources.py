@@ -29,6 +29,17 @@ Metal3RemediationTemplate = create_namespaced_resource(
     "Metal3RemediationTemplate",
     "metal3remediationtemplates",
 )
+# metalmend's own remediation kinds, for any health checker (docs/remediation.md, "As a
+# remediation template"): never CAPM3's group.
+FenceRemediation = create_namespaced_resource(
+    "remediation.metalmend.dev", "v1alpha1", "FenceRemediation", "fenceremediations"
+)
+FenceRemediationTemplate = create_namespaced_resource(
+    "remediation.metalmend.dev",
+    "v1alpha1",
+    "FenceRemediationTemplate",
+    "fenceremediationtemplates",
+)
 NodeHealthCheck = create_global_resource(
     "healthcheck.metalmend.dev", "v1alpha1", "NodeHealthCheck", "nodehealthchecks"
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from metalmend.controllers import (
     Setup,
+    fenceremediation,
     healthcheck,
     hostpower,
     machineremediation,
@@ -27,6 +28,7 @@ CONTROLLERS: dict[str, Setup] = {
     "node-health-check": nodehealthcheck.setup,
     "metal3-remediation": metal3_remediation.setup,
     "machine-remediation": machineremediation.setup,
+    "fence-remediation": fenceremediation.setup,
 }
 
 

@@ -85,6 +85,9 @@ class Planned:
 
 
 class RemediationController:
+    # The kind of the remediation objects (FenceRemediationController: its own kind).
+    resource: Any = Metal3Remediation
+
     def __init__(
         self,
         manager: Manager,
@@ -107,7 +110,7 @@ class RemediationController:
         self.reader, self.evacuations = reader, evacuations
         ns = settings.runtime.namespace
         self.remediations = manager.informer(
-            Metal3Remediation, namespace=ns, indexes=indexes.of(indexes.REMEDIATIONS_BY_NODE)
+            self.resource, namespace=ns, indexes=indexes.of(indexes.REMEDIATIONS_BY_NODE)
         )
         self.machines = manager.informer(
             Machine,
@@ -146,11 +149,17 @@ class RemediationController:
             hosts = [recorded]
         return self.hosts.store.get(hosts[0]) if hosts else None
 
+    def remediated_node(self, remediation: Any) -> str | None:
+        """The Node a remediation without a Machine is made for (names.REMEDIATED_NODE, by
+        the NodeHealthCheck; FenceRemediationController: the external remediation
+        contract's Node target)."""
+        return (remediation.metadata.annotations or {}).get(names.REMEDIATED_NODE) or None
+
     def node_target_host(self, remediation: Any) -> str:
         """A remediation without a Machine, made for a Node (names.REMEDIATED_NODE, by the
         NodeHealthCheck): the host the Node itself names, if of this object's namespace
         ("" otherwise: no host to act on)."""
-        node_name = (remediation.metadata.annotations or {}).get(names.REMEDIATED_NODE)
+        node_name = self.remediated_node(remediation)
         node = self.nodes.store.get(node_name) if node_name else None
         if node is None:
             return ""
@@ -166,9 +175,7 @@ class RemediationController:
 
     def observe(self, remediation: Any, found: Any | None) -> policy.Observed:
         """``found``: the host object, as ``host_object`` returned it for this decision."""
-        if self.machine_of(remediation) is None and names.REMEDIATED_NODE in (
-            remediation.metadata.annotations or {}
-        ):
+        if self.machine_of(remediation) is None and self.remediated_node(remediation):
             return self.observe_node_target(remediation, found)
         progress = policy.Progress.from_wire(remediation.get("status") or {})
         machine = self.machine_of(remediation)
@@ -219,7 +226,7 @@ class RemediationController:
         providerID: api/links.node_names_host); the object's annotation alone proves
         nothing, since whoever may create one in this namespace may write it."""
         progress = policy.Progress.from_wire(remediation.get("status") or {})
-        target = (remediation.metadata.annotations or {}).get(names.REMEDIATED_NODE) or ""
+        target = self.remediated_node(remediation) or ""
         spec = policy.Spec.from_wire(remediation.get("spec") or {})
         host = host_view(found, reboot_key(remediation)) if found is not None else None
         problem, link_problem = "", ""
@@ -270,7 +277,14 @@ class RemediationController:
         remediation = planned.remediation
         for action in planned.decision.actions:
             remediation = await self.act(remediation, action, planned.host) or remediation
+        await self.after(remediation, planned)
         return Result.at(planned.decision.requeue_at)
+
+    async def after(self, remediation: Any, planned: Planned) -> None:
+        """Once the decision is carried out (FenceRemediationController: its conditions)."""
+
+    def decide(self, remediation: Any, observed: policy.Observed) -> policy.Decision:
+        return policy.decide(observed, self.clock.now(), self.settings)
 
     async def plan(self, key: str) -> Planned | None:
         """Observe from the caches and decide (after telling the Machine whether its host
@@ -287,7 +301,7 @@ class RemediationController:
             await report(self.writer, self.clock, machine,
                          names.CONDITION_HOST_LINK, link.refusal, link.reason)  # fmt: skip
         observed = await self.look(self.observe(remediation, host), host)
-        decision = policy.decide(observed, self.clock.now(), self.settings)
+        decision = self.decide(remediation, observed)
         return Planned(remediation, host, observed, decision)
 
     async def look(self, observed: policy.Observed, host: Any | None) -> policy.Observed:
@@ -321,7 +335,7 @@ class RemediationController:
             case policy.SetProgress(progress=progress):
                 before = obj.get("status") or {}
                 status = progress.to_wire(before)
-                written = await writer.patch_status(Metal3Remediation, obj, status)
+                written = await writer.patch_status(self.resource, obj, status)
                 metrics.entered(metrics.METAL3_REMEDIATION, before, progress.phase)
                 return written
             case policy.AddFinalizer() | policy.RemoveFinalizer():
@@ -329,10 +343,10 @@ class RemediationController:
                 wanted = [f for f in present if f != names.REMEDIATION_FINALIZER]
                 if isinstance(action, policy.AddFinalizer):
                     wanted.append(names.REMEDIATION_FINALIZER)
-                return await writer.set_finalizers(Metal3Remediation, obj, wanted)
+                return await writer.set_finalizers(self.resource, obj, wanted)
             case policy.BackupNode(backup=backup):
                 return await writer.patch_metadata(
-                    Metal3Remediation, obj, "annotations", backup.to_wire(), require_version=True
+                    self.resource, obj, "annotations", backup.to_wire(), require_version=True
                 )
             case policy.Event(type=kind, reason=reason, message=message):
                 await writer.record_event(obj, kind, reason, message)

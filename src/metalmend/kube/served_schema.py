@@ -43,6 +43,7 @@ FENCING_FIELDS = ("status.poweredOn", "status.lastPowerCommand", "status.powered
 NEEDED_BY = {
     "host-power": HOST_POWER_FIELDS,
     "metal3-remediation": FENCING_FIELDS,
+    "fence-remediation": FENCING_FIELDS,
     "machine-remediation": FENCING_FIELDS,
 }
 
