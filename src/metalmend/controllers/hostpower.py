@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightkube import ApiError
-from lightkube.resources.core_v1 import Secret
 
 from metalmend.api import indexes, names
 from metalmend.api.power import PowerState
@@ -41,7 +40,7 @@ from metalmend.bmc import AuthenticationFailed, BmcError, BmcPool, BmcTarget, pa
 from metalmend.bmc import credentials as bmc_credentials
 from metalmend.bmc.errors import Busy, TimedOut
 from metalmend.controllers import metrics
-from metalmend.controllers.powerreads import shared_pool
+from metalmend.controllers.powerreads import bmc_secrets, credential_store, shared_pool
 from metalmend.kube import errors
 from metalmend.kube.controller import DONE, Controller, Result, beyond_status
 from metalmend.kube.manager import Manager
@@ -91,19 +90,8 @@ class HostPowerController:
             namespace=settings.runtime.namespace,
             indexes=indexes.of(indexes.HOSTS_BY_BMC_SECRET),
         )
-        self.secrets = {
-            scope: manager.informer(
-                Secret,
-                namespace=scope,
-                labels={bmc_credentials.SECRET_LABEL: bmc_credentials.SECRET_LABEL_VALUE},
-            )
-            for scope in bmc_credentials.secret_scopes(
-                settings.runtime.namespace, settings.runtime.secret_namespaces
-            )
-        }
-        self.credentials = bmc_credentials.CredentialStore(
-            {scope: informer.store for scope, informer in self.secrets.items()}
-        )
+        self.secrets = bmc_secrets(manager, settings)
+        self.credentials = credential_store(self.secrets)
         self.bmcs = bmcs or shared_pool(manager, settings)
         self.writer = writer or KubeWriter(manager.client, manager.events, self.bmcs)
         self.settings = settings.power

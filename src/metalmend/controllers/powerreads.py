@@ -16,6 +16,7 @@ from lightkube.resources.core_v1 import Secret
 
 from metalmend.bmc import BmcPool, BmcTarget, PowerState, parse
 from metalmend.bmc import credentials as bmc_credentials
+from metalmend.kube.informer import Informer
 from metalmend.kube.manager import Manager
 from metalmend.settings import Settings
 
@@ -39,23 +40,33 @@ class PowerReader(Protocol):
         """Whether the host's BMC reads off now (raises the pool's BmcError)."""
 
 
+def bmc_secrets(manager: Manager, settings: Settings) -> dict[str | None, Informer]:
+    """The manager's informers of labelled BMC Secrets, one per namespace whose BMC Secrets
+    may be read (shared: host-power and these reads watch the same ones)."""
+    return {
+        scope: manager.informer(
+            Secret,
+            namespace=scope,
+            labels={bmc_credentials.SECRET_LABEL: bmc_credentials.SECRET_LABEL_VALUE},
+        )
+        for scope in bmc_credentials.secret_scopes(
+            settings.runtime.namespace, settings.runtime.secret_namespaces
+        )
+    }
+
+
+def credential_store(secrets: dict[str | None, Informer]) -> bmc_credentials.CredentialStore:
+    """Credentials read from ``secrets``' caches, with the binding rules of docs/security.md."""
+    return bmc_credentials.CredentialStore(
+        {scope: informer.store for scope, informer in secrets.items()}
+    )
+
+
 class BmcPowerReader:
     """``PowerReader`` through the host's own BMC, with host-power's credential rules."""
 
     def __init__(self, manager: Manager, settings: Settings, pool: BmcPool | None = None) -> None:
-        secrets = {
-            scope: manager.informer(
-                Secret,
-                namespace=scope,
-                labels={bmc_credentials.SECRET_LABEL: bmc_credentials.SECRET_LABEL_VALUE},
-            )
-            for scope in bmc_credentials.secret_scopes(
-                settings.runtime.namespace, settings.runtime.secret_namespaces
-            )
-        }
-        self.credentials = bmc_credentials.CredentialStore(
-            {scope: informer.store for scope, informer in secrets.items()}
-        )
+        self.credentials = credential_store(bmc_secrets(manager, settings))
         self.pool = pool or shared_pool(manager, settings)
 
     def target(self, host: Any) -> BmcTarget:

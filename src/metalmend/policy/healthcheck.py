@@ -415,6 +415,19 @@ def max_unhealthy(value: int | str | None, expected: int) -> int | None:
         return expected
     if isinstance(value, int):
         return value if value >= 0 else None
+    return scaled(value, expected)
+
+
+def scaled(value: Any, total: int, round_up: bool = False) -> int | None:
+    """A count as is; "N%" as N percent of ``total`` (rounded down, or up); None if it is
+    neither (as Kubernetes' IntOrString percentages). Shared with the NodeHealthCheck's
+    ``minHealthy`` (rounded up)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if not isinstance(value, str):
+        return None
     text = value.strip()
     if _COUNT.match(text):
         return int(text)
@@ -422,7 +435,8 @@ def max_unhealthy(value: int | str | None, expected: int) -> int | None:
     if match is None:
         return None
     # Integer arithmetic: a float product overflows (or rounds) for huge percentages.
-    return int(match.group(1)) * expected // 100
+    product = int(match.group(1)) * total
+    return -(-product // 100) if round_up else product // 100
 
 
 def parse_duration(text: Any) -> float | None:

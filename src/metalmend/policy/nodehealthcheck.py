@@ -37,7 +37,6 @@ Every input the CRD schema admits evaluates; a spec that cannot be honoured rais
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +53,7 @@ from metalmend.policy.healthcheck import (
     UnhealthyCondition,
     merge_conditions,
     parse_duration,
+    scaled,
 )
 
 DEFAULT_MIN_HEALTHY = "51%"  # NHC's default
@@ -62,8 +62,6 @@ DEFAULT_CONDITIONS = (
     UnhealthyCondition("Ready", "False", 300.0),
     UnhealthyCondition("Ready", "Unknown", 300.0),
 )
-_PERCENT = re.compile(r"^([0-9]+)%$")
-_COUNT = re.compile(r"^[0-9]+$")
 
 # NHC's phases, condition and Event reasons (node-healthcheck-operator, api/v1alpha1 and
 # its controller).
@@ -136,25 +134,6 @@ def check_from_spec(spec: Mapping[str, Any]) -> Check:
         pause_requests=tuple(pauses),
         storm_cooldown=parse_duration(spec.get("stormCooldownDuration")),
     )
-
-
-def scaled(value: Any, total: int, round_up: bool = False) -> int | None:
-    """A count as is; "N%" as N percent of ``total`` (rounded down, or up); None if it is
-    neither (as Kubernetes' IntOrString percentages)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value if value >= 0 else None
-    if not isinstance(value, str):
-        return None
-    text = value.strip()
-    if _COUNT.match(text):
-        return int(text)
-    match = _PERCENT.match(text)
-    if match is None:
-        return None
-    product = int(match.group(1)) * total  # integers: no float rounding
-    return -(-product // 100) if round_up else product // 100
 
 
 def short_circuit(check: Check, expected: int, healthy: int) -> tuple[bool, int, str]:
