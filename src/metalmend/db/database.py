@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sqlite3
 import threading
 import time
 import urllib.parse
@@ -295,11 +296,32 @@ def _sqlite_connected(dbapi_connection: Any, record: Any) -> None:
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        _into_wal(cursor)
+        cursor.execute("PRAGMA foreign_keys=ON")
     finally:
         cursor.close()
+
+
+def _into_wal(cursor: Any) -> None:
+    """Switch the file to WAL (once set, it stays: later connections only read it).
+
+    Replicas opening a new file together all find it in rollback mode and all try the
+    switch, which needs the exclusive lock: SQLite answers "database is locked" at once to
+    all but one, without waiting on the busy timeout (waiting would deadlock two readers
+    that both want to write). The losers try again, for as long as the busy timeout, and
+    then find the file in WAL already."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    pause = 0.01
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
 
 
 def _sqlite_begin(conn: Connection) -> None:
