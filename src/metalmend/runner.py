@@ -24,7 +24,7 @@ from metalmend.api.names import REBOOT_PREFIX
 from metalmend.api.resources import BareMetalHost
 from metalmend.controllers import metrics
 from metalmend.controllers.registry import CONTROLLERS
-from metalmend.kube import admission, errors, served_schema
+from metalmend.kube import admission, discovery, errors, served_schema
 from metalmend.kube.client import ClusterUnavailable, async_client, load_config, whoami
 from metalmend.kube.health import serving
 from metalmend.kube.leader import LeaseTiming
@@ -91,8 +91,19 @@ async def run(config: RunConfig) -> None:
             timing=config.lease_timing,
         )
     manager = Manager(client, leader_election=election)
+    needs: dict[tuple[str, str, str], list[str]] = {}
     for name in controllers:
+        before = set(manager.informers)
         CONTROLLERS[name](manager, settings)
+        for key in manager.informers.keys() - before:
+            needs.setdefault(discovery.kind_of(manager.informers[key].resource), []).append(name)
+    # A kind not served (a CRD that a Helm upgrade did not install): said now, in one line,
+    # instead of informers retrying and warning forever while /readyz stays 503.
+    if missing := await discovery.unserved(
+        client, [i.resource for i in manager.informers.values()]
+    ):
+        await client.close()
+        raise ClusterUnavailable(discovery.unserved_refusal({k: needs.get(k, []) for k in missing}))
     policy_check: asyncio.Task[None] | None = None
     if "host-power" in controllers:
         problem = await check_reboot_annotation_writes(client, runtime.namespace)

@@ -11,6 +11,7 @@ is not served would retry, and warn, forever.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import httpx2
@@ -48,3 +49,37 @@ async def serves(client: AsyncClient, group_version: str, plural: str) -> bool |
     return isinstance(resources, list) and any(
         isinstance(r, dict) and r.get("name") == plural for r in resources
     )
+
+
+def kind_of(resource: Any) -> tuple[str, str, str]:
+    """(group, version, plural) of a lightkube resource class (group "" for core)."""
+    info = resource._api_info
+    return info.resource.group, info.resource.version, info.plural
+
+
+async def unserved(client: AsyncClient, resources: Iterable[Any]) -> list[tuple[str, str, str]]:
+    """The kinds among ``resources`` the API server says it does not serve (a kind it cannot
+    tell about now counts as served: the informer will retry and say why)."""
+    missing = []
+    for group, version, plural in sorted({kind_of(r) for r in resources}):
+        group_version = f"{group}/{version}" if group else version
+        if await serves(client, group_version, plural) is False:
+            missing.append((group, version, plural))
+    return missing
+
+
+def unserved_refusal(missing: Mapping[tuple[str, str, str], Sequence[str]]) -> str:
+    """One line for the operator: the kinds not served, who needs them, and the fix."""
+    kinds = ", ".join(
+        f"{plural}.{group}/{version} (for {', '.join(needers)})"
+        for (group, version, plural), needers in missing.items()
+    )
+    ours = [f"deploy/crds/{group}_{plural}.yaml" for group, _, plural in missing if group]
+    fix = (
+        f"install metalmend's CRDs: kubectl apply --server-side -f {' -f '.join(ours)}"
+        " (Helm installs a chart's CRDs on the first install only, never on an upgrade;"
+        " docs/install.md, 'Helm chart')"
+        if ours
+        else "run only the controllers this cluster has kinds for"
+    )
+    return f"the API server does not serve {kinds}: {fix}"

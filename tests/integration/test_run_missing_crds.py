@@ -1,0 +1,84 @@
+"""`metalmend run` on a cluster whose CRDs are older than the controllers asked for (a Helm
+upgrade, which never installs a chart's new CRDs): it refuses at start, in one line naming
+each kind that is not served, which controller needs it and the command that installs it,
+instead of informers retrying forever behind a 503 /readyz. Controllers whose kinds are
+served start as before. The real API server, with every CRD but the two newest."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from lightkube import Client, KubeConfig
+
+from metalmend.api.resources import CRD_DIR
+from metalmend.kube.crds import install_crds
+from metalmend_lab.controlplane import ControlPlane, ControlPlaneConfig, free_port
+from tests.support import answers, started
+
+NOT_INSTALLED = (
+    "remediation.metalmend.dev_fenceremediations.yaml",
+    "healthcheck.metalmend.dev_nodehealthchecks.yaml",
+)
+
+
+@pytest.fixture(scope="module")
+def older_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    crds = tmp_path_factory.mktemp("crds")
+    for path in CRD_DIR.glob("*.yaml"):
+        if path.name not in NOT_INSTALLED:
+            shutil.copy(path, crds)
+    plane = ControlPlane(ControlPlaneConfig(workdir=tmp_path_factory.mktemp("older-plane")))
+    plane.start()
+    try:
+        install_crds(Client(KubeConfig.from_file(plane.kubeconfig)), crds)
+        yield plane
+    finally:
+        plane.stop()
+
+
+def run(plane: ControlPlane, controllers: str, port: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "metalmend", "run", "--kubeconfig", str(plane.kubeconfig),
+         "--controllers", controllers, "--health-bind", f"127.0.0.1:{port}"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def test_controllers_whose_kinds_are_not_served_are_refused_in_one_line(
+    older_plane: ControlPlane,
+) -> None:
+    process = run(older_plane, "node-link,fence-remediation,node-health-check", free_port())
+    try:
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 2, stderr
+    assert "Traceback" not in stderr
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith("metalmend: the API server does not serve "), line
+    assert "fenceremediations.remediation.metalmend.dev/v1alpha1 (for fence-remediation)" in line
+    assert "nodehealthchecks.healthcheck.metalmend.dev/v1alpha1 (for node-health-check)" in line
+    for name in NOT_INSTALLED:
+        assert f"-f deploy/crds/{name}" in line
+    assert "never on an upgrade" in line
+    assert "nodes" not in line.split(":")[1]  # a served kind is not named
+
+
+def test_controllers_whose_kinds_are_served_start(older_plane: ControlPlane) -> None:
+    port = free_port()
+    process = run(older_plane, "node-link,machine-health-check", port)
+    try:
+        started(
+            answers(f"http://127.0.0.1:{port}/readyz"),
+            f"metalmend run (node-link, machine-health-check) to answer 200 on"
+            f" http://127.0.0.1:{port}/readyz",
+            process,
+        )
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=30)
+    assert "Traceback" not in stderr
