@@ -261,7 +261,7 @@ def test_capi_machine_health_check_remediates_through_fence_remediation(
     ], f"created by Cluster API's MachineHealthCheck, owned by the Machine: {meta}"
     assert (meta.get("labels") or {}).get(capi.CLUSTER_NAME_LABEL) == capi.CLUSTER
     assert created["spec"]["strategy"] == "reboot", "copied from the template"
-    assert at["created"] <= at["off"] <= at["tainted"] < at["on_again"], at
+    assert at["created"] <= at["off"] <= at["tainted"] <= at["on_again"], at
     succeeded = versions.first(lambda e, o: condition(o, "Succeeded").get("status") == "True")
     deleted = versions.first(lambda e, o: e == "DELETED")
     assert succeeded is not None, f"Succeeded=True never reported: {versions.summary()}"
