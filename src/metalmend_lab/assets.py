@@ -5,6 +5,11 @@ Order of precedence, as envtest does it:
    (and ``TEST_ASSET_KUBE_SCHEDULER``, ``TEST_ASSET_KUBECTL``) name one binary each;
 2. ``KUBEBUILDER_ASSETS`` names a directory holding them;
 3. the version-keyed cache that ``tools/k8s/build.sh`` fills (built on first use).
+
+The Cluster API manager (``capi_manager``) is found as the other Go tools' binaries are:
+``METALMEND_CAPI`` names one, else the cache ``tools/capi/build.sh`` fills (``make capi``);
+it is never built here, inside a test's timeout (``tools/capi/build.sh --cached`` only
+checks).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tools" / "k8s" / "build.sh"
+CAPI_BUILD_SCRIPT = REPO_ROOT / "tools" / "capi" / "build.sh"
 VERSIONS_FILE = REPO_ROOT / "tools" / "k8s" / "versions.env"
 
 _ENV_NAMES = {
@@ -112,3 +118,30 @@ def find_binaries(*, build_missing: bool = True) -> Binaries:
         )
     etcd, apiserver, kcm = (found[n] or Path() for n in REQUIRED)
     return Binaries(etcd, apiserver, kcm, found["kubectl"], found["kube-scheduler"])
+
+
+@dataclass(frozen=True)
+class CapiAssets:
+    """The Cluster API core manager and the CRDs of the same module version beside it."""
+
+    manager: Path
+    crds: Path  # cluster.x-k8s.io_machines.yaml and the rest, as the module generates them
+
+
+def capi_manager() -> CapiAssets:
+    """The cached Cluster API manager (``tools/capi/build.sh --cached``: nothing is
+    built); AssetsError naming ``make capi`` when it is not there."""
+    if shutil.which("bash") is None:
+        raise AssetsError("bash is needed to run tools/capi/build.sh")
+    result = subprocess.run(
+        ["bash", str(CAPI_BUILD_SCRIPT), "--cached"], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise AssetsError(
+            result.stderr.strip() or "the Cluster API manager is not built (run: make capi)"
+        )
+    manager = Path(result.stdout.strip().splitlines()[-1])
+    crds = manager.parent / "crds"
+    if not (crds / "cluster.x-k8s.io_machines.yaml").is_file():
+        raise AssetsError(f"no Cluster API CRDs in {crds} beside {manager} (run: make capi)")
+    return CapiAssets(manager, crds)

@@ -35,7 +35,7 @@ from metalmend.api.resources import (
 )
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
 from metalmend.kube import errors
-from metalmend_lab import drives, emulator, sitedesign
+from metalmend_lab import capi, drives, emulator, sitedesign
 from metalmend_lab.controlplane import LOOPBACK, ControlPlane, free_port
 from metalmend_lab.inventory import HardwareConfig, HostSpec
 from metalmend_lab.osdrive import OsDrive
@@ -157,18 +157,27 @@ def hardware_argv(config_file: Path) -> list[str]:
     return [sys.executable, "-m", "metalmend_lab.hardware", str(config_file)]
 
 
-def register(client: Client, config: HardwareConfig) -> None:
-    """Create the namespace, and per host its Secret, BareMetalHost and Machine."""
+def register(
+    client: Client, config: HardwareConfig, cluster_api: capi.ClusterAccess | None = None
+) -> None:
+    """Create the namespace, and per host its Secret, BareMetalHost and Machine. With
+    ``cluster_api`` (the lab runs Cluster API's manager, lab.capi): first the Cluster and
+    its kubeconfig Secret, and each Machine as Cluster API's, with its infrastructure
+    object; the first host's Machine is the Cluster's stand-alone control-plane Machine."""
     try:
         client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
     except ApiError as error:
         if not errors.is_conflict(error):
             raise
-    for host in config.hosts:
-        register_host(client, host)
+    if cluster_api is not None:
+        capi.register_cluster(client, NAMESPACE, cluster_api.kubeconfig, cluster_api.server)
+    for index, host in enumerate(config.hosts):
+        register_host(client, host, None if cluster_api is None else index == 0)
 
 
-def register_host(client: Client, host: HostSpec) -> None:
+def register_host(client: Client, host: HostSpec, control_plane: bool | None = None) -> None:
+    """``control_plane``: None for the lab's own Machine (metalmend's CRD), else a Cluster
+    API Machine (lab.capi), labelled control-plane when True."""
     ns = host.namespace
     client.create(
         Secret(
@@ -185,7 +194,12 @@ def register_host(client: Client, host: HostSpec) -> None:
     )
     # The objects of the lab's site design (lab.sitedesign), so that a host redeployed
     # from that design comes back as it was registered.
-    machine: Any = client.create(Machine.from_dict(sitedesign.machine_object(host)))
+    design = sitedesign.machine_object(host)
+    machine: Any = (
+        client.create(Machine.from_dict(design))
+        if control_plane is None
+        else capi.create_machine(client, host, design, control_plane)
+    )
     body = sitedesign.host_object(host)
     body["spec"]["consumerRef"]["uid"] = machine.metadata.uid
     client.create(BareMetalHost.from_dict(body))

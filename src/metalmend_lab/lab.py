@@ -37,9 +37,10 @@ from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Node
 
 from metalmend.kube.crds import install_crds
-from metalmend_lab import hosts, provisioner, siteetcd
+from metalmend_lab import capi, hosts, provisioner, siteetcd
 from metalmend_lab import policies as lab_policies
 from metalmend_lab import servedeploy as lab_serve
+from metalmend_lab.assets import CapiAssets
 from metalmend_lab.controlplane import (
     LOOPBACK,
     Component,
@@ -131,6 +132,9 @@ class LabOptions:
     provision_delay: float = provisioner.DEFAULT_DELAY  # seconds an image takes to write
     apiserver_args: tuple[str, ...] = ()  # extra kube-apiserver flags (a benchmark's audit log)
     serve: bool = True  # `metalmend serve` and .lab/endpoints.json (servedeploy)
+    # Cluster API's own manager and CRDs (lab.capi; assets.capi_manager()): its Machines
+    # and MachineHealthChecks instead of metalmend's subset
+    cluster_api: CapiAssets | None = None
 
 
 RESTART_FIRST_WAIT = 1.0  # seconds before the first restart after a crash
@@ -240,6 +244,8 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
         kubeconfig.chmod(0o600)
         running = RunningLab(state, plane, kubeconfig)
         install_crds(running.client())
+        if options.cluster_api is not None:
+            start_cluster_api(running, options.cluster_api)
         lab_policies.install(running.client())  # as the chart does (lab/policies.py)
         if options.hosts:
             start_hosts(running, options)
@@ -266,6 +272,15 @@ def _record(running: RunningLab, component: Component) -> None:
     running.extras[component.name] = component
     running.state.components[component.name] = component.pid or 0
     running.state.write(running.plane.workdir.parent)
+
+
+def start_cluster_api(running: RunningLab, assets: CapiAssets) -> None:
+    """Cluster API's CRDs over metalmend's subset, then its manager (lab.capi), restarted
+    when it dies as `metalmend run` is."""
+    manager = capi.Manager(running.plane, assets, running.kubeconfig)
+    capi.install_crds(running.client(), manager)
+    _record(running, manager.start())
+    running.restarting[capi.COMPONENT] = Restarts()
 
 
 def start_hosts(running: RunningLab, options: LabOptions) -> None:
@@ -309,7 +324,10 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
             waiting_for=f"the hosts' BMCs up and {status_path(options.lab_dir)} written",
         ),
     )  # fmt: skip
-    hosts.register(running.client(), config)
+    access = None
+    if options.cluster_api is not None:
+        access = capi.ClusterAccess(running.kubeconfig.read_bytes(), running.plane.server)
+    hosts.register(running.client(), config, access)
     start_provisioner(running, config_file, options.provision_delay)
     if site is not None:  # the site etcd (on the hosts) and the design declaring it
         siteetcd.wait_healthy(site)

@@ -99,3 +99,31 @@ def test_build_script_without_go_says_what_to_install(clean_env: Path, tmp_path:
     assert "'go' is not on PATH" in result.stderr
     assert "install Go" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_capi_manager_is_only_looked_for_never_built(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty cache: the error names `make capi` and nothing is built (the cache stays
+    empty); a filled one (manager and CRDs) is found; METALMEND_CAPI names another."""
+    monkeypatch.delenv("METALMEND_CAPI", raising=False)
+    with pytest.raises(assets.AssetsError, match=r"make capi"):
+        assets.capi_manager()
+    assert not (clean_env / "capi").exists() or not any((clean_env / "capi").rglob("manager"))
+    version = "v1.14.2"
+    for line in (assets.REPO_ROOT / "tools" / "capi" / "versions.env").read_text().splitlines():
+        if line.startswith("CAPI_VERSION="):
+            version = line.partition("=")[2].strip()
+    manager = executable(clean_env / "capi" / version / "manager")
+    crds = manager.parent / "crds"
+    crds.mkdir()
+    for kind in ("machines", "machinehealthchecks", "clusters"):
+        (crds / f"cluster.x-k8s.io_{kind}.yaml").write_text("")
+    assert assets.capi_manager() == assets.CapiAssets(manager, crds)
+    other = executable(clean_env / "elsewhere" / "manager")
+    monkeypatch.setenv("METALMEND_CAPI", str(other))
+    with pytest.raises(assets.AssetsError, match=r"no Cluster API CRDs"):
+        assets.capi_manager()
+    (other.parent / "crds").mkdir()
+    (other.parent / "crds" / "cluster.x-k8s.io_machines.yaml").write_text("")
+    assert assets.capi_manager().manager == other
