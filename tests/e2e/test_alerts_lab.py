@@ -1,10 +1,11 @@
 """The chart's alerts in a real Prometheus (built from the same module as promtool:
 tools/prometheus/build.sh) scraping both processes in the lab: `metalmend run` (host-power)
 and `metalmend serve` (its own /metrics address). A BMC refuses a host's credentials: the
-authentication and BMC-error alerts fire; the Secret is fixed: both resolve. A hung host is
-remediated while nothing powers it off (host-power not running): the stuck and
+authentication and BMC-error alerts fire; the Secret is fixed: both resolve. A host hangs
+while its health check's short-circuit holds remediation back: that alert fires; lifted,
+the host is remediated while nothing powers it off (host-power not running): the stuck and
 missing-evidence alerts fire, then the failed attempt's; host-power starts, the host is
-fenced and back: all three resolve (the test prints the timeline).
+fenced and back: all resolve (the test prints the timeline).
 
 The alerts are rendered by the chart from shortened settings, and the process runs with
 the same settings (by environment), as the chart does it with its settings file: seconds
@@ -48,7 +49,8 @@ REPO = Path(__file__).resolve().parents[2]
 # Short enough for a test; the process gets the same values (METALMEND_<SECTION>_<FIELD>).
 # Refused logins are retried every 2 s here (no growing wait), so that the fix is seen soon.
 # A remediation is stuck after 2 x retry_cap (10 s), its evidence missing after
-# 2 x command_retry (6 s), a failed attempt counted over retry_cap (5 s).
+# 2 x command_retry (6 s), a failed attempt counted over retry_cap (5 s), a health check's
+# short-circuit alerted after 2 x template_retry (4 s).
 SETTINGS = {
     "power_retry": {
         "cap": 1.0, "authentication_first": 2.0, "authentication_factor": 1.0,
@@ -56,12 +58,13 @@ SETTINGS = {
     },
     "power": {"command_retry": 3.0},
     "remediation": {"retry_cap": 5.0},
+    "health_checks": {"template_retry": 2.0},
 }  # fmt: skip
 NAME = "alerting-host"
 AUTH, BMC_ERROR = "MetalmendBmcAuthenticationRefused", "MetalmendHostsInBmcError"
 STUCK, EVIDENCE = "MetalmendRemediationStuck", "MetalmendFencingEvidenceMissing"
-FAILED = "MetalmendRemediationFailed"
-REMEDIATION_ALERTS = {STUCK, EVIDENCE, FAILED}
+FAILED, BLOCKED = "MetalmendRemediationFailed", "MetalmendRemediationShortCircuited"
+REMEDIATION_ALERTS = {BLOCKED, STUCK, EVIDENCE, FAILED}
 # The template's powerOffTimeoutSeconds: the attempt fails after it (longer than the stuck
 # and evidence alerts wait, so that both fire first).
 POWER_OFF_TIMEOUT = 20
@@ -265,8 +268,15 @@ class AlertTimeline:
 
     def stop(self) -> str:
         self.stopping.set()
-        self.thread.join()
+        if self.thread.ident is not None:  # started
+            self.thread.join()
         return "\n".join(f"{at:6.1f}s  {what}" for at, what in self.lines)
+
+
+def short_circuit(client: Any, max_unhealthy: int | str) -> None:
+    patch = {"spec": {"maxUnhealthy": max_unhealthy}}
+    client.patch(MachineHealthCheck, "workers", patch, namespace=NAMESPACE,
+                 patch_type=PatchType.MERGE)  # fmt: skip
 
 
 def node_ready(running: lab.RunningLab, name: str) -> bool:
@@ -281,8 +291,9 @@ def node_ready(running: lab.RunningLab, name: str) -> bool:
 async def test_a_stuck_remediation_fires_its_alerts_and_they_resolve_when_it_ends(
     hosts_lab: lab.RunningLab, settings_env: None, serve_metrics: str, tmp_path: Path
 ) -> None:
-    """A hung host's remediation asks for power-off while host-power is not running: no
-    one reports the host off, so it is not fenced (MetalmendFencingEvidenceMissing), its
+    """A hung host is not remediated while its check's maxUnhealthy is 0
+    (MetalmendRemediationShortCircuited). Lifted, its remediation asks for power-off
+    while host-power is not running: no one reports the host off, so it is not fenced (MetalmendFencingEvidenceMissing), its
     phase does not move (MetalmendRemediationStuck), and after the template's power-off
     timeout the attempt fails (MetalmendRemediationFailed). host-power starts: the host is
     powered off, its Node fenced, the host powered on and its Node Ready again, the health
@@ -293,44 +304,53 @@ async def test_a_stuck_remediation_fires_its_alerts_and_they_resolve_when_it_end
     remediating = Metalmend(hosts_lab, REMEDIATING, 3.0)
     power = Metalmend(hosts_lab, "host-power", 3.0)
     remediating.start()
-    fence_health_check(client, 2, power_off=POWER_OFF_TIMEOUT, power_on=60)
-    prometheus = Prometheus(
-        tmp_path, {"metalmend": f"127.0.0.1:{remediating.port}", "metalmend-serve": serve_metrics}
-    )
-    timeline = AlertTimeline(prometheus, hosts_lab, REMEDIATION_ALERTS)
     try:
-        await until(prometheus.ready, within=60)
-        await until(lambda: prometheus.targets_up() == {"metalmend", "metalmend-serve"}, within=30)
-        assert not prometheus.firing() & REMEDIATION_ALERTS
-        timeline.start()
-        lab.inject_fault(hosts_lab.plane.workdir.parent, victim, "hang")
-        timeline.mark(f"{victim} hung; host-power not running")
+        prometheus = Prometheus(
+            tmp_path,
+            {"metalmend": f"127.0.0.1:{remediating.port}", "metalmend-serve": serve_metrics},
+        )
+        timeline = AlertTimeline(prometheus, hosts_lab, REMEDIATION_ALERTS)
+        try:
+            fence_health_check(client, 2, power_off=POWER_OFF_TIMEOUT, power_on=60)
+            short_circuit(client, 0)  # one unhealthy Machine is too many
+            await until(prometheus.ready, within=60)
+            await until(
+                lambda: prometheus.targets_up() == {"metalmend", "metalmend-serve"}, within=30
+            )
+            assert not prometheus.firing() & REMEDIATION_ALERTS
+            timeline.start()
+            lab.inject_fault(hosts_lab.plane.workdir.parent, victim, "hang")
+            timeline.mark(f"{victim} hung; maxUnhealthy 0; host-power not running")
+            await until(lambda: BLOCKED in prometheus.firing(), within=90)
+            short_circuit(client, "100%")
+            timeline.mark("short-circuit seen firing; maxUnhealthy 100%")
 
-        def phase() -> str | None:
-            found = list(client.list(Metal3Remediation, namespace=NAMESPACE))
-            return (found[0].get("status") or {}).get("phase") if found else None
+            def phase() -> str | None:
+                found = list(client.list(Metal3Remediation, namespace=NAMESPACE))
+                return (found[0].get("status") or {}).get("phase") if found else None
 
-        await until(lambda: phase() == "power-off", within=90)
-        await until(lambda: {STUCK, EVIDENCE} <= prometheus.firing(), within=60)
-        timeline.mark("stuck and evidence missing: seen firing")
-        await until(lambda: FAILED in prometheus.firing(), within=60)
-        timeline.mark("the attempt failed: seen firing")
+            await until(lambda: phase() == "power-off", within=90)
+            await until(lambda: {STUCK, EVIDENCE} <= prometheus.firing(), within=60)
+            timeline.mark("stuck and evidence missing: seen firing")
+            await until(lambda: FAILED in prometheus.firing(), within=60)
+            timeline.mark("the attempt failed: seen firing")
 
-        power.start()
-        timeline.mark("host-power started")
+            power.start()
+            timeline.mark("host-power started")
 
-        def ended() -> bool:
-            return phase() is None and node_ready(hosts_lab, victim)
+            def ended() -> bool:
+                return phase() is None and node_ready(hosts_lab, victim)
 
-        await until(ended, within=120)
-        timeline.mark(f"remediation ended: {victim} fenced, on and Ready")
-        await until(lambda: not prometheus.firing() & REMEDIATION_ALERTS, within=60)
-        timeline.mark("every remediation alert resolved")
-        assert timeline.seen >= REMEDIATION_ALERTS
+            await until(ended, within=120)
+            timeline.mark(f"remediation ended: {victim} fenced, on and Ready")
+            await until(lambda: not prometheus.firing() & REMEDIATION_ALERTS, within=60)
+            timeline.mark("every remediation alert resolved")
+            assert timeline.seen >= REMEDIATION_ALERTS
+        finally:
+            print(f"\nremediation alerts in Prometheus:\n{timeline.stop()}")
+            prometheus.stop()
+            await _clean_remediation(hosts_lab, victim, power)
     finally:
-        print(f"\nremediation alerts in Prometheus:\n{timeline.stop()}")
-        prometheus.stop()
-        await _clean_remediation(hosts_lab, victim, power)
         remediating.stop()
         power.stop()
 
