@@ -9,9 +9,10 @@ run, each step's time from Shipyard's API, and the split (``lab.sitetimeline.spl
   design_lookup, validation, remove_from_cluster) and the gaps between steps (the worker
   taking the action, storing each step): our own overhead; target under 2 s;
 - configured: the lab's configured waits inside the steps (the kubelet-stopped window,
-  the erase time, the provisioning and boot delays);
+  the BMCs' power changes, 3 s each: ``demo_site.REDFISH_POWER_DELAY``, the erase time,
+  the provisioning and boot delays);
 - hardware and Kubernetes: the rest of decommission, destroy and deploy_server (evictions,
-  BMC power changes as host-power drives them, the kubelet's registration, etcd).
+  host-power's reads while a power change lands, the kubelet's registration, etcd).
 
 Prints numbers; asserts nothing.
 """

@@ -57,10 +57,17 @@ WORKLOAD = "shop"
 POLL = 0.25
 
 
+# Seconds the lab's BMCs take to carry out a power change. Without it, sushy-tools' fake
+# driver lands each change 1-11 s after the command, at random: the 3-11 s that showed
+# between destroy's start and the host off (metalmend's part of it: under half a second).
+REDFISH_POWER_DELAY = 3.0
+
+
 def lab_options(lab_dir: Path) -> lab.LabOptions:
     return lab.LabOptions(
         lab_dir=lab_dir, node_monitor_grace_period=8.0, hosts=4, bmc="redfish",
         boot_delay=2.0, erase_seconds=3.0, provision_delay=2.0,
+        redfish_power_delay=REDFISH_POWER_DELAY,
     )  # fmt: skip
 
 
@@ -253,6 +260,7 @@ def redeploy(site: Site, out: Console, target: str = TARGET) -> Redeploy:
     assert plan is not None
     witness = next(m.client_url for m in plan.members if m.host != target)
     data_before = data_files(site, target)
+    since = time.time()
     body = {"name": "redeploy_server",
             "parameters": {"target_nodes": target, "preserve-local-storage": "true"}}  # fmt: skip
     created_mono = time.monotonic()
@@ -264,9 +272,11 @@ def redeploy(site: Site, out: Console, target: str = TARGET) -> Redeploy:
     labels = {m.name: m.label for m in sitetimeline.MILESTONES}
 
     def observe() -> None:
-        facts = milestone_facts(site, target, witness, data_before)
+        facts = milestone_facts(site, target, witness, data_before, since)
         now = time.monotonic() - created_mono
         for name, at in sitetimeline.due(marks, facts, now).items():
+            if name == "power_off_sent" and (sent := power_off_at(site.lab_dir, target, since)):
+                at = min(at, sent - since)  # the journal's own time, not this round's
             marks[name] = at
             out.print(f"{'':12}  [bold magenta]+{at:6.2f}s  {escape(labels[name])}[/bold magenta]")
 
@@ -299,7 +309,32 @@ def os_files(site: Site, target: str) -> int:
     return sum(1 for p in root.rglob("*") if p.is_file()) if root.exists() else 0
 
 
-def milestone_facts(site: Site, target: str, witness: str, data_before: int) -> dict[str, bool]:
+def power_commands(lab_dir: Path, host: str) -> list[tuple[float, str]]:
+    """The power commands the host's BMC accepted, with their arrival times (the lab
+    emulator's journal, ``<lab>/hardware/<host>.commands``)."""
+    try:
+        lines = (lab_dir / "hardware" / f"{host}.commands").read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        at, _, action = line.partition(" ")
+        try:
+            found.append((float(at), action))
+        except ValueError:
+            continue
+    return found
+
+
+def power_off_at(lab_dir: Path, host: str, since: float) -> float | None:
+    """When the host's BMC first accepted a power-off since ``since`` (None: not yet)."""
+    offs = [at for at, action in power_commands(lab_dir, host) if at >= since and "off" in action]
+    return min(offs, default=None)
+
+
+def milestone_facts(
+    site: Site, target: str, witness: str, data_before: int, since: float = 0.0
+) -> dict[str, bool]:
     hardware = site.hardware().get(target, {})
     status: dict[str, Any] = {}
     try:
@@ -315,6 +350,7 @@ def milestone_facts(site: Site, target: str, witness: str, data_before: int) -> 
         "pod_moved": pod_node(site) not in (None, target),
         "member_left": members is not None and target not in members,
         "kubelet_stopped": hardware.get("kubelet") in ("disabled", "off"),
+        "power_off_sent": power_off_at(site.lab_dir, target, since) is not None,
         "host_off": status.get("poweredOn") is False,
         "os_wiped": os_now == 0 and data_files(site, target) == data_before,
         "node_removed": target not in nodes,
@@ -398,12 +434,16 @@ def show_timeline(result: Redeploy, out: Console, lab_dir: Path) -> None:
 
 def configured_waits(options: lab.LabOptions) -> dict[str, float]:
     """The lab's configured waits inside each step: the kubelet-stopped window
-    (decommission), the erase time (destroy), the provisioning and boot delays
-    (deploy_server)."""
+    (decommission), the BMC's power-off and the erase time (destroy), the provisioning
+    delay or the BMC's power-on, whichever is longer (the image is written while the
+    host powers on: both start from the applied host), then the boot delay
+    (deploy_server). A power change of sushy-tools' own random delay (no
+    ``redfish_power_delay``) is not counted."""
     from metalmend_lab.servedeploy import LAB_TEARDOWN
 
+    power = options.redfish_power_delay or 0.0
     return {
         "decommission": float(LAB_TEARDOWN["kubelet_stopped_after"]),
-        "destroy": options.erase_seconds,
-        "deploy_server": options.provision_delay + options.boot_delay,
+        "destroy": power + options.erase_seconds,
+        "deploy_server": max(options.provision_delay, power) + options.boot_delay,
     }

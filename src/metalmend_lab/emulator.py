@@ -38,6 +38,7 @@ from metalmend_lab.drives import DEFAULT_ERASE_SECONDS, DriveSpec, EraseLedger, 
 DRIVES_KEY = "METALMEND_DRIVES"  # {system uuid: {"host": name, "drives": [DriveSpec]}}
 LAB_DIR_KEY = "METALMEND_LAB_DIR"
 ERASE_SECONDS_KEY = "METALMEND_ERASE_SECONDS"
+POWER_DELAY_KEY = "METALMEND_POWER_DELAY"  # seconds a power change takes (POWER_DELAY_ENV)
 STORAGE_ID = "1"  # each lab host has one storage subsystem
 TASKS = "/redfish/v1/TaskService/Tasks"
 MONITORS = "/redfish/v1/TaskService/TaskMonitors"
@@ -208,8 +209,20 @@ def task_document(task: EraseTask) -> dict[str, Any]:
 
 
 POWER_DELAY_ENV = "METALMEND_LAB_REDFISH_POWER_DELAY"
-"""Seconds a power change takes to land, instead of sushy-tools' random 1-11 s (whole
-seconds): for latency benchmarks, which compare the controller with an instant BMC."""
+"""Seconds a power change takes to land, instead of sushy-tools' random 1-11 s (its fake
+driver: ``int(time.time()) + random.randint(1, 11)``): for latency benchmarks, which
+compare the controller with an instant BMC. A lab's ``redfish_power_delay`` (the config's
+``POWER_DELAY_KEY``) is the same, and wins."""
+
+
+def power_delay(config: Any, environ: Any) -> float | None:
+    """The fixed power delay asked for (the config's, else the environment's); None:
+    sushy-tools' own random one."""
+    if (delay := config.get(POWER_DELAY_KEY)) is not None:
+        return float(delay)
+    return float(environ[POWER_DELAY_ENV]) if environ.get(POWER_DELAY_ENV) else None
+
+
 _RESET = re.compile(r"/redfish/v1/Systems/([^/]+)/Actions/ComputerSystem\.Reset")
 _JOURNALLED = {"ForceOff": "hard off", "GracefulShutdown": "soft off", "On": "on", "ForceOn": "on"}
 
@@ -301,8 +314,6 @@ def main() -> None:
 
     install(sushy.app)
     journal_resets(sushy.app)
-    if delay := os.environ.get(POWER_DELAY_ENV):
-        land_power_after(float(delay))
     if os.environ.get(KEEPALIVE_ENV):
         serve_with_keepalive(sushy.app)
     config = argparse.ArgumentParser(add_help=False)
@@ -312,6 +323,8 @@ def main() -> None:
         sushy.app.config.from_pyfile(str(Path(known.config).resolve()))
         if LAB_DIR_KEY in sushy.app.config:
             ledger(sushy.app)
+    if (delay := power_delay(sushy.app.config, os.environ)) is not None:
+        land_power_after(delay)
     sushy.main()
 
 

@@ -96,20 +96,33 @@ def plan(
     return HardwareConfig(str(lab_dir), hosts, str(plane.ca.pair.cert), erase_seconds)
 
 
-def emulator_files(config: HardwareConfig, workdir: Path, plane: ControlPlane, port: int) -> Path:
+def emulator_files(
+    config: HardwareConfig,
+    workdir: Path,
+    plane: ControlPlane,
+    port: int,
+    power_delay: float | None = None,
+) -> Path:
     """sushy-tools' configuration (a Python file), its htpasswd and TLS; returns the config."""
     serving = plane.ca.issue(
         "redfish-emulator", "redfish-emulator", dns_names=("localhost",),
         ip_addresses=(LOOPBACK,), server=True,
     )  # fmt: skip
-    return emulator_config(config, workdir, serving.cert, serving.key, port)
+    return emulator_config(config, workdir, serving.cert, serving.key, port, power_delay)
 
 
 def emulator_config(
-    config: HardwareConfig, workdir: Path, cert: Path, key: Path, port: int
+    config: HardwareConfig,
+    workdir: Path,
+    cert: Path,
+    key: Path,
+    port: int,
+    power_delay: float | None = None,
 ) -> Path:
     """The emulator's configuration for the Redfish hosts of ``config``, served with the
-    TLS pair ``cert``/``key``: systems, credentials, and each host's drives."""
+    TLS pair ``cert``/``key``: systems, credentials, and each host's drives; with
+    ``power_delay``, every power change lands that many seconds after its command instead
+    of sushy-tools' random 1-11 s."""
     redfish = [h for h in config.hosts if h.bmc == "redfish"]
     workdir.mkdir(parents=True, exist_ok=True)
     auth = workdir / "htpasswd"
@@ -137,6 +150,8 @@ def emulator_config(
         emulator.LAB_DIR_KEY: config.lab_dir,
         emulator.ERASE_SECONDS_KEY: config.erase_seconds,
     }
+    if power_delay is not None:
+        settings[emulator.POWER_DELAY_KEY] = power_delay
     path = workdir / "emulator.conf"
     path.write_text("".join(f"{key} = {value!r}\n" for key, value in settings.items()))
     return path

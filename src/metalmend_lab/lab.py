@@ -126,6 +126,8 @@ class LabOptions:
     bmc: str = "mixed"  # redfish, ipmi or mixed
     boot_delay: float = 3.0  # seconds from power-on until the kubelet registers
     power_delay: float = 0.0  # seconds before an IPMI power change lands
+    # seconds before a Redfish power change lands (None: sushy-tools' random 1-11 s)
+    redfish_power_delay: float | None = None
     erase_seconds: float = DEFAULT_ERASE_SECONDS  # a drive's secure erase (lab.drives)
     controllers: str = DEFAULT_CONTROLLERS  # `metalmend run` ("" none)
     soft_power_off_timeout: float = 30.0
@@ -296,7 +298,10 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
     running.hardware = config
     context = tls_context(running.plane.ca.pair.cert, running.plane.admin)
     if any(h.bmc == "redfish" for h in config.hosts):
-        conf = hosts.emulator_files(config, workdir / "redfish", running.plane, emulator_port)
+        conf = hosts.emulator_files(
+            config, workdir / "redfish", running.plane, emulator_port,
+            power_delay=options.redfish_power_delay,
+        )  # fmt: skip
 
         def emulator_ready() -> bool:
             try:

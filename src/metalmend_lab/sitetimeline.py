@@ -2,7 +2,10 @@
 happened to the server when, which step of the action was running, and who spent the time.
 
 The milestones are what an operator would check by hand, read from the lab every 0.25 s
-(``Milestones``): the pod moved, the etcd member gone, the kubelet stopped, the host off,
+(``Milestones``): the pod moved, the etcd member gone, the kubelet stopped, the power-off
+command at the BMC (the emulator's journal), the host off (host-power's status, once the
+BMC's power change has landed: ``demo_site.REDFISH_POWER_DELAY`` later, then host-power's
+next read, within its ``transition_poll`` of 1 s),
 the OS drive wiped with the data drive kept, the Node removed, the server provisioned and
 on again, its Node Ready, its member back. The action's own steps (start, end) come from
 Shipyard's API.
@@ -11,8 +14,9 @@ Who spent the time (``split``), per step of the action:
 - ``metalmend``: the steps that are only metalmend's work and API round trips (preflight,
   design_lookup, validation, remove_from_cluster) and the gaps between steps (the worker
   taking the action, storing each step): metalmend's own overhead;
-- ``configured``: waits an operator chose (the lab's kubelet-stopped window, its boot and
-  provisioning delays), counted inside the steps that wait for them;
+- ``configured``: waits an operator chose (the lab's kubelet-stopped window, the time its
+  BMCs take to carry out a power change, its erase, boot and provisioning delays), counted
+  inside the steps that wait for them;
 - ``hardware and Kubernetes``: the rest of decommission (evictions, the kubelet's Lease,
   etcd's reconfiguration), destroy (BMC power-off, the secure erase) and deploy_server
   (BMC power-on, provisioning, the kubelet's registration, etcd's start).
@@ -45,6 +49,7 @@ MILESTONES = (
     Milestone("pod_moved", "db-0 Running on another server (drain, PDB respected)"),
     Milestone("member_left", "etcd member removed; the cluster keeps quorum"),
     Milestone("kubelet_stopped", "kubelet stopped (shutdown-kubelet)"),
+    Milestone("power_off_sent", "power-off reached the BMC (host-power)", ("kubelet_stopped",)),
     Milestone("host_off", "host powered off through its BMC", ("kubelet_stopped",)),
     Milestone("os_wiped", "OS drive erased; data drive kept", ("host_off",)),
     Milestone("node_removed", "Node removed from the cluster", ("kubelet_stopped",)),

@@ -168,7 +168,7 @@ def expected_thresholds(power_retry_cap: float, erase_timeout: float) -> dict[st
         "MetalmendRemediationStuck.for": 2 * d.remediation.retry_cap,
         "MetalmendRemediationFailed.window": d.remediation.retry_cap,
         "MetalmendRemediationShortCircuited.for": 2 * d.health_checks.template_retry,
-        "MetalmendFencingEvidenceMissing.for": 2 * Spec().power_off_timeout,
+        "MetalmendFencingEvidenceMissing.for": 2 * d.power.command_retry,
         "MetalmendFenceFailed.window": d.remediation.retry_cap,
         "MetalmendNoLeader.for": 4 * LeaseTiming().lease_duration,
         "MetalmendReconcileErrors.for": 5 * power_retry_cap,
@@ -200,6 +200,14 @@ def test_thresholds_come_from_metalmends_defaults(
     rendered = rendered_thresholds(default_alerts)
     expected = expected_thresholds(DEFAULTS.power_retry.cap, DEFAULTS.destroy.erase_timeout)
     assert {k: rendered.get(k) for k in expected} == expected
+
+
+def test_remediation_alerts_fire_before_the_attempt_times_out() -> None:
+    """A remediation's phase power-off ends at its power-off timeout (the attempt fails,
+    backoff): an alert waiting longer on that phase could never fire. (Before, missing
+    evidence waited twice Metal3Remediation's default timeout: never.)"""
+    expected = expected_thresholds(DEFAULTS.power_retry.cap, DEFAULTS.destroy.erase_timeout)
+    assert expected["MetalmendFencingEvidenceMissing.for"] < Spec().power_off_timeout
 
 
 def test_thresholds_follow_the_settings_the_chart_renders(helm: Path) -> None:

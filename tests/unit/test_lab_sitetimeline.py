@@ -9,9 +9,14 @@ import shutil
 import struct
 import subprocess
 import zlib
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from metalmend_lab import demo_site, emulator
+from metalmend_lab.hosts import emulator_config
+from metalmend_lab.inventory import HardwareConfig
 from metalmend_lab.sitetimeline import MILESTONES, StepSpan, due, spans, split, svg
 
 
@@ -165,3 +170,52 @@ def test_the_milestones_are_drawn_in_the_order_of_their_times() -> None:
     drawn = [labels[n] for n, _ in sorted(MARKS.items(), key=lambda item: item[1])]
     positions = [picture.index(f">{label}<") for label in drawn]
     assert positions == sorted(positions)
+
+
+# ---- the 3-11 s between destroy's start and the host off ------------------------------------
+# sushy-tools' fake driver lands each power change 1-11 s after the command, at random: the
+# demo's lab fixes it, and counts it among the configured waits.
+
+
+def test_the_demo_counts_its_bmcs_power_changes_as_configured_waits(tmp_path: Path) -> None:
+    options = demo_site.lab_options(tmp_path)
+    assert options.redfish_power_delay == demo_site.REDFISH_POWER_DELAY
+    power = demo_site.REDFISH_POWER_DELAY
+    assert demo_site.configured_waits(options) == {
+        "decommission": 5.0,
+        "destroy": power + options.erase_seconds,  # the power-off, then the erase
+        "deploy_server": max(options.provision_delay, power) + options.boot_delay,
+    }
+    random = replace(options, redfish_power_delay=None)  # not configured: not counted
+    assert demo_site.configured_waits(random)["destroy"] == options.erase_seconds
+
+
+def test_the_emulator_lands_power_changes_after_the_labs_delay(tmp_path: Path) -> None:
+    conf = emulator_config(
+        HardwareConfig(str(tmp_path), []), tmp_path, tmp_path / "c", tmp_path / "k", 1, 3.0
+    )
+    config: dict[str, object] = {}
+    exec(conf.read_text(), {}, config)  # sushy-tools reads it so (Flask's from_pyfile)
+    assert emulator.power_delay(config, {}) == 3.0
+    assert emulator.power_delay(config, {emulator.POWER_DELAY_ENV: "0"}) == 3.0  # the lab's wins
+    without = emulator_config(HardwareConfig(str(tmp_path), []), tmp_path, tmp_path, tmp_path, 1)
+    config = {}
+    exec(without.read_text(), {}, config)
+    assert emulator.power_delay(config, {}) is None  # sushy-tools' own random delay
+    assert emulator.power_delay(config, {emulator.POWER_DELAY_ENV: "0"}) == 0.0
+
+
+def test_the_power_off_at_the_bmc_is_a_milestone_from_the_journal(tmp_path: Path) -> None:
+    journal = tmp_path / "hardware" / "worker-1.commands"
+    journal.parent.mkdir()
+    journal.write_text("100.5 on\n200.25 soft off\nnot a line\n")
+    assert demo_site.power_commands(tmp_path, "worker-1") == [(100.5, "on"), (200.25, "soft off")]
+    assert demo_site.power_commands(tmp_path, "worker-0") == []
+    assert demo_site.power_off_at(tmp_path, "worker-1", 100.0) == 200.25
+    assert demo_site.power_off_at(tmp_path, "worker-1", 300.0) is None  # an older one only
+    facts = {"kubelet_stopped": False, "power_off_sent": True, "host_off": True}
+    assert due({}, facts, 1.0) == {}  # not before the kubelet stopped
+    seen = due({}, facts | {"kubelet_stopped": True}, 2.0)
+    assert seen == {"kubelet_stopped": 2.0, "power_off_sent": 2.0, "host_off": 2.0}
+    names = [m.name for m in MILESTONES]
+    assert names.index("kubelet_stopped") < names.index("power_off_sent") < names.index("host_off")

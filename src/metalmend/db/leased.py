@@ -10,6 +10,12 @@ lease too); a replica killed mid-job leaves its lease to expire, and the next on
 What a job does is the caller's ``run(job_id)``; it raises ``LeaseLost`` when a
 conditional write finds the lease gone.
 
+Thread calls: a job's database calls run in threads (``in_thread``, as
+``asyncio.to_thread``). Cancelling a job (``stop()``, a lost lease) stops its waiting at
+once, but a thread cannot be cancelled: ``stop()`` waits for the job's calls still in
+flight, so that none of them writes or logs after the worker said it stopped (and serve
+closed the database, or a test its logging).
+
 The database unavailable (``DatabaseUnavailable``: said once per outage by
 ``metalmend.db``, never a traceback here): the scan backs off (doubling up to
 ``MAX_BACKOFF_SECONDS``), a job that could not write stops quietly and is taken again, by
@@ -20,12 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import datetime as dt
+import functools
 import logging
 import os
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.db import DatabaseUnavailable
@@ -34,9 +43,37 @@ from metalmend.log import fields
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LeaseLost", "LeasedWorker", "replica_name"]
+__all__ = ["LeaseLost", "LeasedWorker", "in_thread", "replica_name"]
 
 MAX_BACKOFF_SECONDS = 30.0  # the longest wait between looks while the database is away
+
+T = TypeVar("T")
+ThreadCalls = set["asyncio.Future[Any]"]
+# The thread calls of the worker whose job (or scan, or renewal) is running in this task.
+_CALLS: contextvars.ContextVar[ThreadCalls | None] = contextvars.ContextVar(
+    "metalmend_leased_calls", default=None
+)
+
+
+async def in_thread(fn: Callable[..., T], /, *args: Any) -> T:
+    """``fn(*args)`` in a thread, as ``asyncio.to_thread``; inside a leased worker's job, a
+    call its ``stop()`` waits for (module docstring). Elsewhere (a request handler) the
+    same as ``asyncio.to_thread``."""
+    calls = _CALLS.get()
+    if calls is None:
+        return await asyncio.to_thread(fn, *args)
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, fn, *args)
+    future: asyncio.Future[T] = loop.run_in_executor(None, call)
+    calls.add(future)
+    future.add_done_callback(functools.partial(_ended, calls))
+    return await asyncio.shield(future)
+
+
+def _ended(calls: ThreadCalls, future: asyncio.Future[Any]) -> None:
+    calls.discard(future)
+    if not future.cancelled():
+        future.exception()  # its caller may have stopped waiting: not "never retrieved"
 
 
 def replica_name() -> str:
@@ -61,7 +98,9 @@ class LeasedWorker:
         self.owner = owner or replica_name()
         self._wake = asyncio.Event()
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._renewals: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
+        self._calls: ThreadCalls = set()  # thread calls in flight (in_thread)
 
     def start(self) -> None:
         if self._loop is None:
@@ -76,16 +115,20 @@ class LeasedWorker:
 
     async def stop(self) -> None:
         """Stop looking and stop every job run here; their leases expire and a replica
-        (or this one, started again) continues them."""
+        (or this one, started again) continues them. Returns once their thread calls in
+        flight have ended too (module docstring)."""
         work = [t for t in (self._loop, *self._running.values()) if t is not None]
         for task in work:
             task.cancel()
-        for task in work:
+        for task in (*work, *self._renewals):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self._calls:
+            await asyncio.wait(set(self._calls))
         self._loop = None
 
     async def _scan_forever(self) -> None:
+        _CALLS.set(self._calls)  # this task's context: the jobs it starts inherit it
         wait = self.scan_seconds
         while True:
             try:
@@ -102,16 +145,26 @@ class LeasedWorker:
 
     async def scan(self) -> None:
         now = self.clock.now()
-        for job in await asyncio.to_thread(self.leases.runnable, now):
+        for job in await self._in_thread(self.leases.runnable, now):
             if job in self._running:
                 continue
             until = now + dt.timedelta(seconds=self.lease_seconds)
-            if await asyncio.to_thread(self.leases.take, job, self.owner, now, until):
+            if await self._in_thread(self.leases.take, job, self.owner, now, until):
                 log.info(f"{self.kind}: taken", extra=fields(job=job, owner=self.owner))
                 self._running[job] = asyncio.create_task(self._run(job), name=f"{self.kind} {job}")
 
+    async def _in_thread(self, fn: Callable[..., T], /, *args: Any) -> T:
+        token = _CALLS.set(self._calls)
+        try:
+            return await in_thread(fn, *args)
+        finally:
+            _CALLS.reset(token)
+
     async def _run(self, job: str) -> None:
+        _CALLS.set(self._calls)  # the job's own task: its calls, and its renewals'
         renewing = asyncio.create_task(self._renew(job, asyncio.current_task()))
+        self._renewals.add(renewing)
+        renewing.add_done_callback(self._renewals.discard)
         try:
             await self.run(job)
         except (LeaseLost, asyncio.CancelledError):
@@ -129,7 +182,7 @@ class LeasedWorker:
             await asyncio.sleep(self.lease_seconds / 3)
             until = self.clock.now() + dt.timedelta(seconds=self.lease_seconds)
             try:
-                held = await asyncio.to_thread(self.leases.renew, job, self.owner, until)
+                held = await in_thread(self.leases.renew, job, self.owner, until)
             except DatabaseUnavailable:  # said once: keep going until the lease runs out
                 continue
             except Exception:

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.db import DatabaseUnavailable
 from metalmend.db.lease import LeaseLost
-from metalmend.db.leased import LeasedWorker
+from metalmend.db.leased import LeasedWorker, in_thread
 from metalmend.destroy import metrics
 from metalmend.destroy.destroy import DestroyNode
 from metalmend.destroy.model import Task
@@ -76,7 +76,7 @@ class TaskWorker:
         async with self._slots:
             await self._status(task_id, TaskStatus.RUNNING)
             metrics.task_started()
-            task = await asyncio.to_thread(self.store.get, task_id)
+            task = await in_thread(self.store.get, task_id)
             if task is None:
                 return
             await self._nodes(task)
@@ -98,7 +98,7 @@ class TaskWorker:
 
     async def _status(self, task_id: str, status: TaskStatus) -> None:
         now = self.clock.now()
-        if not await asyncio.to_thread(self.store.set_status, task_id, self.owner, status, now):
+        if not await in_thread(self.store.set_status, task_id, self.owner, status, now):
             raise LeaseLost(task_id)
 
     async def _node(self, task: Task, node: str, state: NodeState) -> None:
@@ -110,9 +110,7 @@ class TaskWorker:
 
         async def save(new: NodeState) -> bool:
             now = self.clock.now()
-            return await asyncio.to_thread(
-                self.store.save_node, task.task_id, self.owner, node, new, now
-            )
+            return await in_thread(self.store.save_node, task.task_id, self.owner, node, new, now)
 
         failures = 0
         while not state.finished:

@@ -20,7 +20,6 @@ record so its timeout survives restarts; tagging again replaces the tag's data.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from collections.abc import Mapping
 from typing import Any
@@ -31,6 +30,7 @@ from lightkube.resources.core_v1 import Node, Secret
 
 from metalmend.api.resources import BareMetalHost, Machine
 from metalmend.bmc import address as bmc_address
+from metalmend.db.leased import in_thread
 from metalmend.kube import errors
 from metalmend.policy.interlock import TEARDOWN_ANNOTATION
 from metalmend.siteactions import redeploy
@@ -290,7 +290,7 @@ async def create_action_tag(ctx: StepContext) -> str:
     if tag is None:
         return "no tag: the action failed before it changed the site"
     data = {**tag.data, "action_id": ctx.action.id}
-    await asyncio.to_thread(ctx.services.design_store.tag, tag.revision, tag.tag, data)
+    await in_thread(ctx.services.design_store.tag, tag.revision, tag.tag, data)
     return f"design revision {tag.revision} tagged {tag.tag}"
 
 

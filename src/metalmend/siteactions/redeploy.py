@@ -17,7 +17,6 @@ peer URLs. The rules are ``metalmend.siteactions.policy.redeploy``'s and ``polic
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import logging
@@ -30,6 +29,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
 
 from metalmend.api.resources import BareMetalHost, Machine
+from metalmend.db.leased import in_thread
 from metalmend.destroy.model import DESTROY_NODES, Task
 from metalmend.destroy.policy.destroy import NodeState, ResultStatus, TaskStatus, task_result
 from metalmend.destroy.store import NodesBusy
@@ -83,7 +83,7 @@ async def documents(ctx: StepContext) -> list[Any]:
     """The revision's documents, as the design store holds them (rendered = stored:
     metalmend's design store does no layering)."""
     store = ctx.services.design_store
-    entries = await asyncio.to_thread(store.entries, revision(ctx))
+    entries = await in_thread(store.entries, revision(ctx))
     return [
         {
             "schema": e.document.schema,
@@ -232,7 +232,7 @@ async def preflight(ctx: StepContext) -> str:
             await gate.authorize(Caller.of(who), REDEPLOY_NODE, node)
         except Refused as error:  # else serve could not ask (the API server away): tried again
             raise StepFailed(f"at the action's start: {error.message}") from None
-    busy = await asyncio.to_thread(ctx.services.task_store.busy, list(wanted.target_nodes))
+    busy = await in_thread(ctx.services.task_store.busy, list(wanted.target_nodes))
     if busy:
         raise StepFailed(
             "; ".join(f"Node {n} is being destroyed by Drydock task {t}" for n, t in busy.items())
@@ -252,7 +252,7 @@ async def design_lookup(ctx: StepContext) -> str:
         # site action has tagged another one since (every step must use one revision).
         return f"design revision {saved} ({wanted.target_revision})"
     store = ctx.services.design_store
-    summaries = await asyncio.to_thread(store.revisions)
+    summaries = await in_thread(store.revisions)
     history = siteactions.History.of((s.id, s.tags) for s in summaries)
     found = siteactions.redeploy_design(history, wanted.target_revision)
     if isinstance(found, siteactions.MissingPrecondition):
@@ -393,7 +393,7 @@ async def destroy(ctx: StepContext) -> str:
     record = policy.DestroyRecord.from_wire(ctx.record)
     said = ""
     while True:
-        task = await asyncio.to_thread(store.get, record.task_id) if record.task_id else None
+        task = await in_thread(store.get, record.task_id) if record.task_id else None
         outcome, summary = _outcome(task)
         view = policy.DestroyView(record, task is not None, outcome, summary)
         now = clock.now()
@@ -443,7 +443,7 @@ async def _create_task(
         nodes={n: NodeState() for n in names},
     )  # fmt: skip
     try:
-        await asyncio.to_thread(ctx.services.task_store.create, task)
+        await in_thread(ctx.services.task_store.create, task)
     except NodesBusy as busy:  # a Drydock task took a node since preflight
         raise StepFailed(busy.message.replace("by task", "by Drydock task")) from None
     worker = getattr(ctx.services, "task_worker", None)

@@ -32,7 +32,7 @@ from typing import Any
 from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.db import DatabaseUnavailable
 from metalmend.db.lease import LeaseLost
-from metalmend.db.leased import LeasedWorker
+from metalmend.db.leased import LeasedWorker, in_thread
 from metalmend.kube.impersonate import Who
 from metalmend.log import fields
 from metalmend.siteactions import metrics, model
@@ -169,7 +169,7 @@ class ActionWorker:
         log.info("shipyard: action finished", extra=fields(action=action_id, lifecycle=lifecycle))
 
     async def _read(self, action_id: str) -> model.Action:
-        found = await asyncio.to_thread(self.store.get, action_id)
+        found = await in_thread(self.store.get, action_id)
         if found is None:
             raise LeaseLost(action_id)  # deleted under us: nothing left to run
         return found
@@ -181,7 +181,7 @@ class ActionWorker:
         await self._update(action.id, step, {"state": str(StepState.NOT_RUN)}, note)
 
     async def _stopped(self, action: model.Action, step: str, how: str) -> None:
-        found = await asyncio.to_thread(self.store.stop_requested, action.id)
+        found = await in_thread(self.store.stop_requested, action.id)
         values = {"state": str(StepState.STOPPED), "end_date": self.clock.now()}
         note = Note(self.clock.now(), f"stopped by {found or action.stop_requested}: {how}")
         await self._update(action.id, step, values, note)
@@ -191,7 +191,7 @@ class ActionWorker:
 
     async def _stop_stored(self, action_id: str) -> bool:
         try:
-            return bool(await asyncio.to_thread(self.store.stop_requested, action_id))
+            return bool(await in_thread(self.store.stop_requested, action_id))
         except Exception as error:  # the database away: the step's own writes will say so
             log.warning(
                 "shipyard: cannot look for a stop", extra=fields(action=action_id, error=error)
@@ -306,7 +306,7 @@ class ActionWorker:
                 action_id, self.owner, step, now, values=values, note=note
             )
 
-        if not await asyncio.to_thread(write):
+        if not await in_thread(write):
             raise LeaseLost(action_id)
 
     async def _lifecycle(self, action_id: str, lifecycle: ActionLifecycle) -> None:
@@ -314,5 +314,5 @@ class ActionWorker:
         await self._held(self.store.set_lifecycle, action_id, self.owner, lifecycle, now)
 
     async def _held(self, write: Any, action_id: str, *args: Any) -> None:
-        if not await asyncio.to_thread(write, action_id, *args):
+        if not await in_thread(write, action_id, *args):
             raise LeaseLost(action_id)
