@@ -19,9 +19,13 @@ BMO and the Ironic behind it for the lab's hosts, following upstream's code
   default) and after each power change it makes; each reconcile compares that cached
   reading with ``status.poweredOn`` and writes the status *only when it differs*
   (``hwState.PoweredOn != status.PoweredOn``), nothing else in that reconcile. A host is
-  reconciled on every change of its BareMetalHost (the watch) and every ``--refresh``
-  seconds (BMO's steady-state requeue, 60 s). Upstream's two 60 s timers are independent,
-  so its status can lag the server by up to about two minutes; here by about one period.
+  reconciled on every change of its BareMetalHost (the watch), every ``--refresh``
+  seconds (BMO's steady-state requeue, 60 s), and every ``--power-requeue`` seconds while
+  a power change it asked for is under way (the Ironic provisioner's
+  ``powerRequeueDelay``, 10 s): so its own power-off shows in the status within about
+  10 s of landing, while a change it did not make (a button, another tool) shows only at
+  the next refresh. Upstream's two 60 s timers are independent, so there its status can
+  lag such a change by up to about two minutes; here by about one period.
 - **No timestamps.** It writes ``poweredOn``, ``operationalStatus``, ``errorType``,
   ``errorMessage`` and ``errorCount`` only: no time, no per-request acknowledgement.
 - **Reboot annotations.** ``reboot.metal3.io`` and every ``reboot.metal3.io/<key>`` ask for
@@ -69,6 +73,7 @@ log = logging.getLogger("metalmend_lab.bmostandin")
 
 COMPONENT = "bmo-stand-in"
 DEFAULT_REFRESH = 60.0  # seconds: Ironic's power sync and BMO's steady-state requeue
+DEFAULT_POWER_REQUEUE = 10.0  # seconds between reconciles while a change is under way
 DEFAULT_SOFT_TIMEOUT = 10.0  # seconds a graceful shutdown gets (lab-sized)
 CHANGE_TIMEOUT = 30.0  # seconds a power change may take to show (Ironic: 60 by default)
 CHANGE_POLL = 0.5  # seconds between the reads that wait for a change to show
@@ -241,11 +246,13 @@ class StandIn:
         client: AsyncClient,
         *,
         refresh: float = DEFAULT_REFRESH,
+        power_requeue: float = DEFAULT_POWER_REQUEUE,
         soft_timeout: float = DEFAULT_SOFT_TIMEOUT,
     ) -> None:
         self.specs = {h.name: h for h in config.hosts}
         self.client = client
         self.refresh = refresh
+        self.power_requeue = power_requeue
         self.soft_timeout = soft_timeout
         self.pool = BmcPool(BmcSettings(timeout=5.0, ca_bundle=config.ca_file or None))
         self.nodes = {name: IronicNode() for name in self.specs}
@@ -290,8 +297,9 @@ class StandIn:
         self.nodes[name] = replace(node, target=None, last_error=error, rebooted_for=rebooted)
         if error:
             log.warning("%s: %s", name, error)
+        # Ironic records the power it reached; BMO sees it at its next reconcile (a
+        # change of the host, or power_requeue later): nothing wakes it from here.
         await self.read(name)
-        self.wake[name].set()
 
     async def _until(self, bmc: BmcTarget, *, on: bool, within: float) -> bool:
         deadline = time.monotonic() + within
@@ -355,7 +363,7 @@ class StandIn:
                     log.warning("%s: %s", name, error)
             except (httpx.HTTPError, httpx2.HTTPError, OSError) as error:
                 log.warning("%s: %s", name, error)
-            wait = 1.0 if changing else max(next_read - time.monotonic(), 0.0)
+            wait = self.power_requeue if changing else max(next_read - time.monotonic(), 0.0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake[name].wait(), timeout=wait)
             self.wake[name].clear()
@@ -390,11 +398,16 @@ def status_path(lab_dir: Path) -> Path:
 
 
 def argv(
-    config_file: Path, kubeconfig: Path, refresh: float, soft_timeout: float = DEFAULT_SOFT_TIMEOUT
+    config_file: Path,
+    kubeconfig: Path,
+    refresh: float,
+    power_requeue: float = DEFAULT_POWER_REQUEUE,
+    soft_timeout: float = DEFAULT_SOFT_TIMEOUT,
 ) -> list[str]:
     return [
         sys.executable, "-m", "metalmend_lab.bmostandin", str(config_file), str(kubeconfig),
-        "--refresh", f"{refresh:g}", "--soft-timeout", f"{soft_timeout:g}",
+        "--refresh", f"{refresh:g}", "--power-requeue", f"{power_requeue:g}",
+        "--soft-timeout", f"{soft_timeout:g}",
     ]  # fmt: skip
 
 
@@ -403,6 +416,7 @@ def main() -> None:
     parser.add_argument("config", type=Path, help="the lab's hardware config.json")
     parser.add_argument("kubeconfig", type=Path)
     parser.add_argument("--refresh", type=float, default=DEFAULT_REFRESH)
+    parser.add_argument("--power-requeue", type=float, default=DEFAULT_POWER_REQUEUE)
     parser.add_argument("--soft-timeout", type=float, default=DEFAULT_SOFT_TIMEOUT)
     args = parser.parse_args()
     logging.basicConfig(
@@ -412,7 +426,10 @@ def main() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     config = HardwareConfig.read(args.config)
     client = AsyncClient(KubeConfig.from_file(args.kubeconfig), field_manager=COMPONENT)
-    stand_in = StandIn(config, client, refresh=args.refresh, soft_timeout=args.soft_timeout)
+    stand_in = StandIn(
+        config, client, refresh=args.refresh, power_requeue=args.power_requeue,
+        soft_timeout=args.soft_timeout,
+    )  # fmt: skip
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(stand_in.run(status_path(Path(config.lab_dir))))
 
