@@ -5,6 +5,7 @@ baremetalhost_controller.go) and Ironic's ``PowerOff``/``PowerOn``, one case per
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,15 @@ def test_disable_power_off_reboots_once_and_stays_on() -> None:
     assert decide(held) == ChangePower("reboot")
     done = replace(held, node=IronicNode(True, rebooted_for=("reboot.metal3.io/x",)))
     assert decide(done) == Wait()
+
+
+def test_lab_up_refuses_an_unknown_power_owner(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from metalmend.cli.main import app
+
+    argv = ["lab", "up", "--dir", str(tmp_path), "--power-owner", "ironic"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2
+    assert "--power-owner must be metalmend or bmo-stand-in, not 'ironic'" in result.output
+    assert not (tmp_path / "lab.json").exists()  # nothing started
