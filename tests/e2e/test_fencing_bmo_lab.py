@@ -11,12 +11,16 @@ baremetal-operator from the served schema. Checked from outside:
   metalmend's own reads confirmed it (``offReads``), and the pod runs elsewhere only after
   the fence: ordered by resourceVersion (one etcd: every object's version is its revision);
 - the host comes back on through the annotation's removal;
+- with the stand-in frozen right after its power-off (the server off, its status still
+  on), nothing is fenced until it reports the host off: our own reads are not enough;
 - `metalmend run` killed -9 at every step of a remediation, every host ends on and Ready;
 - a host with ``spec.disablePowerOff`` is refused, said so, and never asked to power off.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -314,6 +318,50 @@ def test_killed_at_every_step_every_host_ends_on_and_ready(
     assert {"detect", "power-off", "power-on"} <= steps, killed
     assert_only_the_stand_in_powered(fleet)
     print("killed at:", killed)
+
+
+def test_no_fence_while_the_stand_in_has_not_reported_the_host_off(
+    fleet: lab.RunningLab, metalmend: Metalmend
+) -> None:
+    """Our own reads alone are not enough: the stand-in is frozen (SIGSTOP) right after it
+    sent the power-off, so the server is off (and metalmend's reads would say so) but
+    status.poweredOn still says on: nothing is fenced until the stand-in, let go, reports
+    it off."""
+    client = fleet.client()
+    assert fleet.hardware is not None
+    victim = fleet.hardware.hosts[1].name
+    stand_in = fleet.extras[bmostandin.COMPONENT]
+    assert stand_in.pid is not None
+    wait(lambda: all_healthy(fleet), 180, "a healthy fleet")
+    node_uid = client.get(Node, victim).metadata.uid
+    sent = len(commands(fleet, victim))
+    lab.inject_fault(lab_dir(fleet), victim, "hang")
+    frozen = False
+    try:
+        wait(lambda: len(commands(fleet, victim)) > sent, 120, "the stand-in's power-off")
+        os.kill(stand_in.pid, signal.SIGSTOP)
+        frozen = True
+        assert commands(fleet, victim)[-1][2] == "hard off", commands(fleet, victim)
+        power = lambda: {h.name: h.power for h in lab.status(lab_dir(fleet)).hosts}[victim]  # noqa: E731
+        wait(lambda: power() == "off", 60, f"{victim}'s server off")
+        time.sleep(3 * float(CONFIRM["METALMEND_REMEDIATION_CONFIRM_WINDOW"]) + 5)
+        host = client.get(BareMetalHost, victim, namespace=NAMESPACE)
+        assert (host.status or {}).get("poweredOn") is True, "the frozen stand-in wrote"
+        assert client.get(Node, victim).metadata.uid == node_uid, "fenced on our reads alone"
+        assert phase_of(client, victim) == "power-off"
+    finally:
+        if frozen:
+            os.kill(stand_in.pid, signal.SIGCONT)
+
+    def fenced() -> bool:
+        try:
+            return client.get(Node, victim).metadata.uid != node_uid
+        except ApiError:
+            return True
+
+    wait(fenced, 120, f"Node {victim} deleted once the stand-in reported the host off")
+    wait(lambda: all_healthy(fleet), 180, f"{victim} back on and Ready")
+    assert_only_the_stand_in_powered(fleet)
 
 
 def test_disable_power_off_host_is_refused_and_never_asked(
