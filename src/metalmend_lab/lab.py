@@ -6,8 +6,9 @@ described by ``.lab/lab.json`` (supervisor and component pids, ports), which is 
 and ``status`` find it, and which lets ``down`` clean up even after the supervisor was
 killed with SIGKILL.
 
-The supervisor restarts ``metalmend run``, ``metalmend serve`` (servedeploy) and the lab's
-provisioner (lab.provisioner) when they die,
+The supervisor restarts ``metalmend run``, ``metalmend serve`` (servedeploy), the lab's
+provisioner (lab.provisioner) and, beside baremetal-operator, the stand-in for it
+(lab.bmostandin) when they die,
 as a Deployment's kubelet would (CrashLoopBackOff, with lab-sized waits: 1 s doubling to
 30 s, back to 1 s once it has run for a minute), so that crash tests can kill the
 controller (or the service) of a lab as started by default. Restarts are logged and
