@@ -26,8 +26,11 @@ class HostPower:
     """The power of one IPMI host. Changes land ``delay`` seconds after the command, as on
     real hardware; the BMC thread and the kubelet read it concurrently."""
 
-    def __init__(self, on: bool, delay: float, journal: Path | None = None) -> None:
+    def __init__(
+        self, on: bool, delay: float, journal: Path | None = None, clients: Path | None = None
+    ) -> None:
         self.journal = journal  # every command received, with its wall-clock time
+        self.clients = clients  # every command again, with the BMC user who sent it
         self._lock = threading.Lock()
         self._on = on
         self.boots = 1 if on else 0  # power-ons so far: a new one is a new boot
@@ -48,8 +51,10 @@ class HostPower:
         short the power was off)."""
         return self.boots if self.is_on() else None
 
-    def request(self, on: bool, soft: bool = False) -> None:
-        self._journal("on" if on else ("soft off" if soft else "hard off"))
+    def request(self, on: bool, soft: bool = False, by: str = "") -> None:
+        action = "on" if on else ("soft off" if soft else "hard off")
+        self._journal(action)
+        journal_client(self.clients, action, by)
         if soft and self.ignore_soft:
             return
         with self._lock:
@@ -66,6 +71,14 @@ class HostPower:
         if self.journal is not None:
             with self.journal.open("a") as journal:
                 journal.write(f"{time.time():.6f} {action}\n")
+
+
+def journal_client(path: Path | None, action: str, user: str) -> None:
+    """``<time> <user> <action>`` in ``<lab>/hardware/<host>.clients``: which BMC account sent
+    each power command (the e2e tests of fencing beside the BMO stand-in read it)."""
+    if path is not None:
+        with path.open("a") as clients:
+            clients.write(f"{time.time():.6f} {user or '-'} {action}\n")
 
 
 def _refuse_unsupported_ciphers(session_class: Any) -> None:
@@ -133,26 +146,33 @@ def start_ipmi_bmcs(hosts: list[tuple[HostSpec, HostPower]]) -> threading.Thread
 
     class LabBmc(pyghmi_bmc.Bmc):  # type: ignore[misc]
         def __init__(self, spec: HostSpec, power: HostPower) -> None:
-            super().__init__(
-                {spec.username: spec.password}, port=spec.internal_port, address="127.0.0.1"
-            )
+            accounts = {spec.username: spec.password}
+            if spec.standin_password:  # the BMO stand-in's own account (lab.bmostandin)
+                accounts[f"bmo-{spec.name}"] = spec.standin_password
+            super().__init__(accounts, port=spec.internal_port, address="127.0.0.1")
             self.power = power
+            self.user = ""  # who sent the request being handled (one loop thread)
+
+        def handle_raw_request(self, request: Any, session: Any) -> Any:
+            name = getattr(session, "username", b"")
+            self.user = name.decode("utf-8", "replace") if isinstance(name, bytes) else ""
+            return super().handle_raw_request(request, session)
 
         def get_power_state(self) -> str:
             return "on" if self.power.read_by_client() else "off"
 
         def power_on(self) -> None:
-            self.power.request(True)
+            self.power.request(True, by=self.user)
 
         def power_off(self) -> None:
-            self.power.request(False)
+            self.power.request(False, by=self.user)
 
         def power_shutdown(self) -> None:
-            self.power.request(False, soft=True)
+            self.power.request(False, soft=True, by=self.user)
 
         def power_reset(self) -> None:
-            self.power.request(False)
-            self.power.request(True)
+            self.power.request(False, by=self.user)
+            self.power.request(True, by=self.user)
 
         power_cycle = power_reset
 

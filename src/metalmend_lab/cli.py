@@ -94,6 +94,7 @@ def _lab_errors() -> tuple[type[Exception], ...]:
 # The lab's own default (lab.DEFAULT_CONTROLLERS), written here too so that --help does
 # not load the lab; tests/unit/test_import_contract.py checks that they agree.
 LAB_CONTROLLERS = "node-link,host-power,machine-health-check,metal3-remediation,machine-remediation"
+LAB_BMO_CONTROLLERS = "node-link,machine-health-check,metal3-remediation"  # lab.BMO_CONTROLLERS
 LAB_PROVISION_DELAY = 2.0  # provisioner.DEFAULT_DELAY, likewise
 
 
@@ -116,14 +117,35 @@ def lab_up(
         typer.Option(help="Seconds the lab's provisioner takes to write an image.", min=0),
     ] = LAB_PROVISION_DELAY,
     controllers: Annotated[
-        str, typer.Option(help="Controllers 'metalmend run' runs against the lab ('' for none).")
-    ] = LAB_CONTROLLERS,
+        str | None,
+        typer.Option(
+            help="Controllers 'metalmend run' runs against the lab ('' for none). Default:"
+            f" {LAB_CONTROLLERS}; with --power-owner bmo-stand-in: {LAB_BMO_CONTROLLERS}."
+        ),
+    ] = None,
+    power_owner: Annotated[
+        str,
+        typer.Option(
+            help="Who owns the hosts' power: metalmend (its host-power) or bmo-stand-in (the"
+            " lab's stand-in for baremetal-operator, with upstream's BareMetalHost CRD).",
+        ),
+    ] = "metalmend",
+    bmo_refresh: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between the BMO stand-in's power reads (upstream: 60).", min=0.1
+        ),
+    ] = 60.0,
 ) -> None:
     """Start the lab: control plane, CRDs, and (with --hosts) BMCs, hosts and kubelets."""
     from metalmend_lab import lab as lab_
 
     if bmc not in ("redfish", "ipmi", "mixed"):
         fail(f"--bmc must be redfish, ipmi or mixed, not {bmc!r}", code=2)
+    if power_owner not in ("metalmend", "bmo-stand-in"):
+        fail(f"--power-owner must be metalmend or bmo-stand-in, not {power_owner!r}", code=2)
+    if controllers is None:
+        controllers = LAB_BMO_CONTROLLERS if power_owner == "bmo-stand-in" else LAB_CONTROLLERS
     options = lab_.LabOptions(
         lab_dir=lab_dir,
         node_monitor_grace_period=node_grace,
@@ -133,6 +155,8 @@ def lab_up(
         erase_seconds=erase_seconds,
         provision_delay=provision_delay,
         controllers=controllers,
+        power_owner=power_owner,
+        bmo_refresh=bmo_refresh,
     )
     if detach:
         state = lab_.up_detached(options)

@@ -22,13 +22,14 @@ the ledger where it stands. Everything else is sushy-tools unchanged (power, aut
 from __future__ import annotations
 
 import argparse
+import base64
 import io
 import json
 import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -248,13 +249,27 @@ def journal_resets(app: Any) -> None:
 
         answer = inner(environ, start)
         if statuses and statuses[0].startswith("2"):
-            _journal(app, match.group(1), body, arrived)
+            _journal(app, match.group(1), body, arrived, _basic_user(environ))
         return answer
 
     app.wsgi_app = journalling
 
 
-def _journal(app: Any, identity: str, body: bytes, arrived: float) -> None:
+def _basic_user(environ: Mapping[str, Any]) -> str:
+    """The user name of the request's HTTP Basic credentials ("" without): sushy-tools'
+    authentication (outside this middleware) takes the header and says who in HTTP_X_USER."""
+    if user := environ.get("HTTP_X_USER"):
+        return str(user)
+    scheme, _, token = str(environ.get("HTTP_AUTHORIZATION", "")).partition(" ")
+    if scheme.lower() != "basic":
+        return ""
+    try:
+        return base64.b64decode(token).decode("utf-8", "replace").partition(":")[0]
+    except ValueError:
+        return ""
+
+
+def _journal(app: Any, identity: str, body: bytes, arrived: float, user: str = "") -> None:
     try:
         reset_type = json.loads(body or b"{}").get("ResetType")
     except (ValueError, AttributeError):
@@ -266,6 +281,8 @@ def _journal(app: Any, identity: str, body: bytes, arrived: float) -> None:
         path = Path(lab_dir) / "hardware" / f"{entry['host']}.commands"
         with path.open("a") as commands:
             commands.write(f"{arrived:.6f} {action}\n")
+        with path.with_suffix(".clients").open("a") as clients:  # as lab.bmcs.journal_client
+            clients.write(f"{arrived:.6f} {user or '-'} {action}\n")
 
 
 KEEPALIVE_ENV = "METALMEND_LAB_REDFISH_KEEPALIVE"

@@ -49,7 +49,8 @@ async def serve(config: HardwareConfig) -> None:
         ipmi_power: HostPower | None = None
         if spec.bmc == "ipmi":
             journal = lab_dir / "hardware" / f"{spec.name}.commands"
-            ipmi_power = HostPower(on=True, delay=spec.power_delay, journal=journal)
+            clients = journal.with_suffix(".clients")
+            ipmi_power = HostPower(True, spec.power_delay, journal, clients)
             ipmi_hosts.append((spec, ipmi_power))
 
             async def read_ipmi(power: HostPower = ipmi_power) -> int | None:

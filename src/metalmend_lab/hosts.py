@@ -88,6 +88,7 @@ def plan(
                 power_delay=power_delay,
                 labels={sitedesign.HOST_LABEL: name, "kubernetes.io/hostname": name},
                 drives=drives.plan(name, index),
+                standin_password=secrets.token_urlsafe(12),
             )
         )
         drives.seed(lab_dir, name, hosts[-1].drives)
@@ -126,10 +127,13 @@ def emulator_config(
     redfish = [h for h in config.hosts if h.bmc == "redfish"]
     workdir.mkdir(parents=True, exist_ok=True)
     auth = workdir / "htpasswd"
+    # Each host's account, and the BMO stand-in's (lab.bmostandin) where it has one.
+    accounts = [(h.username, h.password) for h in redfish]
+    accounts += [(f"bmo-{h.name}", h.standin_password) for h in redfish if h.standin_password]
     auth.write_text(
         "".join(
-            f"{h.username}:{bcrypt.hashpw(h.password.encode(), bcrypt.gensalt(4)).decode()}\n"
-            for h in redfish
+            f"{user}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()}\n"
+            for user, password in accounts
         )
     )
     systems = [
@@ -225,8 +229,11 @@ def register_host(client: Client, host: HostSpec, control_plane: bool | None = N
             "status": {
                 "poweredOn": True,
                 "operationalStatus": "OK",
+                # required by upstream baremetal-operator's schema (lab --power-owner)
+                "errorMessage": "",
+                "errorCount": 0,
                 # They start provisioned: lab.hosts.plan put the OS on their OS drives.
-                "provisioning": {"state": "provisioned", "image": sitedesign.LAB_IMAGE},
+                "provisioning": {"state": "provisioned", "ID": "", "image": sitedesign.LAB_IMAGE},
                 # What metal3's inspection would have found (metal3's HardwareDetails).
                 "hardware": {"storage": [d.drive().to_metal3() for d in host.drives]},
             }

@@ -28,6 +28,7 @@ class HostSpec:
     power_delay: float = 0.0  # IPMI: seconds before a power change lands
     labels: dict[str, str] = field(default_factory=dict)
     drives: list[DriveSpec] = field(default_factory=list)  # lab.drives: OS drive first
+    standin_password: str = ""  # the BMO stand-in's own BMC account (lab.bmostandin)
 
     @property
     def address(self) -> str:

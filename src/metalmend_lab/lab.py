@@ -6,8 +6,9 @@ described by ``.lab/lab.json`` (supervisor and component pids, ports), which is 
 and ``status`` find it, and which lets ``down`` clean up even after the supervisor was
 killed with SIGKILL.
 
-The supervisor restarts ``metalmend run``, ``metalmend serve`` (servedeploy) and the lab's
-provisioner (lab.provisioner) when they die,
+The supervisor restarts ``metalmend run``, ``metalmend serve`` (servedeploy), the lab's
+provisioner (lab.provisioner) and, beside baremetal-operator, the stand-in for it
+(lab.bmostandin) when they die,
 as a Deployment's kubelet would (CrashLoopBackOff, with lab-sized waits: 1 s doubling to
 30 s, back to 1 s once it has run for a minute), so that crash tests can kill the
 controller (or the service) of a lab as started by default. Restarts are logged and
@@ -36,8 +37,9 @@ import httpx
 from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Node
 
+from metalmend.api.resources import CRD_DIR
 from metalmend.kube.crds import install_crds
-from metalmend_lab import capi, hosts, provisioner, siteetcd
+from metalmend_lab import bmostandin, capi, hosts, provisioner, siteetcd
 from metalmend_lab import policies as lab_policies
 from metalmend_lab import servedeploy as lab_serve
 from metalmend_lab.assets import CapiAssets
@@ -116,6 +118,11 @@ def running_state(lab_dir: Path) -> LabState | None:
 DEFAULT_CONTROLLERS = ",".join(
     ["node-link", "host-power", "machine-health-check", "metal3-remediation", "machine-remediation"]
 )
+# Beside baremetal-operator (--power-owner bmo-stand-in): nothing that sends power commands.
+BMO_CONTROLLERS = "node-link,machine-health-check,metal3-remediation"
+POWER_OWNERS = ("metalmend", bmostandin.COMPONENT)
+BMH_CRD = "metal3.io_baremetalhosts.yaml"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -137,6 +144,14 @@ class LabOptions:
     # Cluster API's own manager and CRDs (lab.capi; assets.capi_manager()): its Machines
     # and MachineHealthChecks instead of metalmend's subset
     cluster_api: CapiAssets | None = None
+    # Who owns the hosts' power: metalmend's host-power, or the lab's stand-in for
+    # baremetal-operator (lab.bmostandin) with upstream's BareMetalHost CRD.
+    power_owner: str = "metalmend"
+    bmo_refresh: float = bmostandin.DEFAULT_REFRESH  # the stand-in's power refresh period
+
+    @property
+    def beside_bmo(self) -> bool:
+        return self.power_owner == bmostandin.COMPONENT
 
 
 RESTART_FIRST_WAIT = 1.0  # seconds before the first restart after a crash
@@ -245,12 +260,14 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
         kubeconfig.write_bytes(plane.kubeconfig.read_bytes())
         kubeconfig.chmod(0o600)
         running = RunningLab(state, plane, kubeconfig)
-        install_crds(running.client())
+        install_crds(running.client(), crd_dir(options))
         if options.cluster_api is not None:
             start_cluster_api(running, options.cluster_api)
         lab_policies.install(running.client())  # as the chart does (lab/policies.py)
         if options.hosts:
             start_hosts(running, options)
+            if options.beside_bmo:
+                start_bmo_stand_in(running, options.bmo_refresh)
         if options.controllers:
             start_controllers(running, options.controllers, options.soft_power_off_timeout)
         if options.serve:
@@ -268,6 +285,55 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
             plane.stop()
         lab_serve.remove_endpoints(lab_dir)
         (lab_dir / "lab.json").unlink(missing_ok=True)
+
+
+def upstream_crds() -> Path:
+    """The directory of upstream baremetal-operator's CRDs, made by tools/metal3/crds.sh
+    (``make metal3``) and cached; never made here."""
+    made = subprocess.run(
+        ["bash", str(REPO_ROOT / "tools" / "metal3" / "crds.sh"), "--cached"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    if made.returncode != 0 or not made.stdout.strip():
+        raise LabError(
+            "the lab beside baremetal-operator needs upstream's BareMetalHost CRD:"
+            f" {made.stderr.strip() or 'tools/metal3/crds.sh printed nothing'}"
+        )
+    return Path(made.stdout.strip().splitlines()[-1])
+
+
+def crd_dir(options: LabOptions) -> Path:
+    """metalmend's CRDs; beside the BMO stand-in, upstream's BareMetalHost CRD instead of
+    ours (what a cluster running baremetal-operator serves: `metalmend run` tells the power
+    owner from it), with ours for every other kind."""
+    if not options.beside_bmo:
+        return CRD_DIR
+    crds = options.lab_dir / "crds"
+    shutil.rmtree(crds, ignore_errors=True)
+    crds.mkdir(parents=True)
+    for path in CRD_DIR.glob("*.yaml"):
+        if path.name != BMH_CRD:
+            shutil.copy(path, crds)
+    shutil.copy(upstream_crds() / BMH_CRD, crds)
+    return crds
+
+
+def start_bmo_stand_in(running: RunningLab, refresh: float) -> None:
+    """The lab's stand-in for baremetal-operator (lab.bmostandin): it owns the hosts'
+    power; restarted when it dies, as `metalmend run` is."""
+    lab_dir = running.plane.workdir.parent
+    status = bmostandin.status_path(lab_dir)
+    status.unlink(missing_ok=True)
+    config_file = lab_dir / "hardware" / "config.json"
+    argv = bmostandin.argv(config_file, running.kubeconfig, refresh)
+    _record(
+        running,
+        start_component(
+            bmostandin.COMPONENT, argv, lab_dir, status.exists,
+            waiting_for=f"its hosts' loops to start ({status} written)",
+        ),
+    )  # fmt: skip
+    running.restarting[bmostandin.COMPONENT] = Restarts()
 
 
 def _record(running: RunningLab, component: Component) -> None:
@@ -452,6 +518,7 @@ def up_detached(options: LabOptions, timeout: float = 600.0) -> LabState:
     argv += ["--boot-delay", f"{options.boot_delay:g}", "--controllers", options.controllers]
     argv += ["--erase-seconds", f"{options.erase_seconds:g}"]
     argv += ["--provision-delay", f"{options.provision_delay:g}"]
+    argv += ["--power-owner", options.power_owner, "--bmo-refresh", f"{options.bmo_refresh:g}"]
     with log_path.open("wb") as log:
         child = subprocess.Popen(
             argv,

@@ -254,6 +254,7 @@ def test_lab_up_offers_the_labs_own_default_controllers() -> None:
     from metalmend_lab import cli, lab
 
     assert cli.LAB_CONTROLLERS == lab.DEFAULT_CONTROLLERS
+    assert cli.LAB_BMO_CONTROLLERS == lab.BMO_CONTROLLERS
 
 
 def test_lab_up_offers_the_provisioners_own_default_delay() -> None:
