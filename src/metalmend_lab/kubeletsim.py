@@ -208,6 +208,7 @@ class KubeletSim:
         self._last_status = 0.0
         self._pods: dict[str, _RunningPod] = {}  # by pod uid
         self._stopping: dict[str, asyncio.Task[None]] = {}  # by pod uid
+        self.most_stopping = 0  # the most pods ever stopping at once (tests read it)
         # Removed by this kubelet, maybe still in a list begun before: not stopped twice.
         self._removed: set[str] = set()
         self._writes = asyncio.Semaphore(STOP_WRITES)
@@ -425,6 +426,7 @@ class KubeletSim:
                 stop = plan_stop(meta, dt.datetime.now(dt.UTC), lost_with_power=lost)
                 task = asyncio.create_task(self._stop_pod(pod, stop))
                 self._stopping[uid] = task
+                self.most_stopping = max(self.most_stopping, len(self._stopping))
                 task.add_done_callback(functools.partial(self._stopped, uid))
             return
         if status.get("phase") in ("Succeeded", "Failed"):

@@ -106,8 +106,9 @@ async def test_an_idle_connection_is_closed_and_the_system_is_not_looked_up_agai
         assert driver._client is None, "closed once idle"
         before = await requests(ports)
         assert await driver.power_state() == PowerState.ON  # connects again: one GET
-        assert await requests(ports) - before == 1
+        # Before the next await: on a busy machine that one may outlast IDLE_CONNECTION.
         assert driver._client is not None
+        assert await requests(ports) - before == 1
     finally:
         await driver.close()
 

@@ -721,7 +721,7 @@ async def test_a_verdict_is_written_once_while_the_watch_has_not_brought_it_back
             return len(queue) == 0 and queue.in_progress == 0 and queue.scheduled == 0
 
         with contextlib.suppress(TimeoutError):  # a check that keeps failing never settles
-            await until(settled, within=10)
+            await until(settled, within=10, exact=True)
         machines._on_event = deliver  # type: ignore[method-assign]
         for event in held:
             deliver(*event)

@@ -122,11 +122,14 @@ async def test_many_slow_pods_stop_together_not_one_after_another(
 
     began = time.monotonic()
     await asyncio.gather(*(aclient.delete(Pod, n, namespace=namespace) for n in names))
-    await until(lambda: all_gone(aclient, namespace), within=30)
+    await until(lambda: all_gone(aclient, namespace), within=180)
     took = time.monotonic() - began
-    # One after another would take 60 x 3 s; together, 3 s and the writes.
-    assert 2.0 < took < 12.0, took
-    print(f"60 pods of 3 s each stopped in {took:.1f} s")
+    # Counted, not timed (a busy machine stretches any time): one after another, a single
+    # pod would be stopping at any moment; together, all those whose deletion began within
+    # the same 3 s (all 60 on an idle machine, 10 or more even on a busy one).
+    assert host.sim is not None
+    assert host.sim.most_stopping >= 10, host.sim.most_stopping
+    print(f"60 pods of 3 s each stopped in {took:.1f} s, {host.sim.most_stopping} at once")
 
 
 async def test_a_restarted_simulator_stops_a_pod_when_it_would_have_anyway(

@@ -70,7 +70,7 @@ def host(name: str, annotations: dict[str, str]) -> Any:
     )
 
 
-def refused(attempt: Any, within: float = 30.0) -> ApiError:
+def refused(attempt: Any, within: float = 180.0) -> ApiError:
     """The first refusal by the policy's own rule (the policy takes a moment to be enforced
     after creation, and its binding a moment more to see its parameters: until then it
     refuses with "failed to configure binding", which says nothing of the rule)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -188,3 +189,6 @@ HostPowerMachine.TestCase.settings = settings(
     max_examples=1000, stateful_step_count=50, deadline=None
 )
 test_host_power_state_machine = HostPowerMachine.TestCase
+# Seconds on an idle machine, but hundreds of examples: on a busy one (CI beside other
+# jobs) it may run far past pytest's default 300 s without being stuck.
+test_host_power_state_machine.pytestmark = [pytest.mark.timeout(1200)]  # type: ignore[attr-defined]

@@ -94,6 +94,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
@@ -1457,6 +1458,9 @@ RemediationWorld.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_remediation_state_machine = RemediationWorld.TestCase
+# Seconds on an idle machine, but hundreds of examples: on a busy one (CI beside other
+# jobs) it may run far past pytest's default 300 s without being stuck.
+test_remediation_state_machine.pytestmark = [pytest.mark.timeout(1200)]  # type: ignore[attr-defined]
 
 
 # ---- bugs this model found, replayed step by step ----------------------------------------------
