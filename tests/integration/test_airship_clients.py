@@ -181,6 +181,7 @@ async def test_configdocs_and_actions_as_shipyards_client_expects_them(
             assert versions.json() == {"v1.0": {"path": f"/{name}/api/v1.0", "status": "stable"}}
         put = await http.post("/configdocs/site", content=design(namespace, ["h1"]), headers=who)
         assert put.status_code == 201, put.text
+        assert put.json()["code"] == "201 Created"  # Shipyard's success Status bodies too
         # Deckhand's status on each document read through configdocs
         found = [
             d
@@ -206,12 +207,15 @@ async def test_configdocs_and_actions_as_shipyards_client_expects_them(
         assert "already in the buffer" in conflict["message"]
         # Shipyard's own error fields beside the Status ones; Drydock's on its routes
         assert (conflict["errorType"], conflict["retry"]) == ("ApiError", False)
+        assert (conflict["code"], conflict["details"]["errorType"]) == ("409 Conflict", "ApiError")
+        assert {"errorCount", "messageList"} <= set(conflict["details"])  # Status fields kept
         drydock = await http.get(
             "http://serve/drydock/api/v1.0/tasks/nope", headers=shipyard_client("bad")
         )
         refused_here = status_of(drydock, 401, "Unauthorized")
         assert (refused_here["type"], refused_here["retry"]) == ("error", False)
         assert "errorType" not in refused_here
+        assert refused_here["code"] == 401  # a number on every route but Shipyard's
         # parameters: continue-on-fail=false accepted (refused later: nothing committed),
         # true refused saying why, anything else refused by name
         kept = {"name": "update_site", "parameters": {"continue-on-fail": "false"}}
@@ -236,6 +240,7 @@ async def test_configdocs_and_actions_as_shipyards_client_expects_them(
             "/commitconfigdocs", headers=shipyard_client(admin), params={"dryrun": "true"}
         )
         document = status_of(dry, 200, "Success")
+        assert document["code"] == "200 OK"
         assert "does not validate" in document["message"]
         assert any("kube-system" in line for line in lines(document))
         refused = await http.post("/commitconfigdocs", headers=shipyard_client(admin))

@@ -43,8 +43,8 @@ from metalmend.siteactions.policy import deploysite, statuses
 from metalmend.siteactions.policy.actions import ActionLifecycle, ActionName, Version
 from metalmend.siteactions.store import ActionStore
 from metalmend.siteactions.worker import ActionWorker
-from metalmend.web import auth, bodies, context, deps
-from metalmend.web.status import Message, StatusError, body, documented, errors, notes
+from metalmend.web import auth, bodies, context, conventions, deps, status
+from metalmend.web.status import Message, StatusError, documented, errors, notes
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,11 @@ REDEPLOY_NODE = redeploy.REDEPLOY_NODE
 VERSION_QUERY = "Query: version=buffer (default)|committed|last_site_action|successful_site_action."
 BUFFER_MODES = ("rejectoncontents", "append", "replace")
 router = APIRouter(tags=["shipyard"])
+
+
+def body(code: int, reason: str, message: str, messages: Sequence[Message] = ()) -> dict[str, Any]:
+    """A Status body as Shipyard answers one: ``code`` its status line ("201 Created")."""
+    return conventions.shaped(PREFIX, status.body(code, reason, message, messages))
 
 
 @dataclass
