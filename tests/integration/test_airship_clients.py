@@ -216,17 +216,24 @@ async def test_configdocs_and_actions_as_shipyards_client_expects_them(
         assert (refused_here["type"], refused_here["retry"]) == ("error", False)
         assert "errorType" not in refused_here
         assert refused_here["code"] == 401  # a number on every route but Shipyard's
-        # parameters: continue-on-fail=false accepted (refused later: nothing committed),
-        # true refused saying why, anything else refused by name
-        kept = {"name": "update_site", "parameters": {"continue-on-fail": "false"}}
-        answer = await http.post("/actions", headers=shipyard_client(admin), json=kept)
-        assert "shipyard commit configdocs" in status_of(answer, 400, "BadRequest")["message"]
-        true = {"name": "update_site", "parameters": {"continue-on-fail": "true"}}
-        answer = await http.post("/actions", headers=shipyard_client(admin), json=true)
-        assert (
-            "continue-on-fail=true is not supported"
-            in status_of(answer, 400, "BadRequest")["message"]
-        )
+        # parameters: continue-on-fail true and false accepted (refused later: nothing
+        # committed), anything else refused by name
+        for value in ("false", "true"):
+            kept = {"name": "update_site", "parameters": {"continue-on-fail": value}}
+            answer = await http.post("/actions", headers=shipyard_client(admin), json=kept)
+            assert "shipyard commit configdocs" in status_of(answer, 400, "BadRequest")["message"]
+        maybe = {"name": "update_site", "parameters": {"continue-on-fail": "maybe"}}
+        answer = await http.post("/actions", headers=shipyard_client(admin), json=maybe)
+        assert "must be true or false" in status_of(answer, 400, "BadRequest")["message"]
+        # Shipyard's actions a site without Armada cannot run: as Shipyard answers an
+        # action it does not have, saying why
+        for name, why in (("test_site", "Helm tests"), ("update_software", "has no Armada")):
+            answer = await http.post(
+                "/actions", headers=shipyard_client(admin), json={"name": name}
+            )
+            document = status_of(answer, 400, f"Unsupported Action: {name}")
+            assert document["message"] == "Unable to start action"
+            assert why in lines(document)[0]
         typo = {"name": "deploy_site", "parameters": {"contnue-on-fail": "true"}}
         answer = await http.post("/actions", headers=shipyard_client(admin), json=typo)
         assert "'contnue-on-fail'" in status_of(answer, 400, "BadRequest")["message"]

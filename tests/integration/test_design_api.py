@@ -169,12 +169,13 @@ LAYERED = (
 
 
 async def test_document_filters_as_deckhands_reference_and_code_read_them(
-    http: httpx.AsyncClient, admin: dict[str, str]
+    http: httpx.AsyncClient, admin: dict[str, str], viewer: dict[str, str]
 ) -> None:
+    """Asked by a viewer (get revisions), the narrowest role that reads documents."""
     assert (await put(http, admin, "mop", LAYERED)).status_code == 200
 
     async def names(params: list[tuple[str, str]]) -> list[str]:
-        answer = await http.get("/revisions/1/documents", params=params, headers=admin)
+        answer = await http.get("/revisions/1/documents", params=params, headers=viewer)
         assert answer.status_code == 200, answer.text
         return [d["metadata"]["name"] for d in documents_of(answer)]
 
@@ -208,12 +209,12 @@ async def test_document_filters_as_deckhands_reference_and_code_read_them(
     assert await names([("limit", "0")]) == []
     # limit's illegal values: 400 naming the value (Deckhand: 400 for a non-integer).
     for bad in ("illegal", "-2", "1.5"):
-        answer = await http.get("/revisions/1/documents", params={"limit": bad}, headers=admin)
+        answer = await http.get("/revisions/1/documents", params={"limit": bad}, headers=viewer)
         problem = lines(status_of(answer, 400, "BadRequest"))[0]
         assert problem.startswith("limit is the number of documents")
         assert repr(bad) in problem
     twice = await http.get(
-        "/revisions/1/documents", params=[("limit", "1"), ("limit", "2")], headers=admin
+        "/revisions/1/documents", params=[("limit", "1"), ("limit", "2")], headers=viewer
     )
     assert "'limit' is given more than once" in lines(status_of(twice, 400, "BadRequest"))[0]
 

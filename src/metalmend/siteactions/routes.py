@@ -403,6 +403,10 @@ async def _action_body(request: Request) -> tuple[ActionName, dict[str, Any]]:
     raw = await bodies.read_json(request)
     if not isinstance(raw, dict):
         raise StatusError(400, "BadRequest", "the body is not a JSON object")
+    why = siteactions.UNSUPPORTED_ACTIONS.get(str(raw.get("name")))
+    if why is not None:  # as Shipyard answers an action it does not have, saying why
+        reason = f"Unsupported Action: {raw.get('name')}"
+        raise StatusError(400, reason, siteactions.UNSUPPORTED, errors(why))
     try:
         name = ActionName(str(raw.get("name")))
     except ValueError:
@@ -416,6 +420,11 @@ async def _action_body(request: Request) -> tuple[ActionName, dict[str, Any]]:
 
 
 def _targets(name: ActionName, parameters: dict[str, Any]) -> tuple[str, ...]:
+    if name is ActionName.RELABEL_NODES:
+        nodes = siteactions.relabel_parameters(parameters)
+        if isinstance(nodes, siteactions.BadParameters):
+            raise StatusError(400, "BadRequest", "; ".join(nodes.problems), errors(*nodes.problems))
+        return nodes
     if name is not ActionName.REDEPLOY_SERVER:
         problem = siteactions.site_parameters(str(name), parameters)
         if problem is not None:
@@ -434,7 +443,7 @@ def _url(action_id: str) -> str:
 @router.post(
     "/actions",
     status_code=201,
-    summary="Create an action: deploy_site, update_site or redeploy_server",
+    summary="Create an action: deploy_site, update_site, redeploy_server or relabel_nodes",
     description="Body: {name, parameters}. Query: allow-intermediate-commits=true. 201 with"
     " the action; it runs in the background: GET /actions/{id}.",
     responses=documented((201, "action"), (409, "Conflict")),
@@ -447,8 +456,9 @@ async def create_action(request: Request, credentials: auth.Credentials) -> JSON
     served = _shipyard(request)
     allow = _flag(request, "allow-intermediate-commits")
     targets = _targets(name, parameters)
-    for node in targets:  # each target node: nodes/redeploy (checked again at the start)
-        await gate.authorize(caller, REDEPLOY_NODE, node)
+    if name is ActionName.REDEPLOY_SERVER:  # each target: nodes/redeploy (again at the start)
+        for node in targets:
+            await gate.authorize(caller, REDEPLOY_NODE, node)
     committed, skipped = await run(request, lambda store: _admitted(store, name, allow))
     running = await asyncio.to_thread(served.store.unfinished)
     collides = siteactions.collision(name, targets, [_running(a) for a in running])
@@ -473,13 +483,15 @@ def _admitted(store: DesignStore, name: ActionName, allow: bool) -> tuple[int | 
     intermediate-commit guard (before any validation, as the spec words it)."""
     history = _history(store)
     committed = siteactions.locate(history, Version.COMMITTED)
-    if name not in siteactions.SITE_ACTIONS:
+    if name not in siteactions.COMMITTED_ACTIONS:
         return (committed if isinstance(committed, int) else None), None
     if isinstance(committed, siteactions.Absent):
         raise Invalid(
             f"{name} needs committed configdocs: {committed.reason}"
             " (shipyard commit configdocs, or metalmend site commit configdocs)"
         )
+    if name not in siteactions.SITE_ACTIONS:  # relabel_nodes: neither guarded nor tagged
+        return committed, None
     verdict = siteactions.guard(name, history, committed, allow)
     if isinstance(verdict, siteactions.Refused):
         raise StatusError(409, verdict.title, verdict.message, errors(verdict.message))
@@ -487,8 +499,7 @@ def _admitted(store: DesignStore, name: ActionName, allow: bool) -> tuple[int | 
 
 
 def _running(action: model.Action) -> siteactions.Running:
-    found = siteactions.redeploy_parameters(action.parameters)
-    targets = found.target_nodes if isinstance(found, siteactions.RedeployParameters) else ()
+    targets = siteactions.action_targets(action.name, action.parameters)
     return siteactions.Running(action.id, action.name, frozenset(targets))
 
 
