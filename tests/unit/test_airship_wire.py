@@ -124,3 +124,14 @@ def test_shipyard_writes_code_as_its_status_line_the_other_apis_as_a_number() ->
     assert (drydock["code"], drydock["type"], drydock["retry"]) == (409, "error", False)
     assert conventions.status_line(413) == "413 Payload Too Large"
     assert conventions.status_line(418) == "418 I'm a Teapot"
+
+
+def test_the_last_action_per_host_is_the_newest_naming_it_or_a_site_action() -> None:
+    from metalmend.siteactions.policy.statuses import ActionSeen, last_actions
+
+    relabel = ActionSeen("01A", "relabel_nodes", "Complete", "t0", ("h1",))
+    site = ActionSeen("01B", "deploy_site", "Complete", "t1")
+    redeploy = ActionSeen("01C", "redeploy_server", "Failed", "t2", ("h2",))
+    found = last_actions(["h1", "h2", "h3"], [redeploy, relabel, site])
+    assert found == {"h1": site, "h2": redeploy, "h3": site}
+    assert last_actions(["h1", "h9"], [relabel]) == {"h1": relabel, "h9": None}

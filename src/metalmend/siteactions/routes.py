@@ -35,7 +35,7 @@ from metalmend.designs import documents
 from metalmend.designs.access import checked_name, documents_answer, run
 from metalmend.designs.documents import Document, DocumentsRejected
 from metalmend.designs.store import DesignStore
-from metalmend.errors import Conflict, Invalid, NotFound
+from metalmend.errors import Conflict, Invalid, NotFound, Refused
 from metalmend.log import fields
 from metalmend.siteactions import model, redeploy
 from metalmend.siteactions.policy import actions as siteactions
@@ -650,4 +650,24 @@ async def site_statuses(request: Request) -> JSONResponse:
         async for host in client.list(BareMetalHost, namespace=namespace):
             found: Any = host  # a generic resource: its to_dict is untyped
             hosts.append(found.to_dict())
-    return JSONResponse(statuses.site_statuses(wanted, hosts))
+    seen = (
+        await _actions_seen(request, served) if statuses.NODES_PROVISION_STATUS in wanted else None
+    )
+    return JSONResponse(statuses.site_statuses(wanted, hosts, seen))
+
+
+async def _actions_seen(request: Request, served: Shipyard) -> list[statuses.ActionSeen] | None:
+    """The stored actions (the newest store.LIST_LIMIT), for a caller who may list actions
+    (``GET /actions``); None for one who may not: their last actions are not shown."""
+    try:
+        await deps.of(request, auth.Gate).authorize(request.state.caller, LIST_ACTIONS, "")
+    except Refused:
+        return None
+    found = await asyncio.to_thread(served.store.newest)
+    return [
+        statuses.ActionSeen(
+            a.id, a.name, str(a.lifecycle), model.iso(a.created) or "",
+            siteactions.action_targets(a.name, a.parameters),
+        )
+        for a in found
+    ]  # fmt: skip
