@@ -6,6 +6,8 @@ its permission."""
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 from typing import Any
 
 import yaml
@@ -15,6 +17,10 @@ from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.rbac_authorization_v1 import ClusterRole
 
 from metalmend.api.resources import BareMetalHost
+from metalmend.db import Database
+from metalmend.siteactions import model
+from metalmend.siteactions.policy.actions import ActionLifecycle, new_action_id
+from metalmend.siteactions.store import ActionStore
 from metalmend_lab.controlplane import ControlPlane
 from tests.integration.test_serve_promenade import bearer, lines, status_of, token
 from tests.integration.test_shipyard_api import (
@@ -125,6 +131,42 @@ async def test_shipyards_client_reads_actions_notes_and_step_logs_with_its_own_h
         assert "get actions/logs" in status_of(denied, 403, "Forbidden")["message"]
 
 
+def stored_actions(
+    url: str, *wanted: tuple[str, dict[str, Any], ActionLifecycle]
+) -> list[model.Action]:
+    """Finished actions stored as the worker leaves them, one second apart, oldest first."""
+    database = Database.open(url)
+    database.upgrade()
+    start = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    made = []
+    for i, (name, parameters, lifecycle) in enumerate(wanted):
+        at = start + dt.timedelta(seconds=i)
+        made.append(
+            model.Action(
+                id=new_action_id(at, os.urandom(10)), name=name, parameters=parameters,
+                lifecycle=lifecycle, created=at, updated=at, user="someone",
+                context_marker=None, committed_rev_id=1, revision=1,
+                allow_intermediate_commits=False,
+            )
+        )  # fmt: skip
+        ActionStore(database).create(made[-1])
+    database.dispose()
+    return made
+
+
+def site_status_reader(control_plane: ControlPlane, kube: Client, namespace: str) -> str:
+    """A token that may read the site statuses, and not the actions."""
+    role = f"{namespace}-status-reader"
+    kube.create(
+        ClusterRole(
+            metadata=ObjectMeta(name=role),
+            rules=[PolicyRule(apiGroups=["shipyard.metalmend.dev"], resources=["sitestatuses"],
+                              verbs=["get"])],
+        )
+    )  # fmt: skip
+    return token(control_plane, kube, namespace, "status-reader", role)
+
+
 async def test_site_statuses_with_shipyards_filters(
     service: Service, control_plane: ControlPlane, kube: Client, namespace: str
 ) -> None:
@@ -136,19 +178,39 @@ async def test_site_statuses_with_shipyards_filters(
                           spec={"online": True})
         )  # fmt: skip
     host_up(kube, namespace, "h2")
+    # finished actions, oldest first: a relabel of h1, a deploy_site (every host), a
+    # redeploy of h2; the last action of h1 is the deploy, of h2 the redeploy
+    stored = stored_actions(
+        service.url,
+        ("relabel_nodes", {"target_nodes": ["h1"]}, ActionLifecycle.COMPLETE),
+        ("deploy_site", {}, ActionLifecycle.COMPLETE),
+        ("redeploy_server", {"target_nodes": ["h2"]}, ActionLifecycle.FAILED),
+    )
+    statuses_only = site_status_reader(control_plane, kube, namespace)
     async with service.running() as http:
         both = await http.get("/site_statuses", headers=shipyard_client(viewer))
         assert both.status_code == 200, both.text
+        deploy, redeploy = stored[1], stored[2]
         assert both.json() == {
             "nodes_provision_status": [
-                {"hostname": "h1", "status": "unknown", "namespace": namespace},
-                {"hostname": "h2", "status": "provisioned", "namespace": namespace},
+                {"hostname": "h1", "status": "unknown", "namespace": namespace,
+                 "last_action": {"id": deploy.id, "name": "deploy_site",
+                                 "action_lifecycle": "Complete",
+                                 "created_at": model.iso(deploy.created)}},
+                {"hostname": "h2", "status": "provisioned", "namespace": namespace,
+                 "last_action": {"id": redeploy.id, "name": "redeploy_server",
+                                 "action_lifecycle": "Failed",
+                                 "created_at": model.iso(redeploy.created)}},
             ],
             "machines_powerstate": [
                 {"hostname": "h1", "power_state": "unknown", "namespace": namespace},
                 {"hostname": "h2", "power_state": "On", "namespace": namespace},
             ],
-        }
+        }  # fmt: skip
+        # who may read the site but not list actions sees no action
+        unlisted = await http.get("/site_statuses", headers=shipyard_client(statuses_only))
+        assert unlisted.status_code == 200, unlisted.text
+        assert all("last_action" not in row for row in unlisted.json()["nodes_provision_status"])
         power = await http.get(
             "/site_statuses", headers=shipyard_client(viewer),
             params={"filters": "machines-power-state"},
@@ -181,6 +243,7 @@ async def test_configdocs_and_actions_as_shipyards_client_expects_them(
             assert versions.json() == {"v1.0": {"path": f"/{name}/api/v1.0", "status": "stable"}}
         put = await http.post("/configdocs/site", content=design(namespace, ["h1"]), headers=who)
         assert put.status_code == 201, put.text
+        assert put.json()["code"] == "201 Created"  # Shipyard's success Status bodies too
         # Deckhand's status on each document read through configdocs
         found = [
             d
@@ -206,23 +269,33 @@ async def test_configdocs_and_actions_as_shipyards_client_expects_them(
         assert "already in the buffer" in conflict["message"]
         # Shipyard's own error fields beside the Status ones; Drydock's on its routes
         assert (conflict["errorType"], conflict["retry"]) == ("ApiError", False)
+        assert (conflict["code"], conflict["details"]["errorType"]) == ("409 Conflict", "ApiError")
+        assert {"errorCount", "messageList"} <= set(conflict["details"])  # Status fields kept
         drydock = await http.get(
             "http://serve/drydock/api/v1.0/tasks/nope", headers=shipyard_client("bad")
         )
         refused_here = status_of(drydock, 401, "Unauthorized")
         assert (refused_here["type"], refused_here["retry"]) == ("error", False)
         assert "errorType" not in refused_here
-        # parameters: continue-on-fail=false accepted (refused later: nothing committed),
-        # true refused saying why, anything else refused by name
-        kept = {"name": "update_site", "parameters": {"continue-on-fail": "false"}}
-        answer = await http.post("/actions", headers=shipyard_client(admin), json=kept)
-        assert "shipyard commit configdocs" in status_of(answer, 400, "BadRequest")["message"]
-        true = {"name": "update_site", "parameters": {"continue-on-fail": "true"}}
-        answer = await http.post("/actions", headers=shipyard_client(admin), json=true)
-        assert (
-            "continue-on-fail=true is not supported"
-            in status_of(answer, 400, "BadRequest")["message"]
-        )
+        assert refused_here["code"] == 401  # a number on every route but Shipyard's
+        # parameters: continue-on-fail true and false accepted (refused later: nothing
+        # committed), anything else refused by name
+        for value in ("false", "true"):
+            kept = {"name": "update_site", "parameters": {"continue-on-fail": value}}
+            answer = await http.post("/actions", headers=shipyard_client(admin), json=kept)
+            assert "shipyard commit configdocs" in status_of(answer, 400, "BadRequest")["message"]
+        maybe = {"name": "update_site", "parameters": {"continue-on-fail": "maybe"}}
+        answer = await http.post("/actions", headers=shipyard_client(admin), json=maybe)
+        assert "must be true or false" in status_of(answer, 400, "BadRequest")["message"]
+        # Shipyard's actions a site without Armada cannot run: as Shipyard answers an
+        # action it does not have, saying why
+        for name, why in (("test_site", "Helm tests"), ("update_software", "has no Armada")):
+            answer = await http.post(
+                "/actions", headers=shipyard_client(admin), json={"name": name}
+            )
+            document = status_of(answer, 400, f"Unsupported Action: {name}")
+            assert document["message"] == "Unable to start action"
+            assert why in lines(document)[0]
         typo = {"name": "deploy_site", "parameters": {"contnue-on-fail": "true"}}
         answer = await http.post("/actions", headers=shipyard_client(admin), json=typo)
         assert "'contnue-on-fail'" in status_of(answer, 400, "BadRequest")["message"]
@@ -236,6 +309,7 @@ async def test_configdocs_and_actions_as_shipyards_client_expects_them(
             "/commitconfigdocs", headers=shipyard_client(admin), params={"dryrun": "true"}
         )
         document = status_of(dry, 200, "Success")
+        assert document["code"] == "200 OK"
         assert "does not validate" in document["message"]
         assert any("kube-system" in line for line in lines(document))
         refused = await http.post("/commitconfigdocs", headers=shipyard_client(admin))

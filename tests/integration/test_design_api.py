@@ -119,6 +119,13 @@ async def test_a_document_of_another_bucket_is_409(
     await put(http, admin, "global", doc("shared"))
     document = status_of(await put(http, admin, "site", doc("shared")), 409, "Conflict")
     assert "lives in bucket global" in lines(document)[0]
+    assert document["message"] == (
+        "Document [promenade/Node/v1, None] shared already exists in bucket: global"
+    )
+    # Emptied from its bucket, it may move to another (Deckhand's own test of this).
+    assert (await put(http, admin, "global", "")).status_code == 200
+    moved = documents_of(await put(http, admin, "site", doc("shared")))
+    assert [d["status"] for d in moved] == [{"bucket": "site", "revision": 3}]
 
 
 async def test_documents_and_rendered_documents_with_filters(
@@ -143,6 +150,108 @@ async def test_documents_and_rendered_documents_with_filters(
     bad = await http.get("/revisions/1/documents", params={"schmea": "x"}, headers=admin)
     assert "unknown query parameter 'schmea'" in lines(status_of(bad, 400, "BadRequest"))[0]
     assert (await http.get("/revisions/0/documents", headers=admin)).text.strip() in ("", "[]")
+
+
+# Deckhand's own functional tests (deckhand/tests/functional/gabbits/revision-documents/
+# and revision/revision-filters.yaml) put a three-layer sample and query it; the same
+# questions, asked here in our words of a sample of the same shape.
+LAYERED = (
+    "---\nschema: deckhand/LayeringPolicy/v1\n"
+    "metadata: {schema: metadata/Control/v1, name: layering-policy}\n"
+    "data: {layerOrder: [global, region, site]}\n"
+    + doc("global-1234", schema="example/Kind/v1",
+          extra=", labels: {key1: value1}, layeringDefinition: {abstract: true, layer: global}")
+    + doc("region-1234", schema="example/Kind/v1",
+          extra=", labels: {key1: value1}, layeringDefinition: {abstract: true, layer: region}")
+    + doc("site-1234", schema="example/Kind/v1",
+          extra=", labels: {foo: bar, baz: qux}, layeringDefinition: {abstract: false, layer: site}")
+)  # fmt: skip
+
+
+async def test_document_filters_as_deckhands_reference_and_code_read_them(
+    http: httpx.AsyncClient, admin: dict[str, str], viewer: dict[str, str]
+) -> None:
+    """Asked by a viewer (get revisions), the narrowest role that reads documents."""
+    assert (await put(http, admin, "mop", LAYERED)).status_code == 200
+
+    async def names(params: list[tuple[str, str]]) -> list[str]:
+        answer = await http.get("/revisions/1/documents", params=params, headers=viewer)
+        assert answer.status_code == 200, answer.text
+        return [d["metadata"]["name"] for d in documents_of(answer)]
+
+    by_name = [("sort", "metadata.name")]
+    layer, abstract = "metadata.layeringDefinition.layer", "metadata.layeringDefinition.abstract"
+    # One filter repeated: any of its values (layer), all of them (labels).
+    assert await names([(layer, "site"), (layer, "region"), *by_name]) == [
+        "region-1234",
+        "site-1234",
+    ]
+    assert await names([("metadata.label", "foo=bar"), ("metadata.label", "baz=qux")]) == [
+        "site-1234"
+    ]
+    assert await names([("metadata.label", "foo=bar"), ("metadata.label", "key1=value1")]) == []
+    # Several different filters together: all apply.
+    assert await names([(layer, "site"), (abstract, "false")]) == ["site-1234"]
+    assert await names([(layer, "region"), (abstract, "true")]) == ["region-1234"]
+    assert await names([(layer, "site"), (abstract, "true")]) == []
+    # Filters that must match nothing: 200, no document.
+    for schema in ("exam", "example/Ki", "example/Kind/v2"):
+        assert await names([("schema", schema)]) == []
+    assert await names([("schema", "example"), *by_name]) == [
+        "global-1234",
+        "region-1234",
+        "site-1234",
+    ]
+    # Sorting by several keys, then limit.
+    sorted_twice = [("sort", "metadata.name"), ("sort", "schema")]
+    assert await names([*sorted_twice, ("limit", "2")]) == ["global-1234", "layering-policy"]
+    assert await names([*sorted_twice, ("order", "desc"), ("limit", "1")]) == ["site-1234"]
+    assert await names([("limit", "0")]) == []
+    # limit's illegal values: 400 naming the value (Deckhand: 400 for a non-integer).
+    for bad in ("illegal", "-2", "1.5"):
+        answer = await http.get("/revisions/1/documents", params={"limit": bad}, headers=viewer)
+        problem = lines(status_of(answer, 400, "BadRequest"))[0]
+        assert problem.startswith("limit is the number of documents")
+        assert repr(bad) in problem
+    twice = await http.get(
+        "/revisions/1/documents", params=[("limit", "1"), ("limit", "2")], headers=viewer
+    )
+    assert "'limit' is given more than once" in lines(status_of(twice, 400, "BadRequest"))[0]
+
+
+async def test_revision_list_tag_filters_sort_and_order_as_deckhand(
+    http: httpx.AsyncClient, admin: dict[str, str]
+) -> None:
+    for bucket in ("bucket_a", "bucket_b", "bucket_c"):
+        await put(http, admin, bucket, doc(f"in-{bucket}"))
+    for tag in ("foo", "bar"):
+        assert (await http.post(f"/revisions/1/tags/{tag}", headers=admin)).status_code == 201
+    await http.post("/revisions/3/tags/bar", headers=admin)
+
+    async def listed(params: list[tuple[str, str]]) -> tuple[int, list[int]]:
+        answer = await http.get("/revisions", params=params, headers=admin)
+        assert answer.status_code == 200, answer.text
+        found = yaml.safe_load(answer.text)
+        return found["count"], [r["id"] for r in found["results"]]
+
+    assert await listed([("tag", "foo")]) == (1, [1])
+    assert await listed([("tag", "foo"), ("tag", "bar")]) == (2, [1, 3])  # any of them
+    assert await listed([("tag", "baz")]) == (0, [])
+    assert await listed([("sort", "id")]) == (3, [1, 2, 3])
+    assert await listed([("sort", "id"), ("order", "desc")]) == (3, [3, 2, 1])
+    assert await listed([("sort", "createdAt"), ("order", "desc"), ("tag", "bar")]) == (2, [3, 1])
+    one = yaml.safe_load((await http.get("/revisions", params={"tag": "foo"}, headers=admin)).text)
+    assert (one["results"][0]["buckets"], one["results"][0]["tags"]) == (
+        ["bucket_a"],
+        ["bar", "foo"],
+    )
+    for bad, problem in (
+        ({"sort": "name"}, "sort revisions by id or createdAt, not 'name'"),
+        ({"order": "up"}, "order is asc or desc, not 'up'"),
+        ({"limit": "2"}, "unknown query parameter 'limit' (known: tag, sort, order)"),
+    ):
+        answer = await http.get("/revisions", params=bad, headers=admin)
+        assert lines(status_of(answer, 400, "BadRequest")) == [problem]
 
 
 async def test_tags_created_listed_read_replaced_and_deleted(

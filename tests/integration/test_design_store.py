@@ -5,6 +5,7 @@ and processes) and a writer killed inside its transaction."""
 
 from __future__ import annotations
 
+import datetime as dt
 import multiprocessing
 import os
 import signal
@@ -193,7 +194,14 @@ def test_a_document_of_another_bucket_is_a_conflict_and_nothing_is_stored(
     with pytest.raises(Conflict) as caught:
         store.put("site", docs("mine", "shared"))
     assert "lives in bucket global" in caught.value.problems[0]
+    assert caught.value.message == (
+        "Document [promenade/Node/v1, None] shared already exists in bucket: global"
+    )
     assert revision_ids(store) == [1]
+    # As Deckhand's own test: once deleted from its bucket, it may be put in another.
+    store.put("global", [])
+    moved = store.put("site", docs("shared"))
+    assert (moved.revision, [e.bucket for e in store.entries(moved.revision)]) == (3, ["site"])
 
 
 def test_contents_are_stored_once_however_many_revisions_hold_them(
@@ -222,9 +230,32 @@ def test_a_revision_carries_several_tags_and_re_tagging_replaces_the_data(
     assert store.tags(1) == {"committed": {"by": "bob"}, "site-action-success": {}}
     tagged = store.revisions(RevisionQuery(("committed",), descending=True))
     assert [r.id for r in tagged] == [2, 1]
-    assert [r.id for r in store.revisions(RevisionQuery(("committed", "site-action-success")))] == [
-        1
-    ]
+
+
+def test_revisions_by_tags_any_of_them_sorted_by_id_or_creation(
+    store: DesignStore, database: Database
+) -> None:
+    for name in "abcd":
+        store.put("site", docs(name))
+    store.tag(1, "foo", {})
+    store.tag(1, "bar", {})
+    store.tag(3, "bar", {})
+    # Deckhand's deepfilter: repeated tags select revisions carrying any of them.
+    assert [r.id for r in store.revisions(RevisionQuery(("foo",)))] == [1]
+    assert [r.id for r in store.revisions(RevisionQuery(("foo", "bar")))] == [1, 3]
+    assert [r.id for r in store.revisions(RevisionQuery(("baz",)))] == []
+    assert [r.id for r in store.revisions(RevisionQuery(descending=True))] == [4, 3, 2, 1]
+    # createdAt is the time each was made, even when a clock made them out of id order.
+    with database.begin() as conn:
+        for revision, day in ((1, 4), (2, 2), (3, 3), (4, 1)):
+            conn.execute(
+                sa.update(tables.revisions)
+                .where(tables.revisions.c.id == revision)
+                .values(created_at=dt.datetime(2026, 1, day, tzinfo=dt.UTC))
+            )
+    assert [r.id for r in store.revisions(RevisionQuery(sort=("createdAt",)))] == [4, 2, 3, 1]
+    by_created = RevisionQuery(("bar",), ("createdAt", "id"), descending=True)
+    assert [r.id for r in store.revisions(by_created)] == [1, 3]
 
 
 def test_tags_are_deleted_one_or_all(store: DesignStore) -> None:

@@ -504,3 +504,89 @@ async def test_an_action_stored_without_its_creator_fails_instead_of_running_as_
     assert done["action_lifecycle"] == "Failed", done
     assert "does not record who created it" in refusal(done, "validation")
     assert not list(kube.list(BareMetalHost, namespace=namespace))
+
+
+async def finished(
+    http: httpx.AsyncClient, who: dict[str, str], name: str, **parameters: Any
+) -> dict[str, Any]:
+    answer = await http.post("/actions", headers=who, json={"name": name, "parameters": parameters})
+    assert answer.status_code == 201, answer.text
+    return await wait_for(http, who, answer.json()["id"], within=120)
+
+
+async def test_relabel_nodes_applies_the_designs_labels_as_the_caller(
+    service: Service, deployer: dict[str, str], control_plane: ControlPlane, kube: Client,
+    namespace: str,
+) -> None:  # fmt: skip
+    """relabel_nodes (issue 30, point 3): the committed design's Node labels applied to the
+    target Node as its caller: the labels of other managers (the kubelet's) kept, nothing
+    else written, no tag. The narrowest refusals: a Shipyard admin who may not patch
+    Nodes gets the API server's refusal at validation; a redeployer may not create the
+    action; a target without a Node document, or not registered, fails validation;
+    parameters are refused by name at creation."""
+    name, stray = f"{namespace[:40]}-r", f"{namespace[:40]}-s"
+    bmc_secret(kube, namespace, name)
+    design = host_document(namespace, name, ADDRESS.format(name)) + node_document(
+        name, "example.com/role: storage, example.com/rack: r1"
+    )
+    admin_only = account(control_plane, kube, namespace, "relabel-admin-only",
+                         "metalmend-shipyard-admin")  # fmt: skip
+    redeployer = account(control_plane, kube, namespace, "relabel-redeployer",
+                         "metalmend-shipyard-redeployer")  # fmt: skip
+    with registered(kube, name, f"metal3://{namespace}/{name}"):
+        kube.patch(Node, name, {"metadata": {"labels": {"kubelet-own": "yes"}}})
+        async with service.running() as http:
+            never = await http.post(
+                "/actions", headers=deployer,
+                json={"name": "relabel_nodes", "parameters": {"target_nodes": [name]}},
+            )  # fmt: skip
+            assert (
+                "relabel_nodes needs committed configdocs"
+                in (status_of(never, 400, "BadRequest")["message"])
+            )
+            committed = await put_and_commit(http, deployer, design)
+            assert committed.status_code == 200, committed.text
+            before = tags(service)
+            for parameters, problem in (
+                ({}, "target_nodes is required: the node(s) to relabel"),
+                ({"target_nodes": []}, "target_nodes is empty: name the node(s) to relabel"),
+                ({"target_nodes": [name], "force": "true"},
+                 "relabel_nodes has no parameter 'force'; its one parameter is target_nodes"),
+            ):  # fmt: skip
+                body = {"name": "relabel_nodes", "parameters": parameters}
+                refused = await http.post("/actions", headers=deployer, json=body)
+                assert problem in status_of(refused, 400, "BadRequest")["message"]
+            body = {"name": "relabel_nodes", "parameters": {"target_nodes": [name]}}
+            forbidden = await http.post("/actions", headers=redeployer, json=body)
+            assert (
+                "create actions (shipyard.metalmend.dev) on relabel_nodes"
+                in (status_of(forbidden, 403, "Forbidden")["message"])
+            )
+            denied = await finished(http, admin_only, "relabel_nodes", target_nodes=[name])
+            text = refusal(denied, "validation")
+            assert f"labels of Node {name} (dry run)" in text
+            assert 'cannot patch resource "nodes"' in text
+            assert step(denied, "relabel")["state"] == "upstream_failed"
+            assert "example.com/role" not in (kube.get(Node, name).metadata.labels or {})
+            missing = await finished(http, deployer, "relabel_nodes", target_nodes=[name, stray])
+            assert f"Node {stray} has no Node document in design revision" in refusal(
+                missing, "validation"
+            )
+            done = await finished(http, deployer, "relabel_nodes", target_nodes=name)
+            assert done["action_lifecycle"] == "Complete", done
+            notes = [n["note_val"] for n in step(done, "relabel")["notes"]]
+            assert any(
+                f"Node {name}: design labels applied (example.com/rack=r1, example.com/role=storage)"
+                in note
+                for note in notes
+            ), notes
+        labels = kube.get(Node, name).metadata.labels or {}
+        assert {
+            k: labels.get(k) for k in ("example.com/role", "example.com/rack", "kubelet-own")
+        } == {
+            "example.com/role": "storage",
+            "example.com/rack": "r1",
+            "kubelet-own": "yes",
+        }
+        assert tags(service) == before  # a target action: no tag
+        await until(lambda: _none(kube, BareMetalHost, namespace), 30)  # only labels written

@@ -79,6 +79,23 @@ def test_configdocs_from_the_command_line(site: Run, tmp_path: Path) -> None:
     both = run("get", "configdocs", "site", "--committed", "--buffer")
     assert both.returncode == 2
     assert "mutually exclusive" in both.stderr + both.stdout
+    # Shipyard's own flags: --collection and -b/-c/-l/-s, the messages naming them
+    assert run("get", "configdocs", "--collection", "site", "-c").stdout == old.stdout
+    assert "value: 2" in run("get", "configdocs", "--collection=site", "-b").stdout
+    assert "value: 1" in run("get", "renderedconfigdocs", "-c").stdout
+    short = run("get", "configdocs", "--collection", "site", "-c", "-b")
+    assert short.returncode == 2
+    assert "with --collection give at most one version flag" in short.stderr
+    assert "given: -b/--buffer, -c/--committed" in short.stderr
+    twice = run("get", "configdocs", "site", "--collection", "site")
+    assert twice.returncode == 2
+    assert "COLLECTION 'site' and --collection 'site'" in twice.stderr
+    two = run("get", "configdocs", "-c", "-b")  # two version flags: a comparison
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert "modified" in two.stdout
+    one = run("get", "configdocs", "-l")
+    assert one.returncode == 2
+    assert "given: -l/--last-site-action" in one.stderr
 
 
 def test_actions_from_the_command_line(site: Run, tmp_path: Path) -> None:
@@ -106,6 +123,20 @@ def test_actions_from_the_command_line(site: Run, tmp_path: Path) -> None:
     described = run("describe", "action", f"action/{action}")
     assert "upstream_failed" in described.stdout
     assert "invoke" in described.stdout
+    # Shipyard's forms: action/ID, step/ID/STEP, step STEP --action ID (-a)
+    assert run("describe", f"action/{action}").stdout == described.stdout
+    step = run("describe", f"step/{action}/design_lookup")
+    assert step.returncode == 0, step.stdout + step.stderr
+    assert f"step/{action}/design_lookup" in step.stdout
+    assert "missing precondition" in step.stdout
+    assert run("describe", "step", "design_lookup", "-a", action).stdout == step.stdout
+    unnamed = run("describe", "step", "design_lookup")
+    assert unnamed.returncode == 2
+    assert "step STEP --action ID" in unnamed.stderr
+    other = run("describe", f"workflow/{action}")
+    assert other.returncode == 2
+    assert "name an action (action/ID" in other.stderr
     stopped = run("stop", "action", action)
     assert stopped.returncode == 1
     assert "cannot be stopped" in stopped.stdout
+    assert run("stop", f"action/{action}").stdout == stopped.stdout

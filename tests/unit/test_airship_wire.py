@@ -91,3 +91,47 @@ def test_site_status_filters(raw: list[str], found: object) -> None:
         assert found in answer.message
     else:
         assert answer == found
+
+
+def test_shipyard_writes_code_as_its_status_line_the_other_apis_as_a_number() -> None:
+    from metalmend.web import conventions
+    from metalmend.web.status import body, errors
+
+    refused = body(409, "Conflict", "no", errors("no"))
+    shipyard = conventions.shaped("/shipyard/api/v1.0/configdocs/site", refused)
+    assert (shipyard["code"], shipyard["errorType"], shipyard["retry"]) == (
+        "409 Conflict",
+        "ApiError",
+        False,
+    )
+    assert shipyard["details"] == {**refused["details"], "errorType": "ApiError"}
+    assert {
+        k: v for k, v in shipyard.items() if k not in ("code", "errorType", "retry", "details")
+    } == {k: v for k, v in refused.items() if k not in ("code", "details")}
+    busy = conventions.shaped("/shipyard/api/v1.0/actions", body(503, "Unavailable", "later"))
+    assert (busy["code"], busy["errorType"], busy["retry"]) == (
+        "503 Service Unavailable",
+        "AppError",
+        True,
+    )
+    done = conventions.shaped("/shipyard/api/v1.0/commitconfigdocs", body(200, "Success", "ok"))
+    assert done["code"] == "200 OK"
+    assert "errorType" not in done
+    assert "retry" not in done
+    assert conventions.shaped("/deckhand/api/v1.0/revisions", refused) == refused
+    assert conventions.shaped("/promenade/api/v1.0/nodes/n/drain", refused) == refused
+    drydock = conventions.shaped("/drydock/api/v1.0/tasks", refused)
+    assert (drydock["code"], drydock["type"], drydock["retry"]) == (409, "error", False)
+    assert conventions.status_line(413) == "413 Payload Too Large"
+    assert conventions.status_line(418) == "418 I'm a Teapot"
+
+
+def test_the_last_action_per_host_is_the_newest_naming_it_or_a_site_action() -> None:
+    from metalmend.siteactions.policy.statuses import ActionSeen, last_actions
+
+    relabel = ActionSeen("01A", "relabel_nodes", "Complete", "t0", ("h1",))
+    site = ActionSeen("01B", "deploy_site", "Complete", "t1")
+    redeploy = ActionSeen("01C", "redeploy_server", "Failed", "t2", ("h2",))
+    found = last_actions(["h1", "h2", "h3"], [redeploy, relabel, site])
+    assert found == {"h1": site, "h2": redeploy, "h3": site}
+    assert last_actions(["h1", "h9"], [relabel]) == {"h1": relabel, "h9": None}

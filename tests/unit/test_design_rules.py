@@ -199,6 +199,17 @@ def test_a_document_living_in_another_bucket_is_a_conflict() -> None:
     assert plan.elsewhere == ((("promenade/Node/v1", "a"), "global"),)
     (line,) = rules.conflict_lines(plan.elsewhere, "site")
     assert "lives in bucket global" in line
+    # Deckhand's own words (its DuplicateDocumentExists): schema, layer, name, bucket.
+    assert rules.conflict_message(plan.elsewhere, [a]) == (
+        "Document [promenade/Node/v1, None] a already exists in bucket: global"
+    )
+    (b,) = parse(doc("b", layeringDefinition="{layer: site}"))
+    two = rules.plan_put(
+        [placed("global", "a", "x", 1), placed("other", "b", "y", 1)], "site", [a, b]
+    )
+    assert rules.conflict_message(two.elsewhere, [a, b]).endswith(
+        "in bucket: global (and 1 more document(s) in other buckets)"
+    )
 
 
 def test_rollback_keeps_the_revision_of_what_did_not_change() -> None:
@@ -300,10 +311,13 @@ def test_rendered_documents_leave_abstract_ones_out() -> None:
     [
         [("schmea", "x")],
         [("metadata.label", "novalue")],
-        [("limit", "0")],
+        [("limit", "-2")],
+        [("limit", "illegal")],
+        [("limit", "2.5")],
+        [("limit", "1"), ("limit", "2")],
         [("order", "up")],
+        [("order", "asc"), ("order", "desc")],
         [("sort", "data")],
-        [("schema", "a"), ("schema", "b")],
         [("metadata.layeringDefinition.abstract", "yes")],
     ],
 )
@@ -317,9 +331,60 @@ def test_rendered_documents_take_no_layering_filters() -> None:
         rules.document_query([("metadata.layeringDefinition.layer", "site")], rendered=True)
 
 
+def test_one_filter_repeated_matches_any_of_its_values_as_deckhand() -> None:
+    # Deckhand's deepfilter: a repeated filter is a list, matched by intersection (OR);
+    # metadata.label alone is a mapping every pair of which must match (AND).
+    assert names([("metadata.name", "n1"), ("metadata.name", "p1")]) == ["p1", "n1"]
+    assert names([("schema", "prometheus"), ("schema", "promenade/Genesis")]) == ["p1", "base"]
+    assert names(
+        [
+            ("metadata.layeringDefinition.layer", "site"),
+            ("metadata.layeringDefinition.layer", "global"),
+        ]
+    ) == ["p1", "base"]  # the default sort: bucket (global, site), schema, name
+    both = [("metadata.layeringDefinition.abstract", v) for v in ("true", "false")]
+    assert names(both) == names([])
+    # Different filters all apply.
+    assert names([("schema", "promenade"), ("metadata.layeringDefinition.abstract", "false")]) == [
+        "n1",
+        "n2",
+    ]
+    assert names([("metadata.name", "n1"), ("metadata.name", "n1")]) == ["n1"]
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        [("schema", "prom")],  # a partial namespace
+        [("schema", "promenade/No")],  # a partial kind
+        [("schema", "promenade/Node/v2")],  # another version
+        [("metadata.name", "nobody")],
+        [("metadata.label", "role=worker"), ("metadata.label", "role=master")],
+        [("status.bucket", "nowhere")],
+        [("metadata.layeringDefinition.layer", "region")],
+        [("schema", "prometheus"), ("metadata.name", "n1")],
+        [("limit", "0")],  # Deckhand's documents[:0]
+    ],
+)
+def test_a_filter_nothing_satisfies_selects_nothing_without_an_error(
+    query: list[tuple[str, str]],
+) -> None:
+    assert names(query) == []
+
+
+def test_limit_counts_after_sorting_and_past_every_document_is_no_limit() -> None:
+    ordered = [("sort", "metadata.name"), ("sort", "schema")]
+    assert names([*ordered, ("limit", "2")]) == ["base", "n1"]
+    assert names([*ordered, ("limit", "9" * 40)]) == ["base", "n1", "n2", "p1"]
+
+
 def test_revision_queries() -> None:
     assert rules.revision_query(
         [("tag", "a"), ("tag", "b"), ("order", "desc")]
-    ) == rules.RevisionQuery(("a", "b"), True)
-    with pytest.raises(DocumentsRejected):
-        rules.revision_query([("tags", "a")])
+    ) == rules.RevisionQuery(("a", "b"), ("id",), True)
+    assert rules.revision_query(
+        [("sort", "createdAt"), ("sort", "id"), ("sort", "created_at")]
+    ) == rules.RevisionQuery((), ("createdAt", "id"), False)
+    for bad in ([("tags", "a")], [("sort", "name")], [("order", "up")], [("order", "a")] * 2):
+        with pytest.raises(DocumentsRejected):
+            rules.revision_query(bad)

@@ -244,8 +244,28 @@ def test_what_the_site_waits_for(
     assert found.done is (not waiting and not failed)
 
 
+def test_continue_on_fail_waits_for_the_other_hosts_before_failing() -> None:
+    """Shipyard's continue-on-fail=true: a failed host no longer stops the wait; its Node
+    is not waited for; the wait fails once nothing else is awaited, naming the host."""
+    broken = seen("BareMetalHost site/a", provisioning="provisioning error", error="no image")
+    other = seen("BareMetalHost site/b", provisioning="provisioning")
+    nodes = {"a": None, "b": None}
+    stop = progress([broken, other], nodes)
+    assert stop.fails() is True
+    assert "Node a not registered" in stop.waiting
+    going = progress([broken, other], nodes, continue_on_fail=True)
+    assert going.failed == ("BareMetalHost site/a: provisioning error: no image",)
+    assert going.waiting == ("BareMetalHost site/b provisioning", "Node b not registered")
+    assert going.fails(continue_on_fail=True) is False
+    ready = seen("BareMetalHost site/b")
+    last = progress([broken, ready], {"a": None, "b": True}, continue_on_fail=True)
+    assert (last.waiting, last.fails(continue_on_fail=True)) == ((), True)
+    assert progress([ready], {"b": True}, continue_on_fail=True).done
+
+
 SITE = ActionName.DEPLOY_SITE
 REDEPLOY = ActionName.REDEPLOY_SERVER
+RELABEL = ActionName.RELABEL_NODES
 
 
 @pytest.mark.parametrize(
@@ -257,6 +277,12 @@ REDEPLOY = ActionName.REDEPLOY_SERVER
         (REDEPLOY, ("n1",), [Running("A", "redeploy_server", frozenset({"n2"}))], None),
         (REDEPLOY, ("n1", "n2"), [Running("A", "redeploy_server", frozenset({"n2"}))],
          "already redeploying n2"),
+        (RELABEL, ("n2",), [Running("A", "redeploy_server", frozenset({"n2"}))],
+         "already redeploying n2"),
+        (REDEPLOY, ("n2",), [Running("A", "relabel_nodes", frozenset({"n2"}))],
+         "already relabelling n2"),
+        (RELABEL, ("n1",), [Running("A", "relabel_nodes", frozenset({"n2"}))], None),
+        (RELABEL, ("n1",), [Running("A", "deploy_site")], "is running"),
     ],
 )  # fmt: skip
 def test_which_actions_run_side_by_side(
@@ -264,3 +290,20 @@ def test_which_actions_run_side_by_side(
 ) -> None:
     found = collision(name, targets, running)
     assert (found is None) if refused is None else (found is not None and refused in found)
+
+
+def test_relabel_nodes_takes_target_nodes_only_and_each_action_names_its_targets() -> None:
+    from metalmend.siteactions.policy.actions import (
+        BadParameters,
+        action_targets,
+        relabel_parameters,
+    )
+
+    assert relabel_parameters({"target_nodes": "n1,n2"}) == ("n1", "n2")
+    assert relabel_parameters({"target_nodes": ["n1", "n1"]}) == ("n1",)
+    for raw in ({}, {"target_nodes": []}, {"target_nodes": ["N_1"]}, {"x": 1}, ["n1"]):
+        assert isinstance(relabel_parameters(raw), BadParameters), raw
+    assert action_targets("relabel_nodes", {"target_nodes": ["n1"]}) == ("n1",)
+    assert action_targets("redeploy_server", {"target_nodes": ["n2"]}) == ("n2",)
+    assert action_targets("deploy_site", {}) == ()
+    assert action_targets("relabel_nodes", {"bad": 1}) == ()

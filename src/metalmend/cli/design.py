@@ -63,7 +63,8 @@ def revision_path(revision: int) -> str:
 Revision = Annotated[int, typer.Argument(min=0, help="Revision number (0: the empty revision).")]
 Yaml = Annotated[bool, typer.Option("--yaml", help="Print the service's YAML answer as it is.")]
 TagFilter = Annotated[
-    list[str] | None, typer.Option(help="Only revisions with this tag (repeat: all of them).")
+    list[str] | None,
+    typer.Option(help="Only revisions with this tag (repeat: any of them, as Deckhand)."),
 ]
 SchemaFilter = Annotated[
     str | None, typer.Option(help="Schema prefix by whole segment: promenade, promenade/Node.")

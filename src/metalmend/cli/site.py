@@ -4,14 +4,15 @@
 
     metalmend site create configdocs COLLECTION --filename F [--append|--replace]
     metalmend site commit configdocs [--force] [--dryrun]
-    metalmend site get configdocs [COLLECTION] [--buffer|--committed|--last-site-action|
-                                                --successful-site-action]
+    metalmend site get configdocs [--collection C] [-b|--buffer|-c|--committed|
+                                  -l|--last-site-action|-s|--successful-site-action]
     metalmend site get configdocs --base-version committed --diff-version buffer
-    metalmend site get renderedconfigdocs [--committed ...]
+    metalmend site get renderedconfigdocs [-c|--committed ...]
     metalmend site create action NAME --param k=v ... [--allow-intermediate-commits] [--watch]
     metalmend site get actions
-    metalmend site describe action ID [--watch]
-    metalmend site stop action ID
+    metalmend site describe action/ID [--watch]  (or: action ID)
+    metalmend site describe step/ID/STEP          (or: step STEP --action ID)
+    metalmend site stop action/ID                 (or: action ID)
 
 Which service and as whom exactly as ``metalmend node``. A refusal prints Shipyard's
 ``Error:`` / ``Reason:`` / ``- Error:`` lines and exits 1; usage errors exit 2; the
@@ -58,24 +59,27 @@ site_app = typer.Typer(
 create_app = typer.Typer(no_args_is_help=True, help="Create configdocs or an action.")
 commit_app = typer.Typer(no_args_is_help=True, help="Commit the configdocs buffer.")
 get_app = typer.Typer(no_args_is_help=True, help="Get configdocs, rendered configdocs, actions.")
-describe_app = typer.Typer(no_args_is_help=True, help="Describe an action.")
-stop_app = typer.Typer(no_args_is_help=True, help="Stop an action.")
 site_app.add_typer(create_app, name="create")
 site_app.add_typer(commit_app, name="commit")
 site_app.add_typer(get_app, name="get")
-site_app.add_typer(describe_app, name="describe")
-site_app.add_typer(stop_app, name="stop")
 out = Console()
 
-Buffer = Annotated[bool, typer.Option("--buffer", help="The buffer version.")]
-Committed = Annotated[bool, typer.Option("--committed", help="The committed version.")]
+Buffer = Annotated[bool, typer.Option("--buffer", "-b", help="The buffer version.")]
+Committed = Annotated[bool, typer.Option("--committed", "-c", help="The committed version.")]
 LastSiteAction = Annotated[
-    bool, typer.Option("--last-site-action", help="The version of the last site action.")
+    bool, typer.Option("--last-site-action", "-l", help="The version of the last site action.")
 ]
 SuccessfulSiteAction = Annotated[
     bool,
-    typer.Option("--successful-site-action", help="The version of the last successful one."),
+    typer.Option("--successful-site-action", "-s", help="The version of the last successful one."),
 ]
+# Each version flag as Shipyard's CLI spells it, both forms: what a message names.
+FLAG_NAMES = {
+    "buffer": "-b/--buffer",
+    "committed": "-c/--committed",
+    "last_site_action": "-l/--last-site-action",
+    "successful_site_action": "-s/--successful-site-action",
+}
 Watch = Annotated[bool, typer.Option("--watch", help="Follow the action live until it ends.")]
 
 
@@ -83,6 +87,11 @@ def chosen(buffer: bool, committed: bool, last: bool, successful: bool) -> list[
     """The version flags given, in Shipyard's names."""
     flags = zip(VERSIONS, (buffer, committed, last, successful), strict=True)
     return [name for name, given in flags if given]
+
+
+def flags_named(flags: list[str]) -> str:
+    """The flags given, as the caller may have typed them (``-c/--committed``)."""
+    return ", ".join(FLAG_NAMES[f] for f in flags)
 
 
 def version_name(raw: str) -> str:
@@ -95,6 +104,34 @@ def version_name(raw: str) -> str:
 def action_id(raw: str) -> str:
     """``ID`` or Shipyard's ``action/ID``."""
     return raw.split("/", 1)[1] if raw.startswith("action/") else raw
+
+
+def named_item(item: str, name: str | None, action_option: str | None) -> tuple[str, str, str]:
+    """Shipyard's ways of naming what to describe or stop: ``action/ID``, ``action ID``,
+    ``step/ID/STEP``, ``step STEP --action ID`` (``-a``). (kind, action id, step or "")."""
+    kind, _, rest = item.partition("/")
+    if kind not in ("action", "step"):
+        raise CliError(
+            f"{item!r}: name an action (action/ID, or action ID) or a step (step/ID/STEP, or"
+            " step STEP --action ID)"
+        )
+    if kind == "action":
+        if action_option is not None:
+            raise CliError("--action (-a) names a step's action: describe action/ID takes none")
+        found = rest or (name or "")
+        if rest and name:
+            raise CliError(f"{item!r} names the action already: drop {name!r}")
+        if not found:
+            raise CliError("which action? give action/ID (or action ID)")
+        return "action", action_id(found), ""
+    if rest:  # step/ID/STEP
+        found_id, _, step = rest.partition("/")
+        if not found_id or not step or name or action_option:
+            raise CliError(f"{item!r}: give step/ID/STEP alone (or step STEP --action ID)")
+        return "step", found_id, step
+    if not name or not action_option:
+        raise CliError("which step? give step/ID/STEP, or step STEP --action ID (-a ID)")
+    return "step", action_id(action_option), name
 
 
 # ---- configdocs -----------------------------------------------------------------------------
@@ -180,7 +217,16 @@ def commit_configdocs(
 
 @get_app.command("configdocs")
 def get_configdocs(
-    collection: Annotated[str | None, typer.Argument(help="One collection's documents.")] = None,
+    positional: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[COLLECTION]", help="One collection's documents (as --collection)."
+        ),
+    ] = None,
+    collection_option: Annotated[
+        str | None,
+        typer.Option("--collection", help="One collection's documents (Shipyard's option)."),
+    ] = None,
     buffer: Buffer = False, committed: Committed = False, last_site_action: LastSiteAction = False,
     successful_site_action: SuccessfulSiteAction = False,
     base_version: Annotated[str | None, typer.Option(help="Compare from this version.")] = None,
@@ -195,10 +241,21 @@ def get_configdocs(
     flags = chosen(buffer, committed, last_site_action, successful_site_action)
 
     def command() -> None:
+        if positional is not None and collection_option is not None:
+            raise CliError(
+                f"the collection is given twice (COLLECTION {positional!r} and --collection"
+                f" {collection_option!r}): give one"
+            )
+        collection = collection_option if collection_option is not None else positional
+        named = "--collection" if collection_option is not None else "COLLECTION"
         if collection is not None:
-            if len(flags) > 1 or base_version or diff_version:
+            if base_version or diff_version:
+                given = "--base-version" if base_version else "--diff-version"
+                raise CliError(f"{given} compares every collection: give it without {named}")
+            if len(flags) > 1:
                 raise CliError(
-                    "with a COLLECTION give at most one version flag (they are mutually exclusive)"
+                    f"with {named} give at most one version flag; given: {flags_named(flags)}"
+                    " (they are mutually exclusive)"
                 )
             version = flags[0] if flags else "buffer"
             path = f"{SHIPYARD}/configdocs/{quote(collection, safe='')}"
@@ -211,13 +268,20 @@ def get_configdocs(
 
 def compare(target: Target, flags: list[str], base: str | None, diff: str | None) -> None:
     if (base or diff) and flags:
-        raise CliError("give two version flags or --base-version/--diff-version, not both")
+        given = "--base-version" if base else "--diff-version"
+        raise CliError(
+            f"give two version flags or --base-version/--diff-version, not both; given:"
+            f" {given} and {flags_named(flags)}"
+        )
     if base or diff:
         params = [("base-version", version_name(base or "committed")),
                   ("diff-version", version_name(diff or "buffer"))]  # fmt: skip
     elif flags:
         if len(flags) != 2:
-            raise CliError("to compare, give two version flags (or none: committed and buffer)")
+            raise CliError(
+                f"to compare, give two version flags (or none: committed and buffer); given:"
+                f" {flags_named(flags)}"
+            )
         params = [("versions", v) for v in flags]
     else:
         params = [("versions", "committed"), ("versions", "buffer")]
@@ -255,7 +319,7 @@ def get_rendered(
 
     def command() -> None:
         if len(flags) > 1:
-            raise CliError("the version flags are mutually exclusive")
+            raise CliError(f"the version flags are mutually exclusive; given: {flags_named(flags)}")
         params = {"version": flags[0] if flags else "buffer"}
         sys.stdout.write(
             request(target, "GET", f"{SHIPYARD}/renderedconfigdocs", params=params).text
@@ -279,7 +343,9 @@ def parameters(raw: list[str]) -> dict[str, str]:
 
 @create_app.command("action")
 def create_action(
-    name: Annotated[str, typer.Argument(help="deploy_site, update_site or redeploy_server.")],
+    name: Annotated[
+        str, typer.Argument(help="deploy_site, update_site, redeploy_server or relabel_nodes.")
+    ],
     param: Annotated[
         list[str] | None, typer.Option("--param", help="key=value (repeat), e.g. target_nodes=n1")
     ] = None,
@@ -337,42 +403,84 @@ def get_actions(
     run_command(target, command)
 
 
-@describe_app.command("action")
-def describe_action(
-    action: Annotated[str, typer.Argument(help="The action's id (or action/ID).")],
+Item = Annotated[
+    str, typer.Argument(help="action/ID, action, step/ID/STEP or step (Shipyard's forms).")
+]
+ItemName = Annotated[
+    str | None, typer.Argument(help="After 'action': the ID; after 'step': the STEP.")
+]
+ActionOption = Annotated[
+    str | None, typer.Option("--action", "-a", help="The action of 'step STEP'.")
+]
+
+
+@site_app.command("describe")
+def describe_item(
+    item: Item,
+    name: ItemName = None,
+    action: ActionOption = None,
     watch: Watch = False,
     url: Url = None, ca: Ca = None, token: Token = None, kubeconfig: Kubeconfig = None,
     lab_dir: LabDir = Path(".lab"),
 ) -> None:  # fmt: skip
-    """An action: its parameters, steps and their states, commands and notes."""
+    """An action (its parameters, steps and their states, commands and notes) or one of its
+    steps (its state and every note): describe action/ID, describe step/ID/STEP."""
     target = Target(url, ca, token, kubeconfig, lab_dir)
     outcome = 0
 
     def command() -> None:
         nonlocal outcome
-        if watch:
-            outcome = follow(target, action_id(action))
+        kind, found_id, step = named_item(item, name, action)
+        if kind == "step":
+            if watch:
+                raise CliError("--watch follows an action: describe action/ID --watch")
+            path = f"{SHIPYARD}/actions/{quote(found_id)}/steps/{quote(step, safe='')}"
+            describe_step(found_id, parsed(request(target, "GET", path)))
             return
-        describe(parsed(request(target, "GET", f"{SHIPYARD}/actions/{quote(action_id(action))}")))
+        if watch:
+            outcome = follow(target, found_id)
+            return
+        describe(parsed(request(target, "GET", f"{SHIPYARD}/actions/{quote(found_id)}")))
 
     run_command(target, command)
     raise typer.Exit(outcome)
 
 
-@stop_app.command("action")
-def stop_action(
-    action: Annotated[str, typer.Argument(help="The action's id (or action/ID).")],
+@site_app.command("stop")
+def stop_item(
+    item: Annotated[str, typer.Argument(help="action/ID, or action (then the ID).")],
+    name: Annotated[str | None, typer.Argument(help="After 'action': the ID.")] = None,
     url: Url = None, ca: Ca = None, token: Token = None, kubeconfig: Kubeconfig = None,
     lab_dir: LabDir = Path(".lab"),
 ) -> None:  # fmt: skip
-    """Stop an action: its running step ends at its next wait, no further step starts."""
+    """Stop an action (stop action/ID, or stop action ID): its running step ends at its
+    next wait, no further step starts."""
     target = Target(url, ca, token, kubeconfig, lab_dir)
 
     def command() -> None:
-        path = f"{SHIPYARD}/actions/{quote(action_id(action))}/control/stop"
+        kind, found_id, _ = named_item(item, name, None)
+        if kind != "action":
+            raise CliError("only an action can be stopped: stop action/ID")
+        path = f"{SHIPYARD}/actions/{quote(found_id)}/control/stop"
         show_status_answer(parsed(request(target, "POST", path)))
 
     run_command(target, command)
+
+
+def describe_step(found_id: str, step: dict[str, Any]) -> None:
+    fields = [
+        ("Name", step.get("task_id")), ("Action", f"action/{found_id}"),
+        ("Step", f"step/{found_id}/{step.get('task_id')}"), ("State", step.get("state")),
+        ("Index", step.get("index")), ("Start date", step.get("start_date")),
+        ("End date", step.get("end_date")), ("Try number", step.get("try_number")),
+    ]  # fmt: skip
+    for label, value in fields:
+        out.print(f"{label + ':':16}{escape(str(value))}", highlight=False)
+    for note in step.get("notes") or []:
+        out.print(
+            f"{clock(str(note.get('note_timestamp')))}  {escape(str(note.get('note_val')))}",
+            highlight=False,
+        )
 
 
 def describe(action: dict[str, Any]) -> None:

@@ -8,10 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeVar
 
 from metalmend.designs.documents import Document, DocumentsRejected, Identity
 
 Query = Sequence[tuple[str, str]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,20 @@ def rollback_revisions(head: Sequence[Placed], target: Sequence[Placed]) -> list
     ]
 
 
+def conflict_message(
+    elsewhere: Sequence[tuple[Identity, str]], documents: Sequence[Document]
+) -> str:
+    """Deckhand's words for a document put into one bucket while another holds it
+    (its ``DuplicateDocumentExists``, 409: "Document [schema, layer] name already exists
+    in bucket: other"), for the first such document; the count when there are more."""
+    layers = {d.identity: d.layering.get("layer") for d in documents}
+    (schema, name), owner = elsewhere[0]
+    layer = layers.get((schema, name))
+    first = f"Document [{schema}, {layer}] {name} already exists in bucket: {owner}"
+    more = len(elsewhere) - 1
+    return first if not more else f"{first} (and {more} more document(s) in other buckets)"
+
+
 def conflict_lines(elsewhere: Sequence[tuple[Identity, str]], bucket: str) -> list[str]:
     return [
         f"schema {schema} name {name!r} lives in bucket {owner}, not {bucket}: delete it"
@@ -127,6 +143,16 @@ def conflict_lines(elsewhere: Sequence[tuple[Identity, str]], bucket: str) -> li
 
 
 # --- queries ---------------------------------------------------------------------------
+#
+# Deckhand's API reference (doc/source/operators/api_ref.rst in airshipit/deckhand) and its
+# code (deckhand/control/common.py ``sanitize_params``, deckhand/common/utils.py
+# ``deepfilter``, ``multisort``) read a query so: different filters all apply (AND); one
+# filter repeated matches any of its values (OR), but ``metadata.label``, whose repeats
+# must all match; a filter nothing satisfies answers no documents, never an error;
+# ``limit`` must be a whole number (anything else is 400). Where Deckhand's code silently
+# reads a malformed value as something else (an unknown ``order`` as ascending, a negative
+# ``limit`` as its absolute value, an unknown parameter as absent), this store answers 400
+# naming the value, so that a typo is never "no filter" (docs/design-store.md, "Deviations").
 
 SORT_KEYS = ("schema", "metadata.name", "status.bucket", "status.revision")
 DEFAULT_SORT = ("status.bucket", "schema", "metadata.name")
@@ -135,14 +161,15 @@ ORDERS = ("asc", "desc")
 
 @dataclass(frozen=True)
 class DocumentQuery:
-    """``GET /revisions/{id}/documents`` (and ``rendered-documents``)'s filters."""
+    """``GET /revisions/{id}/documents`` (and ``rendered-documents``)'s filters. Each tuple
+    but ``labels`` is "any of" (empty: no filter); ``labels`` must all match."""
 
-    schema: str | None = None
-    name: str | None = None
-    labels: tuple[tuple[str, str], ...] = ()  # all must match
-    buckets: tuple[str, ...] = ()  # any may match
-    abstract: bool | None = None
-    layer: str | None = None
+    schemas: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    buckets: tuple[str, ...] = ()
+    abstract: tuple[bool, ...] = ()
+    layers: tuple[str, ...] = ()
     sort: tuple[str, ...] = DEFAULT_SORT
     descending: bool = False
     limit: int | None = None
@@ -153,11 +180,9 @@ DOCUMENT_PARAMETERS = (
     "metadata.layeringDefinition.abstract", "metadata.layeringDefinition.layer",
     "sort", "order", "limit",
 )  # fmt: skip
-SINGLE = (
-    "schema", "metadata.name",
-    "metadata.layeringDefinition.abstract", "metadata.layeringDefinition.layer",
-)  # fmt: skip
+SINGLE = ("order", "limit")  # Deckhand's code: given twice, limit is 400, order ignored
 RENDERED_PARAMETERS = tuple(p for p in DOCUMENT_PARAMETERS if "layeringDefinition" not in p)
+LIMIT_DIGITS = 18  # past any count of documents: no limit
 
 
 def document_query(query: Query, rendered: bool = False) -> DocumentQuery:
@@ -171,20 +196,26 @@ def document_query(query: Query, rendered: bool = False) -> DocumentQuery:
                 [f"unknown query parameter {key!r} (known: {', '.join(known)})"]
             )
         values.setdefault(key, []).append(value)
-    for single in (*SINGLE, "order", "limit"):
+    for single in SINGLE:
         if len(values.get(single, ())) > 1:
             raise DocumentsRejected([f"query parameter {single!r} is given more than once"])
     return DocumentQuery(
-        schema=_one(values, "schema"),
-        name=_one(values, "metadata.name"),
+        schemas=_distinct(values.get("schema", ())),
+        names=_distinct(values.get("metadata.name", ())),
         labels=tuple(_label(raw) for raw in values.get("metadata.label", ())),
-        buckets=tuple(values.get("status.bucket", ())),
-        abstract=_boolean(_one(values, "metadata.layeringDefinition.abstract")),
-        layer=_one(values, "metadata.layeringDefinition.layer"),
+        buckets=_distinct(values.get("status.bucket", ())),
+        abstract=_distinct(
+            [_boolean(raw) for raw in values.get("metadata.layeringDefinition.abstract", ())]
+        ),
+        layers=_distinct(values.get("metadata.layeringDefinition.layer", ())),
         sort=_sort(values.get("sort", ())),
         descending=_descending(_one(values, "order")),
         limit=_limit(_one(values, "limit")),
     )
+
+
+def _distinct(values: Sequence[T]) -> tuple[T, ...]:
+    return tuple(dict.fromkeys(values))
 
 
 def _one(values: Mapping[str, list[str]], key: str) -> str | None:
@@ -199,9 +230,7 @@ def _label(raw: str) -> tuple[str, str]:
     return key, value
 
 
-def _boolean(raw: str | None) -> bool | None:
-    if raw is None:
-        return None
+def _boolean(raw: str) -> bool:
     if raw.lower() not in ("true", "false"):
         raise DocumentsRejected(
             [f"metadata.layeringDefinition.abstract is true or false, not {raw[:20]!r}"]
@@ -226,11 +255,17 @@ def _descending(raw: str | None) -> bool:
 
 
 def _limit(raw: str | None) -> int | None:
+    """A whole number: 0 answers no document (as Deckhand's ``documents[:0]``); a
+    negative one, which Deckhand's code reads as its absolute value, is refused."""
     if raw is None:
         return None
-    if not raw.isdigit() or int(raw) < 1 or len(raw) > 9:
-        raise DocumentsRejected([f"limit is a whole number from 1, not {raw[:20]!r}"])
-    return int(raw)
+    if not raw.isascii() or not raw.isdigit():
+        what = "a negative count" if raw.startswith("-") else "not a whole number"
+        raise DocumentsRejected(
+            [f"limit is the number of documents to answer (0 or more), not {raw[:20]!r}"
+             f" ({what})"]
+        )  # fmt: skip
+    return int(raw) if len(raw) <= LIMIT_DIGITS else None
 
 
 def schema_matches(wanted: str, schema: str) -> bool:
@@ -254,12 +289,12 @@ def _matches(entry: Entry, query: DocumentQuery) -> bool:
     document = entry.document
     layering = document.layering
     return (
-        (query.schema is None or schema_matches(query.schema, document.schema))
-        and (query.name is None or document.name == query.name)
+        (not query.schemas or any(schema_matches(s, document.schema) for s in query.schemas))
+        and (not query.names or document.name in query.names)
         and all(document.labels.get(k) == v for k, v in query.labels)
         and (not query.buckets or entry.bucket in query.buckets)
-        and (query.abstract is None or document.abstract == query.abstract)
-        and (query.layer is None or layering.get("layer") == query.layer)
+        and (not query.abstract or document.abstract in query.abstract)
+        and (not query.layers or layering.get("layer") in query.layers)
     )
 
 
@@ -275,24 +310,39 @@ def _sort_value(entry: Entry, key: str) -> str | int:
             return entry.revision
 
 
+REVISION_SORT_KEYS = {"id": "id", "createdAt": "createdAt", "created_at": "createdAt"}
+
+
 @dataclass(frozen=True)
 class RevisionQuery:
-    tags: tuple[str, ...] = ()  # every one must be on the revision
+    tags: tuple[str, ...] = ()  # any one of them on the revision (none: every revision)
+    sort: tuple[str, ...] = ("id",)  # "id" or "createdAt", the first the most significant
     descending: bool = False
 
 
 def revision_query(query: Query) -> RevisionQuery:
-    """``GET /revisions?tag=&sort=id|createdAt&order=asc|desc``."""
+    """``GET /revisions?tag=&sort=id|createdAt&order=asc|desc``: ``tag`` repeated selects
+    the revisions carrying any of them (Deckhand's ``deepfilter`` of a repeated filter),
+    ``sort`` repeated sorts by several keys, ``order`` applies to the whole sort (also to
+    the default one, oldest first: the API reference's "default is by creation date")."""
     tags: list[str] = []
-    order: str | None = None
+    orders: list[str] = []
+    sort: list[str] = []
     for key, value in query:
         if key == "tag":
             tags.append(value)
         elif key == "order":
-            order = value
+            orders.append(value)
         elif key == "sort":
-            if value not in ("id", "createdAt"):  # one order: ids grow with time
-                raise DocumentsRejected([f"sort revisions by id or createdAt, not {value[:40]!r}"])
+            for name in (k for k in value.split(",") if k):
+                if name not in REVISION_SORT_KEYS:
+                    raise DocumentsRejected(
+                        [f"sort revisions by id or createdAt, not {name[:40]!r}"]
+                    )
+                sort.append(REVISION_SORT_KEYS[name])
         else:
             raise DocumentsRejected([f"unknown query parameter {key!r} (known: tag, sort, order)"])
-    return RevisionQuery(tuple(tags), _descending(order))
+    if len(orders) > 1:
+        raise DocumentsRejected(["query parameter 'order' is given more than once"])
+    descending = _descending(orders[0] if orders else None)
+    return RevisionQuery(_distinct(tags), _distinct(sort) or ("id",), descending)

@@ -70,7 +70,7 @@ class DesignStore:
             plan = rules.plan_put(placed, bucket, documents)
             if plan.elsewhere:
                 raise Conflict(
-                    f"{len(plan.elsewhere)} document(s) live in another bucket",
+                    rules.conflict_message(plan.elsewhere, documents),
                     rules.conflict_lines(plan.elsewhere, bucket),
                 )
             if not plan.changed:  # (an empty put into an empty store: revision 0)
@@ -177,9 +177,13 @@ class DesignStore:
         summaries = [
             RevisionSummary(id, _utc(at), tagged.get(id, {}), tuple(buckets.get(id, ())))
             for id, at in found
-            if all(t in tagged.get(id, {}) for t in query.tags)
+            if not query.tags or any(t in tagged.get(id, {}) for t in query.tags)
         ]
-        summaries.sort(key=lambda s: s.id, reverse=query.descending)
+        summaries.sort(key=lambda s: s.id)  # ties of a sort key: oldest first
+        summaries.sort(
+            key=lambda s: tuple(s.id if k == "id" else s.created_at for k in query.sort),
+            reverse=query.descending,
+        )
         return summaries
 
     def revision(self, revision: int) -> RevisionSummary:

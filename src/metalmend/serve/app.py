@@ -82,10 +82,10 @@ def response(
     headers: Mapping[str, str] | None = None,
     path: str = "",
 ) -> JSONResponse:
-    """A Status body; on Shipyard's and Drydock's routes with their own error fields too
-    (``web.conventions.error_fields``), the Status fields kept."""
+    """A Status body, as the route's family writes it (``web.conventions.shaped``:
+    Shipyard's ``code`` string and error fields, Drydock's), the Status fields kept."""
     sent = dict(headers or {}) | ({"WWW-Authenticate": "Bearer"} if code == 401 else {})
-    answer = body(code, reason, message, messages) | conventions.error_fields(path, code)
+    answer = conventions.shaped(path, body(code, reason, message, messages))
     return JSONResponse(answer, status_code=code, headers=sent)
 
 

@@ -160,10 +160,12 @@ async def _dry_run(ctx: StepContext, design: policy.SiteDesign) -> None:
             await apply_as_caller(ctx, client, _body(obj), what, namespace=obj.namespace)
         for name, labels in design.node_labels.items():
             if labels and await node_named(ctx.services.client, name) is not None:
-                await apply_as_caller(ctx, client, _labels(name, labels), f"labels of Node {name}")
+                await apply_as_caller(
+                    ctx, client, node_labels(name, labels), f"labels of Node {name}"
+                )
 
 
-def _labels(name: str, labels: Mapping[str, str]) -> Node:
+def node_labels(name: str, labels: Mapping[str, str]) -> Node:
     return Node(metadata=ObjectMeta(name=name, labels=dict(labels)))
 
 
@@ -205,6 +207,8 @@ async def wait(ctx: StepContext) -> str:
     limit = timing.provision_timeout + timing.node_ready_timeout
     since, known = _since(ctx.record), _known(ctx.record)
     shown: tuple[str, ...] = ()
+    failures: tuple[str, ...] = ()
+    go_on = continue_on_fail(ctx)
     while True:
         seen = [await _host_seen(ctx, h) for h in design.hosts]
         if since is None:  # the first look: what the wait starts from, kept for restarts
@@ -216,9 +220,14 @@ async def wait(ctx: StepContext) -> str:
         ready = {
             n: await _node_ready(ctx, design, n, labels) for n, labels in design.node_labels.items()
         }
-        found = policy.progress(seen, ready, known)
-        if found.failed:
+        found = policy.progress(seen, ready, known, go_on)
+        if found.fails(go_on):
             raise StepFailed("; ".join(found.failed))
+        if found.failed != failures:  # continue-on-fail: the others are waited for
+            failures = found.failed
+            await ctx.note(
+                "continue-on-fail: " + "; ".join(failures[:10]) + "; waiting for the others"
+            )
         if found.done:
             return f"{len(seen)} host(s) on, {len(ready)} Node(s) Ready"
         if found.waiting != shown:
@@ -227,6 +236,14 @@ async def wait(ctx: StepContext) -> str:
         if clock.now() >= since + dt.timedelta(seconds=limit):
             raise StepFailed(f"not there after {limit:g}s: " + "; ".join(found.waiting[:10]))
         await ctx.pause(timing.poll_interval)
+
+
+def continue_on_fail(ctx: StepContext) -> bool:
+    """Shipyard's ``continue-on-fail=true`` (checked when the action was created)."""
+    found = siteactions.boolean_parameter(
+        siteactions.CONTINUE_ON_FAIL, ctx.action.parameters.get(siteactions.CONTINUE_ON_FAIL), False
+    )
+    return found is True
 
 
 def _known(record: Mapping[str, Any]) -> dict[str, str]:
@@ -272,7 +289,7 @@ async def _node_ready(
             raise StepFailed(problem)
         async with as_caller(ctx) as client:
             node = await apply_as_caller(
-                ctx, client, _labels(name, labels), f"labels of Node {name}"
+                ctx, client, node_labels(name, labels), f"labels of Node {name}"
             )
         await event(ctx, node, f"labels of design revision {revision(ctx)} applied")
     return bool(redeploy.node_ready(node))

@@ -35,7 +35,7 @@ from metalmend.designs import documents
 from metalmend.designs.access import checked_name, documents_answer, run
 from metalmend.designs.documents import Document, DocumentsRejected
 from metalmend.designs.store import DesignStore
-from metalmend.errors import Conflict, Invalid, NotFound
+from metalmend.errors import Conflict, Invalid, NotFound, Refused
 from metalmend.log import fields
 from metalmend.siteactions import model, redeploy
 from metalmend.siteactions.policy import actions as siteactions
@@ -43,8 +43,8 @@ from metalmend.siteactions.policy import deploysite, statuses
 from metalmend.siteactions.policy.actions import ActionLifecycle, ActionName, Version
 from metalmend.siteactions.store import ActionStore
 from metalmend.siteactions.worker import ActionWorker
-from metalmend.web import auth, bodies, context, deps
-from metalmend.web.status import Message, StatusError, body, documented, errors, notes
+from metalmend.web import auth, bodies, context, conventions, deps, status
+from metalmend.web.status import Message, StatusError, documented, errors, notes
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,11 @@ REDEPLOY_NODE = redeploy.REDEPLOY_NODE
 VERSION_QUERY = "Query: version=buffer (default)|committed|last_site_action|successful_site_action."
 BUFFER_MODES = ("rejectoncontents", "append", "replace")
 router = APIRouter(tags=["shipyard"])
+
+
+def body(code: int, reason: str, message: str, messages: Sequence[Message] = ()) -> dict[str, Any]:
+    """A Status body as Shipyard answers one: ``code`` its status line ("201 Created")."""
+    return conventions.shaped(PREFIX, status.body(code, reason, message, messages))
 
 
 @dataclass
@@ -398,6 +403,10 @@ async def _action_body(request: Request) -> tuple[ActionName, dict[str, Any]]:
     raw = await bodies.read_json(request)
     if not isinstance(raw, dict):
         raise StatusError(400, "BadRequest", "the body is not a JSON object")
+    why = siteactions.UNSUPPORTED_ACTIONS.get(str(raw.get("name")))
+    if why is not None:  # as Shipyard answers an action it does not have, saying why
+        reason = f"Unsupported Action: {raw.get('name')}"
+        raise StatusError(400, reason, siteactions.UNSUPPORTED, errors(why))
     try:
         name = ActionName(str(raw.get("name")))
     except ValueError:
@@ -411,6 +420,11 @@ async def _action_body(request: Request) -> tuple[ActionName, dict[str, Any]]:
 
 
 def _targets(name: ActionName, parameters: dict[str, Any]) -> tuple[str, ...]:
+    if name is ActionName.RELABEL_NODES:
+        nodes = siteactions.relabel_parameters(parameters)
+        if isinstance(nodes, siteactions.BadParameters):
+            raise StatusError(400, "BadRequest", "; ".join(nodes.problems), errors(*nodes.problems))
+        return nodes
     if name is not ActionName.REDEPLOY_SERVER:
         problem = siteactions.site_parameters(str(name), parameters)
         if problem is not None:
@@ -429,7 +443,7 @@ def _url(action_id: str) -> str:
 @router.post(
     "/actions",
     status_code=201,
-    summary="Create an action: deploy_site, update_site or redeploy_server",
+    summary="Create an action: deploy_site, update_site, redeploy_server or relabel_nodes",
     description="Body: {name, parameters}. Query: allow-intermediate-commits=true. 201 with"
     " the action; it runs in the background: GET /actions/{id}.",
     responses=documented((201, "action"), (409, "Conflict")),
@@ -442,8 +456,9 @@ async def create_action(request: Request, credentials: auth.Credentials) -> JSON
     served = _shipyard(request)
     allow = _flag(request, "allow-intermediate-commits")
     targets = _targets(name, parameters)
-    for node in targets:  # each target node: nodes/redeploy (checked again at the start)
-        await gate.authorize(caller, REDEPLOY_NODE, node)
+    if name is ActionName.REDEPLOY_SERVER:  # each target: nodes/redeploy (again at the start)
+        for node in targets:
+            await gate.authorize(caller, REDEPLOY_NODE, node)
     committed, skipped = await run(request, lambda store: _admitted(store, name, allow))
     running = await asyncio.to_thread(served.store.unfinished)
     collides = siteactions.collision(name, targets, [_running(a) for a in running])
@@ -468,13 +483,15 @@ def _admitted(store: DesignStore, name: ActionName, allow: bool) -> tuple[int | 
     intermediate-commit guard (before any validation, as the spec words it)."""
     history = _history(store)
     committed = siteactions.locate(history, Version.COMMITTED)
-    if name not in siteactions.SITE_ACTIONS:
+    if name not in siteactions.COMMITTED_ACTIONS:
         return (committed if isinstance(committed, int) else None), None
     if isinstance(committed, siteactions.Absent):
         raise Invalid(
             f"{name} needs committed configdocs: {committed.reason}"
             " (shipyard commit configdocs, or metalmend site commit configdocs)"
         )
+    if name not in siteactions.SITE_ACTIONS:  # relabel_nodes: neither guarded nor tagged
+        return committed, None
     verdict = siteactions.guard(name, history, committed, allow)
     if isinstance(verdict, siteactions.Refused):
         raise StatusError(409, verdict.title, verdict.message, errors(verdict.message))
@@ -482,8 +499,7 @@ def _admitted(store: DesignStore, name: ActionName, allow: bool) -> tuple[int | 
 
 
 def _running(action: model.Action) -> siteactions.Running:
-    found = siteactions.redeploy_parameters(action.parameters)
-    targets = found.target_nodes if isinstance(found, siteactions.RedeployParameters) else ()
+    targets = siteactions.action_targets(action.name, action.parameters)
     return siteactions.Running(action.id, action.name, frozenset(targets))
 
 
@@ -634,4 +650,24 @@ async def site_statuses(request: Request) -> JSONResponse:
         async for host in client.list(BareMetalHost, namespace=namespace):
             found: Any = host  # a generic resource: its to_dict is untyped
             hosts.append(found.to_dict())
-    return JSONResponse(statuses.site_statuses(wanted, hosts))
+    seen = (
+        await _actions_seen(request, served) if statuses.NODES_PROVISION_STATUS in wanted else None
+    )
+    return JSONResponse(statuses.site_statuses(wanted, hosts, seen))
+
+
+async def _actions_seen(request: Request, served: Shipyard) -> list[statuses.ActionSeen] | None:
+    """The stored actions (the newest store.LIST_LIMIT), for a caller who may list actions
+    (``GET /actions``); None for one who may not: their last actions are not shown."""
+    try:
+        await deps.of(request, auth.Gate).authorize(request.state.caller, LIST_ACTIONS, "")
+    except Refused:
+        return None
+    found = await asyncio.to_thread(served.store.newest)
+    return [
+        statuses.ActionSeen(
+            a.id, a.name, str(a.lifecycle), model.iso(a.created) or "",
+            siteactions.action_targets(a.name, a.parameters),
+        )
+        for a in found
+    ]  # fmt: skip

@@ -37,7 +37,7 @@ from metalmend.kube.impersonate import Who
 from metalmend.log import fields
 from metalmend.siteactions import metrics, model
 from metalmend.siteactions.model import Note, StepState
-from metalmend.siteactions.policy.actions import SITE_ACTIONS, ActionLifecycle, ActionName
+from metalmend.siteactions.policy.actions import COMMITTED_ACTIONS, ActionLifecycle, ActionName
 from metalmend.siteactions.steps import (
     Action,
     MissingPrecondition,
@@ -62,21 +62,23 @@ Plans = Mapping[str, Sequence[Planned]]
 def plans() -> dict[str, tuple[Planned, ...]]:
     """Every action's steps, in order."""
     from metalmend.siteactions import deploysite as site
-    from metalmend.siteactions import redeploy
+    from metalmend.siteactions import redeploy, relabel
 
     redeploy_steps = tuple(Planned(name, run) for name, run in redeploy.STEPS.items())
     return {
         ActionName.REDEPLOY_SERVER: redeploy_steps,
         ActionName.DEPLOY_SITE: site.PLAN,
         ActionName.UPDATE_SITE: site.PLAN,
+        ActionName.RELABEL_NODES: relabel.PLAN,
     }
 
 
 def step_view(action: model.Action) -> Action:
     """The action as its steps read it. A site action deploys the revision committed when
-    it was created; redeploy_server the one its design_lookup found."""
+    it was created (relabel_nodes labels from it); redeploy_server the one its
+    design_lookup found."""
     revision = action.revision
-    if revision is None and action.name in SITE_ACTIONS:
+    if revision is None and action.name in COMMITTED_ACTIONS:
         revision = action.committed_rev_id
     return Action(
         id=action.id, name=action.name, parameters=action.parameters, user=action.user,

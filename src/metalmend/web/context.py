@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from metalmend.log import bound, fields
-from metalmend.web import status
+from metalmend.web import conventions, status
 
 log = logging.getLogger(__name__)
 
@@ -82,5 +82,7 @@ class ContextMarker:
             else f"{HEADER} given {len(given)} times: give one UUID"
         )
         log.info("request refused", extra=fields(path=scope.get("path", ""), problem=text))
-        answer: dict[str, Any] = status.body(400, "BadRequest", text, status.errors(text))
+        answer: dict[str, Any] = conventions.shaped(
+            scope.get("path", ""), status.body(400, "BadRequest", text, status.errors(text))
+        )
         await JSONResponse(answer, status_code=400)(scope, receive, send)

@@ -6,6 +6,9 @@ upstream, where both are unauthenticated) and neither says anything about the si
 
 from __future__ import annotations
 
+from http import HTTPStatus
+from typing import Any
+
 from fastapi import APIRouter, FastAPI, Response
 from fastapi.responses import JSONResponse
 
@@ -43,17 +46,63 @@ def install(app: FastAPI, service: str, *, health: bool = True) -> None:
     app.include_router(router)
 
 
-def error_fields(path: str, code: int) -> dict[str, object]:
-    """What Shipyard's and Drydock's own error bodies carry beyond the Status fields, for
-    a refusal on their routes: Shipyard's ``errorType`` (its ``ApiError`` for a refused
-    request, ``AppError`` for a failure of its own) and ``retry``; Drydock's ``type``
-    (``error``) and ``retry``. ``retry``: whether the same request may succeed later
-    unchanged (429, 503). Nothing for other routes or for success."""
-    if code < 400:
-        return {}
+# Shipyard writes ``code`` as falcon's status line ("409 Conflict"), on its failures and on
+# the Status bodies it answers on success (configdocs, commitconfigdocs). The lines of the
+# codes serve answers, spelt as falcon spells them; any other: Python's phrase.
+STATUS_LINES = {
+    200: "200 OK",
+    201: "201 Created",
+    202: "202 Accepted",
+    400: "400 Bad Request",
+    401: "401 Unauthorized",
+    403: "403 Forbidden",
+    404: "404 Not Found",
+    405: "405 Method Not Allowed",
+    409: "409 Conflict",
+    413: "413 Payload Too Large",
+    415: "415 Unsupported Media Type",
+    429: "429 Too Many Requests",
+    500: "500 Internal Server Error",
+    503: "503 Service Unavailable",
+}
+
+
+def status_line(code: int) -> str:
+    """``409`` -> ``"409 Conflict"``, as Shipyard's ``code``."""
+    found = STATUS_LINES.get(code)
+    if found is not None:
+        return found
+    try:
+        return f"{code} {HTTPStatus(code).phrase}"
+    except ValueError:
+        return str(code)
+
+
+def shaped(path: str, answer: dict[str, Any]) -> dict[str, Any]:
+    """A Status body as the route's family writes it, the Status fields kept where they
+    do not clash. Shipyard's routes: ``code`` as Shipyard's string (every Status body,
+    success too, as Shipyard's own), and on a refusal Shipyard's ``details.errorType``
+    (``ApiError`` for a refused request, ``AppError`` for a failure of its own, also at
+    the top, where earlier versions of serve put it) and ``retry``. Drydock's routes, on
+    a refusal: Drydock's ``type`` (``error``) and ``retry``. Every other route (Deckhand,
+    Promenade, serve's own): the UCP Status body as it is, ``code`` a number, which
+    metalmend's CLI and the other APIs' callers read. ``retry``: whether the same request
+    may succeed later unchanged (429, 503)."""
+    code = answer.get("code")
+    if not isinstance(code, int):
+        return answer
     retry = code in (429, 503)
     if path.startswith("/shipyard/"):
-        return {"errorType": "ApiError" if code < 500 else "AppError", "retry": retry}
-    if path.startswith("/drydock/"):
-        return {"type": "error", "retry": retry}
-    return {}
+        shaped_answer = {**answer, "code": status_line(code)}
+        if code >= 400:
+            error_type = "ApiError" if code < 500 else "AppError"
+            details = answer.get("details")
+            shaped_answer["details"] = {
+                **(details if isinstance(details, dict) else {}),
+                "errorType": error_type,
+            }
+            shaped_answer |= {"errorType": error_type, "retry": retry}
+        return shaped_answer
+    if path.startswith("/drydock/") and code >= 400:
+        return {**answer, "type": "error", "retry": retry}
+    return answer

@@ -122,6 +122,7 @@ class ActionName(StrEnum):
     DEPLOY_SITE = "deploy_site"
     UPDATE_SITE = "update_site"
     REDEPLOY_SERVER = "redeploy_server"
+    RELABEL_NODES = "relabel_nodes"
 
 
 # The actions that bring the whole site to its design: the node teardown spec calls them
@@ -131,6 +132,27 @@ class ActionName(StrEnum):
 # neither adds a commit nor marks one as deployed. Upstream Shipyard agrees (its check runs
 # for deploy_site, update_site and update_software; redeploy_server does not tag).
 SITE_ACTIONS = frozenset({ActionName.DEPLOY_SITE, ActionName.UPDATE_SITE})
+# The actions that use the committed revision and need one (Shipyard's
+# validate_committed_revision); relabel_nodes, a target action, is neither guarded nor
+# tagged.
+COMMITTED_ACTIONS = SITE_ACTIONS | {ActionName.RELABEL_NODES}
+
+# Shipyard's other actions, which a site served by metalmend cannot run, and why: they are
+# answered as Shipyard answers an action it does not have ("Unable to start action",
+# reason "Unsupported Action: NAME"), the reason in the message list.
+UNSUPPORTED_ACTIONS = {
+    "update_software": (
+        "update_software runs Armada to install the site's software (Helm charts); metalmend"
+        " serve deploys servers, not software, and has no Armada: there is nothing for it to"
+        " update (deploy_site or update_site bring the servers to the committed design)"
+    ),
+    "test_site": (
+        "test_site runs the Helm tests of Armada's releases; metalmend serve installs no"
+        " release, so there is nothing to test. The servers' health is what the site can"
+        " show: shipyard get site-statuses (provisioning, power and each node's last action)"
+    ),
+}
+UNSUPPORTED = "Unable to start action"  # Shipyard's title for them
 
 
 class ActionLifecycle(StrEnum):
@@ -234,10 +256,13 @@ CONTINUE_ON_FAIL = "continue-on-fail"
 
 def site_parameters(action: str, parameters: Mapping[str, Any]) -> str | None:
     """What is wrong with a deploy_site's or update_site's parameters (None: nothing).
-    Shipyard's CLI documents ``--param continue-on-fail=true`` for them: false is accepted
-    (it is what these actions do); true is refused saying why, since every step here
-    needs the one before it (a design not validated is never applied). Anything else is
-    refused by name."""
+    Shipyard's CLI documents ``--param continue-on-fail=true`` for them; both values are
+    accepted. What true changes (docs/site-actions.md): in ``wait``, a host that fails no
+    longer stops the wait for the others, whose Nodes are labelled and waited for; the
+    action still fails, naming the failed hosts. Validation is never skipped (Shipyard's
+    true would go on past a design that does not validate; here that design would be
+    applied as its caller with the checks that keep it from powering, fencing or
+    reaching another tenant's hosts skipped). Anything else is refused by name."""
     problems = []
     for name, raw in parameters.items():
         if name != CONTINUE_ON_FAIL:
@@ -246,16 +271,9 @@ def site_parameters(action: str, parameters: Mapping[str, Any]) -> str | None:
         found = boolean_parameter(name, raw, False)
         if isinstance(found, str):
             return found
-        if found:
-            return (
-                f"{action}: continue-on-fail=true is not supported: each of its steps needs"
-                " the one before it to have succeeded (a design that does not validate is"
-                " never applied, hosts not provisioned are never labelled), so there is no"
-                " step to continue to; fix what failed and create the action again, or leave"
-                " continue-on-fail out (false)"
-            )
     if problems:
-        return f"{action} takes only {CONTINUE_ON_FAIL} (false); given: {', '.join(problems)[:200]}"
+        given = ", ".join(problems)[:200]
+        return f"{action} takes only {CONTINUE_ON_FAIL} (true or false); given: {given}"
     return None
 
 
@@ -355,10 +373,10 @@ def _unknown(key: object) -> str:
     return f"redeploy_server has no parameter {_shown(key)}; its parameters are {wanted}"
 
 
-def target_nodes(raw: object) -> tuple[str, ...] | str:
+def target_nodes(raw: object, doing: str = "redeploy") -> tuple[str, ...] | str:
     """Node names from a list or from the CLI's one comma-separated string."""
     if raw is None:
-        return f"{TARGET_NODES} is required: the node(s) to redeploy"
+        return f"{TARGET_NODES} is required: the node(s) to {doing}"
     if isinstance(raw, str):
         raw = raw.split(",") if len(raw) <= MAX_TARGET_NODES * 254 else [raw]
     if not isinstance(raw, list | tuple):
@@ -373,7 +391,7 @@ def target_nodes(raw: object) -> tuple[str, ...] | str:
         if name not in names:
             names.append(name)
     if not names:
-        return f"{TARGET_NODES} is empty: name the node(s) to redeploy"
+        return f"{TARGET_NODES} is empty: name the node(s) to {doing}"
     return tuple(names)
 
 
@@ -536,5 +554,37 @@ def collision(name: ActionName, targets: Iterable[str], running: Iterable[Runnin
             return f"action {other.id} ({other.name}) is running: {name} waits until it ends"
         shared = sorted(wanted & other.targets)
         if shared:
-            return f"action {other.id} ({other.name}) is already redeploying {', '.join(shared)}"
+            doing = "relabelling" if other.name == ActionName.RELABEL_NODES else "redeploying"
+            return f"action {other.id} ({other.name}) is already {doing} {', '.join(shared)}"
     return None
+
+
+def relabel_parameters(raw: object) -> tuple[str, ...] | BadParameters:
+    """relabel_nodes' one parameter, ``target_nodes`` (required, as Shipyard's
+    validate_target_nodes has it): the Nodes whose design labels to apply. Anything else
+    is refused by name, as for redeploy_server."""
+    if not isinstance(raw, Mapping):
+        return BadParameters((f"parameters must be a mapping, not {_kind(raw)}",))
+    problems = [
+        f"relabel_nodes has no parameter {_shown(key)}; its one parameter is {TARGET_NODES}"
+        for key in list(raw)[:5]
+        if key != TARGET_NODES
+    ]
+    nodes = target_nodes(raw.get(TARGET_NODES), "relabel")
+    if isinstance(nodes, str):
+        problems.append(nodes)
+    if problems or isinstance(nodes, str):
+        return BadParameters(tuple(problems))
+    return nodes
+
+
+def action_targets(name: str, parameters: object) -> tuple[str, ...]:
+    """The nodes an action acts on (redeploy_server's and relabel_nodes' target_nodes;
+    none for a site action, which acts on every host)."""
+    if name == ActionName.REDEPLOY_SERVER:
+        found = redeploy_parameters(parameters)
+        return found.target_nodes if isinstance(found, RedeployParameters) else ()
+    if name == ActionName.RELABEL_NODES:
+        nodes = relabel_parameters(parameters)
+        return nodes if isinstance(nodes, tuple) else ()
+    return ()

@@ -343,23 +343,34 @@ class Progress:
     def done(self) -> bool:
         return not self.waiting and not self.failed
 
+    def fails(self, continue_on_fail: bool = False) -> bool:
+        """Whether the wait fails now: at the first failure; with ``continue_on_fail``,
+        once nothing else is waited for."""
+        return bool(self.failed) and (not continue_on_fail or not self.waiting)
+
 
 def progress(
     hosts: Iterable[HostSeen],
     nodes: Mapping[str, bool | None],
     known: Mapping[str, str] | None = None,
+    continue_on_fail: bool = False,
 ) -> Progress:
     """What the site still waits for: hosts on (and provisioned, when the design gives an
     image) and the design's Nodes registered and Ready (``nodes``: name -> Ready, None
     when the Node does not exist). A host in error fails the wait at once
     (``policy.redeploy.fails_wait``), except an error it already showed, unchanged, when the
-    wait began (``known``: host key -> the error's mark), which it waits out."""
+    wait began (``known``: host key -> the error's mark), which it waits out.
+    ``continue_on_fail`` (Shipyard's ``continue-on-fail=true``): a failed host's Node is no
+    longer waited for, so the caller waits for the other hosts before failing (``fails``)."""
     waiting: list[str] = []
     failed: list[str] = []
+    nodes = dict(nodes)
     for host in hosts:
         trouble = host.trouble
         if trouble is not None and fails_wait(trouble, (known or {}).get(host.key)):
             failed.append(f"{host.key}: {trouble.describe()}")
+            if continue_on_fail:  # its Node, named as the host, will not come
+                nodes.pop(host.key.rsplit("/", 1)[-1], None)
         elif trouble is not None:
             waiting.append(
                 f"{host.key} in error since before this wait ({trouble.describe()}): waiting"
