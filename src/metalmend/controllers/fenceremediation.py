@@ -16,6 +16,7 @@ from lightkube.resources.storage_v1 import VolumeAttachment
 
 from metalmend.api import indexes, links
 from metalmend.api.resources import FenceRemediation
+from metalmend.controllers import metrics
 from metalmend.controllers.powerreads import PowerReader
 from metalmend.controllers.remediation import Evacuations, Planned, RemediationController
 from metalmend.kube.controller import Controller
@@ -39,6 +40,7 @@ def target_of(remediation: Any) -> fence.Target:
 
 class FenceRemediationController(RemediationController):
     resource = FenceRemediation
+    metrics_name = metrics.FENCE_REMEDIATION
 
     def machine_of(self, remediation: Any) -> Any | None:
         namespace = remediation.metadata.namespace
@@ -157,6 +159,12 @@ def setup(
         return remediating({object_key(m) for m in found}, {name})
 
     runner = manager.add(Controller("fence-remediation", controller.reconcile, workers=4))
+    metrics.from_cache(
+        metrics.FENCE_REMEDIATION,
+        lambda: metrics.metal3_remediation_samples(
+            controller.remediations.store.values(), metrics.FENCE_REMEDIATION
+        ),
+    )
     runner.watch(controller.remediations)
     runner.watch(controller.machines, by_machine)
     runner.watch(controller.hosts, by_host)

@@ -87,6 +87,8 @@ class Planned:
 class RemediationController:
     # The kind of the remediation objects (FenceRemediationController: its own kind).
     resource: Any = Metal3Remediation
+    # The ``controller`` label of its metrics (FenceRemediationController: its own).
+    metrics_name = metrics.METAL3_REMEDIATION
 
     def __init__(
         self,
@@ -336,7 +338,7 @@ class RemediationController:
                 before = obj.get("status") or {}
                 status = progress.to_wire(before)
                 written = await writer.patch_status(self.resource, obj, status)
-                metrics.entered(metrics.METAL3_REMEDIATION, before, progress.phase)
+                metrics.entered(self.metrics_name, before, progress.phase)
                 return written
             case policy.AddFinalizer() | policy.RemoveFinalizer():
                 present = list(obj.metadata.finalizers or [])
@@ -376,7 +378,7 @@ class RemediationController:
         writer = self.writer
         match action:
             case policy.DeleteNode(name=name, uid=uid):
-                with metrics.fencing(metrics.METAL3_REMEDIATION, policy.FenceMethod.DELETE_NODE):
+                with metrics.fencing(self.metrics_name, policy.FenceMethod.DELETE_NODE):
                     deleted = await writer.delete_exact(Node, name, uid)
                 if deleted:
                     log.info("node deleted", extra=fields(remediation=object_key(obj), node=name))
@@ -388,7 +390,7 @@ class RemediationController:
                     taints = out_of_service_taints(node, isinstance(action, policy.TaintNode))
                     if isinstance(action, policy.TaintNode):
                         method = policy.FenceMethod.OUT_OF_SERVICE_TAINT
-                        with metrics.fencing(metrics.METAL3_REMEDIATION, method):
+                        with metrics.fencing(self.metrics_name, method):
                             await writer.set_taints(node, taints)
                     else:
                         await writer.set_taints(node, taints)
