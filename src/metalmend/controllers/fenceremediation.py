@@ -64,16 +64,6 @@ class FenceRemediationController(RemediationController):
         goal = target_of(remediation)
         return goal.name if goal.kind == "Node" else None
 
-    def decide(self, remediation: Any, observed: policy.Observed) -> policy.Decision:
-        annotations = remediation.metadata.annotations or {}
-        return fence.decide(
-            observed,
-            self.clock.now(),
-            self.settings,
-            stopped=fence.timed_out(annotations),
-            stopped_at=remediation.metadata.creationTimestamp,
-        )
-
     async def after(self, remediation: Any, planned: Planned) -> None:
         """The conditions health checkers read, written only when they change; none on an
         object whose last finalizer we just removed (it is gone)."""

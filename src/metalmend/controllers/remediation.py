@@ -30,6 +30,7 @@ from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
 from metalmend.kube.writer import KubeWriter, Writer
 from metalmend.log import fields
+from metalmend.policy import fenceremediation as fence
 from metalmend.policy import remediation as policy
 from metalmend.policy.fencing import host_power, other_remediation
 from metalmend.policy.interlock import teardown_claim
@@ -286,7 +287,17 @@ class RemediationController:
         """Once the decision is carried out (FenceRemediationController: its conditions)."""
 
     def decide(self, remediation: Any, observed: policy.Observed) -> policy.Decision:
-        return policy.decide(observed, self.clock.now(), self.settings)
+        """policy.remediation.decide; a NodeHealthCheck's timed-out annotation (it escalated
+        to its next remediation) stops it and releases everything, as a deletion would
+        (policy.fenceremediation.decide), for both kinds."""
+        annotations = remediation.metadata.annotations or {}
+        return fence.decide(
+            observed,
+            self.clock.now(),
+            self.settings,
+            stopped=fence.timed_out(annotations),
+            stopped_at=remediation.metadata.creationTimestamp,
+        )
 
     async def plan(self, key: str) -> Planned | None:
         """Observe from the caches and decide (after telling the Machine whether its host
