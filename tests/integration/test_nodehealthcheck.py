@@ -738,3 +738,34 @@ async def test_healthy_delay_keeps_the_remediation_then_deletes_it(world: World,
 
 async def not_(found: Any) -> bool:
     return not await found
+
+
+async def test_a_timed_out_metal3_remediation_stops_and_releases_its_host(
+    world: World, run: Run
+) -> None:
+    """NHC's timed-out annotation on a Metal3Remediation (the escalation's step before
+    another): metal3-remediation stops as on deletion, the host released, the object kept."""
+    ns = world.ns
+    await world.host("host-a")
+    await world.node("a", f"metal3://{ns}/host-a", ready=False)
+    await run.start()
+    body = Metal3Remediation(
+        metadata=ObjectMeta(name="step", annotations={names.REMEDIATED_NODE: world.node_name("a")}),
+        spec={"strategy": "reboot"},
+    )
+    made: Any = await world.client.create(body, namespace=ns)
+    key = f"{names.METAL3_REMEDIATION_REBOOT_PREFIX}{made.metadata.uid}"
+    await until(lambda: _annotated(world, "host-a", key))
+    await world.client.patch(
+        Metal3Remediation, "step",
+        {"metadata": {"annotations": {names.NHC_TIMED_OUT: stamp(dt.datetime.now(dt.UTC))}}},
+        namespace=ns, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    await until(lambda: _lacks(world, "host-a", key))
+
+    async def released() -> bool:
+        obj: Any = await world.client.get(Metal3Remediation, "step", namespace=ns)
+        return not obj.metadata.finalizers
+
+    await until(released)
+    assert await world.node_obj("a") is not None, "nothing fenced after the timeout"
