@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -465,6 +466,46 @@ def node_view(node: Any) -> policy.NodeView:
     )
 
 
+Mapper = Callable[[Any, Any], list[str]]
+
+
+@dataclass(frozen=True)
+class Wakes:
+    """Which remediation objects (by key) a change of another kind wakes: the only part of
+    the watch wiring that differs between metal3-remediation and fence-remediation."""
+
+    machine: Mapper
+    host: Mapper
+    node: Mapper
+    of_node: Callable[[str], list[str]]  # the remediations holding this Node's host
+
+
+def wire(manager: Manager, controller: RemediationController, name: str, wakes: Wakes) -> None:
+    """The controller's runner, its gauge of objects by phase, and its watches: its own
+    objects, Machines, hosts, Nodes and, where it evacuates by the taint, VolumeAttachments
+    (one going away wakes the remediation holding its Node's host off)."""
+    attachments = manager.informer(VolumeAttachment) if controller.evacuations is not None else None
+    runner = manager.add(Controller(name, controller.reconcile, workers=4))
+    metrics.from_cache(
+        controller.metrics_name,
+        lambda: metrics.metal3_remediation_samples(
+            controller.remediations.store.values(), controller.metrics_name
+        ),
+    )
+    runner.watch(controller.remediations)
+    runner.watch(controller.machines, wakes.machine)
+    runner.watch(controller.hosts, wakes.host)
+    runner.watch(controller.nodes, wakes.node)
+    if attachments is not None:
+
+        def by_attachment(old: Any, new: Any) -> list[str]:
+            attachment = new if new is not None else old
+            node = attachment.spec.nodeName if attachment.spec else None
+            return wakes.of_node(node) if node else []
+
+        runner.watch(attachments, by_attachment)
+
+
 def setup(
     manager: Manager,
     settings: Settings,
@@ -475,9 +516,6 @@ def setup(
     """``reader``/``evacuations``: the BMC reads and the pod listing of the taint strategy
     (tests give their own hardware; by default the host's BMC and the API server)."""
     controller = RemediationController(manager, settings, reader=reader, evacuations=evacuations)
-    if controller.evacuations is not None:
-        # A VolumeAttachment going away wakes the remediation holding its Node's host off.
-        attachments = manager.informer(VolumeAttachment)
 
     def by_machine(old: Any, new: Any) -> list[str]:
         machine = new if new is not None else old
@@ -490,34 +528,14 @@ def setup(
         )
         return sorted(object_key(m) for m in machines)
 
+    def of_node(name: str) -> list[str]:
+        found = controller.remediations.store.by_index(indexes.REMEDIATIONS_BY_NODE.name, name)
+        return sorted(object_key(r) for r in found)
+
     def by_node(old: Any, new: Any) -> list[str]:
         node = new if new is not None else old
         name = node.metadata.name
         machines = controller.machines.store.by_index(indexes.MACHINES_BY_NODE.name, name)
-        remediations = controller.remediations.store.by_index(
-            indexes.REMEDIATIONS_BY_NODE.name, name
-        )
-        keys = {object_key(m) for m in machines}
-        keys.update(object_key(r) for r in remediations)
-        return sorted(keys)
+        return sorted({object_key(m) for m in machines} | set(of_node(name)))
 
-    runner = manager.add(Controller("metal3-remediation", controller.reconcile, workers=4))
-    metrics.from_cache(
-        metrics.METAL3_REMEDIATION,
-        lambda: metrics.metal3_remediation_samples(controller.remediations.store.values()),
-    )
-    runner.watch(controller.remediations)
-    runner.watch(controller.machines, by_machine)
-    runner.watch(controller.hosts, by_host)
-    runner.watch(controller.nodes, by_node)
-    if controller.evacuations is not None:
-
-        def by_attachment(old: Any, new: Any) -> list[str]:
-            attachment = new if new is not None else old
-            node = attachment.spec.nodeName if attachment.spec else None
-            found = controller.remediations.store.by_index(
-                indexes.REMEDIATIONS_BY_NODE.name, node or ""
-            )
-            return sorted(object_key(r) for r in found)
-
-        runner.watch(attachments, by_attachment)
+    wire(manager, controller, "metal3-remediation", Wakes(by_machine, by_host, by_node, of_node))
