@@ -249,7 +249,7 @@ class NodeHealthCheckController:
                 node = self.nodes.store.get(name)
                 if node is not None:
                     await self.writer.patch_metadata(Node, node, "annotations", {annotation: None})
-            case policy.NodeEvent(node=name, type=kind, reason=reason, message=message):
+            case policy.NodeEvent(target=name, type=kind, reason=reason, message=message):
                 node = self.nodes.store.get(name)
                 if node is not None:
                     await self.writer.record_event(node, str(kind), reason, message)

@@ -291,12 +291,13 @@ class RemediationController:
         """policy.remediation.decide; a NodeHealthCheck's timed-out annotation (it escalated
         to its next remediation) stops it and releases everything, as a deletion would
         (policy.fenceremediation.decide), for both kinds."""
-        annotations = remediation.metadata.annotations or {}
+        if not fence.timed_out(remediation.metadata.annotations or {}):
+            return policy.decide(observed, self.clock.now(), self.settings)
         return fence.decide(
             observed,
             self.clock.now(),
             self.settings,
-            stopped=fence.timed_out(annotations),
+            stopped=True,
             stopped_at=remediation.metadata.creationTimestamp,
         )
 

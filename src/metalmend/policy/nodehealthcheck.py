@@ -57,7 +57,8 @@ from typing import Any
 from metalmend.api import names
 from metalmend.api.stamps import parse_stamp, stamp
 from metalmend.policy import healthcheck as machine_policy
-from metalmend.policy.decision import Decision, Event, EventType
+from metalmend.policy.decision import Decision, Event, EventType, TargetEvent
+from metalmend.policy.decision import SetStatus as SetStatus  # shared; its controller matches it
 from metalmend.policy.healthcheck import (
     INT32_MAX,
     Health,
@@ -446,19 +447,8 @@ class ClearNodeAnnotation:
     key: str
 
 
-@dataclass(frozen=True)
-class SetStatus:
-    status: NodeCheckStatus
-
-
-@dataclass(frozen=True)
-class NodeEvent:
-    """An Event on the Node."""
-
-    node: str
-    type: EventType
-    reason: str
-    message: str
+# An Event on the Node.
+NodeEvent = TargetEvent
 
 
 Action = (
@@ -466,7 +456,7 @@ Action = (
     | DeleteRemediation
     | AnnotateRemediation
     | ClearNodeAnnotation
-    | SetStatus
+    | SetStatus[NodeCheckStatus]
     | NodeEvent
     | Event
 )
