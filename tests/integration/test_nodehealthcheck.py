@@ -25,12 +25,14 @@ from metalmend.api import names
 from metalmend.api.reboot import is_reboot_annotation
 from metalmend.api.resources import (
     BareMetalHost,
+    FenceRemediation,
+    FenceRemediationTemplate,
     Metal3Remediation,
     Metal3RemediationTemplate,
     NodeHealthCheck,
 )
 from metalmend.api.stamps import stamp
-from metalmend.controllers import nodehealthcheck, remediation
+from metalmend.controllers import fenceremediation, nodehealthcheck, remediation
 from metalmend.controllers.powerreads import PowerReader
 from metalmend.kube.manager import Manager
 from metalmend.policy.fencing import POWERED_OFF_FOR
@@ -48,15 +50,22 @@ class Run:
         self.task: asyncio.Task[None] | None = None
 
     async def start(
-        self, fencing: RemediationSettings | None = None, reader: PowerReader | None = None
+        self,
+        fencing: RemediationSettings | None = None,
+        reader: PowerReader | None = None,
+        *,
+        remediators: bool = True,
     ) -> None:
+        """``remediators`` False: node-health-check alone (the test plays the rest)."""
         manager = Manager(self.client)
         settings = Settings(
             runtime=RuntimeSettings(namespace=self.namespace),
             remediation=fencing or RemediationSettings(),
         )
         nodehealthcheck.setup(manager, settings)
-        remediation.setup(manager, settings, reader=reader)
+        if remediators:
+            remediation.setup(manager, settings, reader=reader)
+            fenceremediation.setup(manager, settings, reader=reader)
         self.task = asyncio.create_task(manager.run())
         await manager.wait_synced()
 
@@ -190,6 +199,11 @@ async def run(aclient: AsyncClient, namespace: str) -> AsyncIterator[Run]:
     await running.kill()
 
 
+def _step(kind: str, order: int, timeout: str = "60s", name: str = "t") -> dict[str, Any]:
+    ref = {"kind": kind, "namespace": "n", "name": name}
+    return {"remediationTemplate": ref, "order": order, "timeout": timeout}
+
+
 @pytest.mark.parametrize(
     ("spec", "problem"),
     [
@@ -205,6 +219,47 @@ async def run(aclient: AsyncClient, namespace: str) -> AsyncIterator[Run]:
         ({"minHealthy": "half"}, "spec.minHealthy"),
         ({"stormCooldownDuration": "10 minutes"}, "spec.stormCooldownDuration"),
         ({"remediationTemplate": {"name": "t"}}, "namespace"),
+        (
+            {
+                "remediationTemplate": {"namespace": "n", "name": "t"},
+                "escalatingRemediations": [_step("FenceRemediationTemplate", 1)],
+            },
+            "mutually exclusive",
+        ),
+        (
+            {
+                "escalatingRemediations": [
+                    _step("FenceRemediationTemplate", 1),
+                    _step("Metal3RemediationTemplate", 1),
+                ]
+            },
+            "order must be unique",
+        ),
+        (
+            {
+                "escalatingRemediations": [
+                    _step("FenceRemediationTemplate", 1),
+                    _step("FenceRemediationTemplate", 2),
+                ]
+            },
+            "one escalating remediation per template kind",
+        ),
+        (
+            {"escalatingRemediations": [_step("FenceRemediationTemplate", 1, "59s")]},
+            "at least one minute",
+        ),
+        (
+            {
+                "remediationTemplate": {
+                    "apiVersion": "remediation.metal3.io/v1alpha1",
+                    "kind": "FenceRemediationTemplate",
+                    "namespace": "n",
+                    "name": "t",
+                }
+            },
+            "remediation.metalmend.dev/v1alpha1 for a FenceRemediationTemplate",
+        ),
+        ({"healthyDelay": "a while"}, "spec.healthyDelay"),
         (
             {
                 "remediationTemplate": {
@@ -224,6 +279,12 @@ async def run(aclient: AsyncClient, namespace: str) -> AsyncIterator[Run]:
         "storm-cooldown",
         "template-namespace",
         "kind",
+        "template-and-escalation",
+        "duplicate-order",
+        "duplicate-kind",
+        "short-timeout",
+        "api-version-of-kind",
+        "healthy-delay",
     ],
 )
 async def test_the_api_server_refuses_what_the_schema_does_not_admit(
@@ -490,3 +551,221 @@ async def test_a_machineless_remediation_with_strategy_escalate_fails_at_once(
     await until(failed)
     host: Any = await world.client.get(BareMetalHost, "host-a", namespace=ns)
     assert not any(is_reboot_annotation(k) for k in host.metadata.annotations or {})
+
+
+# ---- escalatingRemediations and healthyDelay -------------------------------------------------
+
+
+async def _fence(world: World, node: str) -> Any | None:
+    try:
+        return await world.client.get(FenceRemediation, world.node_name(node), namespace=world.ns)
+    except ApiError:
+        return None
+
+
+async def _rows(world: World, check: str, node: str) -> list[dict[str, Any]]:
+    status = await world.status(check)
+    for entry in status.get("unhealthyNodes") or []:
+        if entry.get("name") == world.node_name(node):
+            return list(entry.get("remediations") or [])
+    return []
+
+
+async def _timed_out(world: World, check: str, node: str, kind: str) -> bool:
+    rows = await _rows(world, check, node)
+    return any(r["resource"]["kind"] == kind and r.get("timedOut") for r in rows)
+
+
+async def test_an_escalation_times_out_its_first_remediation_and_survives_restarts(
+    world: World, run: Run
+) -> None:
+    """A FenceRemediation first (60 s, NHC's minimum), then a Metal3Remediation: the host is
+    held off by the first, never powered off (the BMC does not answer), so the first times
+    out; it gets NHC's timed-out annotation, fence-remediation releases the host, and the
+    second is made and takes the host. The controllers are killed while the first runs and
+    again once it timed out: the stored state (the objects' creation time and annotation,
+    the status's timedOut) says where the escalation was."""
+    ns = world.ns
+    body = {"template": {"spec": {"strategy": "reboot"}}}
+    await world.client.create(
+        FenceRemediationTemplate(metadata=ObjectMeta(name="first"), spec=body), namespace=ns
+    )
+    await world.client.create(
+        Metal3RemediationTemplate(metadata=ObjectMeta(name="second"), spec=body), namespace=ns
+    )
+    await world.host("host-a")
+    await world.node("a", f"metal3://{ns}/host-a")
+    await world.node("b", f"metal3://{ns}/host-b")
+    steps = [
+        {"remediationTemplate": {"kind": "Metal3RemediationTemplate", "namespace": ns,
+                                 "name": "second"}, "order": 2, "timeout": "10m"},
+        {"remediationTemplate": {"apiVersion": "remediation.metalmend.dev/v1alpha1",
+                                 "kind": "FenceRemediationTemplate", "namespace": ns,
+                                 "name": "first"}, "order": 1, "timeout": "60s"},
+    ]  # fmt: skip
+    await world.check("workers", maxUnhealthy=1, escalatingRemediations=steps)
+    await run.start()
+    await world.ready("a", False)
+    # Longer than the node lifecycle controller's grace period: the Nodes' "kubelets" post
+    # their status, or it would set Ready=Unknown (a new condition, its duration anew).
+    beats = asyncio.create_task(_heartbeats(world, ["a", "b"]))
+    try:
+        second_key = await _escalation(world, run)
+    finally:
+        beats.cancel()
+        await asyncio.gather(beats, return_exceptions=True)
+    # the Node comes back: both objects are deleted, the host released, the check at rest
+    await world.ready("a", True)
+    await until(lambda: _gone(world.remediation("a")), within=30)
+    await until(lambda: _gone(_fence(world, "a")), within=30)
+    await until(lambda: _lacks(world, "host-a", second_key))
+    await until(lambda: _status_is(world, "workers", phase="Enabled", healthyNodes=2))
+    assert "unhealthyNodes" not in await world.status("workers")
+
+
+async def _heartbeats(world: World, nodes: list[str]) -> None:
+    """Post each Node's Ready condition as it is, with a fresh heartbeat, every 5 s."""
+    while True:
+        await asyncio.sleep(5)
+        for name in nodes:
+            node = await world.node_obj(name)
+            conditions = (node.status.conditions if node is not None and node.status else None)
+            for condition in conditions or []:
+                if condition.type == "Ready":
+                    beat = {"type": "Ready", "status": condition.status, "reason": "Test",
+                            "lastHeartbeatTime": dt.datetime.now(dt.UTC).isoformat(),
+                            "lastTransitionTime": condition.lastTransitionTime.isoformat()}  # fmt: skip
+                    with contextlib.suppress(ApiError):
+                        await world.client.patch(
+                            Node.Status, world.node_name(name), {"status": {"conditions": [beat]}}
+                        )
+
+
+async def _escalation(world: World, run: Run) -> str:
+    await until(lambda: _exists(_fence(world, "a")), within=DURATION + 20)
+    first = await _fence(world, "a")
+    assert first.metadata.annotations[names.NHC_TEMPLATE_NAME] == "first"
+    assert first.metadata.annotations[names.NHC_NODE_NAME] == world.node_name("a")
+    first_key = f"{names.METAL3_REMEDIATION_REBOOT_PREFIX}{first.metadata.uid}"
+    await until(lambda: _annotated(world, "host-a", first_key))  # fence first: held off
+    assert await world.remediation("a") is None, "the second step waits for the timeout"
+
+    await run.kill()  # in the middle of step 1: nothing of the escalation is in memory
+    await run.start()
+    await until(lambda: _timed_out(world, "workers", "a", "FenceRemediation"), within=180)
+    await until(lambda: _exists(world.remediation("a")))
+    await run.kill()  # in the middle of the escalation: step 1 timed out, step 2 made
+    second = await world.remediation("a")
+    await run.start()
+    timed: Any = await _fence(world, "a")
+    assert timed.metadata.uid == first.metadata.uid, "step 1 is never made again"
+    assert names.NHC_TIMED_OUT in timed.metadata.annotations
+    # fence-remediation stopped and released the host; metal3-remediation took it
+    await until(lambda: _lacks(world, "host-a", first_key))
+    second_key = f"{names.METAL3_REMEDIATION_REBOOT_PREFIX}{second.metadata.uid}"
+    await until(lambda: _annotated(world, "host-a", second_key))
+    again = await world.remediation("a")
+    assert again.metadata.uid == second.metadata.uid, "step 2 is made once"
+    assert names.NHC_TIMED_OUT not in (again.metadata.annotations or {})
+    rows = await _rows(world, "workers", "a")
+    assert [(r["resource"]["kind"], r.get("templateName"), bool(r.get("timedOut")))
+            for r in rows] == [("FenceRemediation", "first", True),
+                               ("Metal3Remediation", "second", False)]  # fmt: skip
+    assert (await world.status("workers"))["phase"] == "Remediating"
+    assert {"RemediationCreated", "RemediationTimedOut"} <= await world.reasons()
+
+    return second_key
+
+
+async def _annotation_of(world: World, node: str, key: str) -> str | None:
+    found = await world.remediation(node)
+    return (found.metadata.annotations or {}).get(key) if found is not None else None
+
+
+async def _node_annotated(world: World, node: str, key: str) -> bool:
+    found = await world.node_obj(node)
+    return found is not None and key in (found.metadata.annotations or {})
+
+
+async def test_healthy_delay_keeps_the_remediation_then_deletes_it(world: World, run: Run) -> None:
+    """healthyDelay 3s: the healthy Node's remediation is annotated with when it was seen
+    healthy, kept (the Node counts as not healthy), then deleted; -1s: kept until an
+    operator annotates the Node manually-confirmed-healthy, which is then removed."""
+    ns = world.ns
+    await world.host("host-a")
+    await world.node("a", f"metal3://{ns}/host-a")
+    await world.node("b", f"metal3://{ns}/host-b")
+    await world.check("workers", maxUnhealthy=1, healthyDelay="3s")
+    await run.start(remediators=False)  # the objects are only made and deleted here
+    await world.ready("a", False)
+    await until(lambda: _exists(world.remediation("a")), within=DURATION + 20)
+    await world.ready("a", True)
+    await until(lambda: _annotation_of(world, "a", names.NHC_HEALTHY_DELAY))
+    rows = (await world.status("workers")).get("unhealthyNodes") or []
+    await until(lambda: _status_is(world, "workers", healthyNodes=1))
+    (entry,) = (await world.status("workers"))["unhealthyNodes"] or rows
+    assert entry["healthyDelayed"] is True
+    assert entry["conditionsHealthyTimestamp"]
+    await until(lambda: _gone(world.remediation("a")), within=30)
+    await until(lambda: _status_is(world, "workers", phase="Enabled", healthyNodes=2))
+
+    await world.client.patch(
+        NodeHealthCheck, "workers", {"spec": {"healthyDelay": "-1s"}},
+        patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    await world.ready("a", False)
+    await until(lambda: _exists(world.remediation("a")), within=DURATION + 20)
+    made = await world.remediation("a")
+    await world.ready("a", True)
+
+    async def seen_healthy() -> bool:
+        rows = await world.status("workers")
+        return any(u.get("conditionsHealthyTimestamp") for u in rows.get("unhealthyNodes") or [])
+
+    await until(seen_healthy)
+    kept = await world.remediation("a")
+    assert kept is not None
+    assert kept.metadata.uid == made.metadata.uid, "never deleted automatically"
+    assert names.NHC_HEALTHY_DELAY not in (kept.metadata.annotations or {})
+    await world.client.patch(
+        Node, world.node_name("a"),
+        {"metadata": {"annotations": {names.NHC_CONFIRMED_HEALTHY: ""}}},
+    )  # fmt: skip
+    await until(lambda: _gone(world.remediation("a")))
+    await until(lambda: _status_is(world, "workers", phase="Enabled", healthyNodes=2))
+    await until(lambda: not_(_node_annotated(world, "a", names.NHC_CONFIRMED_HEALTHY)))
+
+
+async def not_(found: Any) -> bool:
+    return not await found
+
+
+async def test_a_timed_out_metal3_remediation_stops_and_releases_its_host(
+    world: World, run: Run
+) -> None:
+    """NHC's timed-out annotation on a Metal3Remediation (the escalation's step before
+    another): metal3-remediation stops as on deletion, the host released, the object kept."""
+    ns = world.ns
+    await world.host("host-a")
+    await world.node("a", f"metal3://{ns}/host-a", ready=False)
+    await run.start()
+    body = Metal3Remediation(
+        metadata=ObjectMeta(name="step", annotations={names.REMEDIATED_NODE: world.node_name("a")}),
+        spec={"strategy": "reboot"},
+    )
+    made: Any = await world.client.create(body, namespace=ns)
+    key = f"{names.METAL3_REMEDIATION_REBOOT_PREFIX}{made.metadata.uid}"
+    await until(lambda: _annotated(world, "host-a", key))
+    await world.client.patch(
+        Metal3Remediation, "step",
+        {"metadata": {"annotations": {names.NHC_TIMED_OUT: stamp(dt.datetime.now(dt.UTC))}}},
+        namespace=ns, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    await until(lambda: _lacks(world, "host-a", key))
+
+    async def released() -> bool:
+        obj: Any = await world.client.get(Metal3Remediation, "step", namespace=ns)
+        return not obj.metadata.finalizers
+
+    await until(released)
+    assert await world.node_obj("a") is not None, "nothing fenced after the timeout"

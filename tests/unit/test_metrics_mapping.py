@@ -145,6 +145,19 @@ def test_metal3_remediations_are_counted_by_phase_with_every_phase_present() -> 
     assert {phase for _, phase in counted} == set(metrics.METAL3_PHASES)
 
 
+def test_fence_remediations_are_counted_by_phase_under_their_own_controller() -> None:
+    objects = [remediation(None), remediation("power-off"), remediation("waiting")]
+    counted = samples_by_labels(
+        metrics.metal3_remediation_samples(objects, metrics.FENCE_REMEDIATION),
+        "metalmend_remediations",
+    )
+    assert {controller for controller, _ in counted} == {"fence-remediation"}
+    assert counted[("fence-remediation", "not-started")] == 1
+    assert counted[("fence-remediation", "power-off")] == 1
+    assert counted[("fence-remediation", "waiting")] == 1
+    assert {phase for _, phase in counted} == set(metrics.METAL3_PHASES)
+
+
 def machine(name: str, host_name: str, asking: bool) -> Any:
     annotations = {names.MACHINE_HOST: f"hosts/{host_name}"}
     if asking:

@@ -410,7 +410,7 @@ def test_a_node_deleted_under_its_machine_is_remediated_at_once_with_startup_tim
 def test_events_as_cluster_api_names_them_beside_ours() -> None:
     """Issue 11 point 10."""
     decision = decide(view(target("a", ready="Unknown", since=400), target("b", ready="Unknown", since=100)), NOW)  # fmt: skip
-    on_machines = {(e.machine, e.reason) for e in decision.of(MachineEvent)}
+    on_machines = {(e.target, e.reason) for e in decision.of(MachineEvent)}
     assert on_machines == {("ns/a", "MachineMarkedUnhealthy"), ("ns/b", "DetectedUnhealthy")}
     assert "RemediationRequested" in [e.reason for e in decision.events]
     blocked = decide(view(*pool(3, 5), check=Check(CHECK.unhealthy_conditions, max_unhealthy=1)), NOW)  # fmt: skip
@@ -497,7 +497,7 @@ def test_decide_never_requests_more_than_the_short_circuit_allows(
 ) -> None:
     result = evaluate(check, targets, NOW)
     decision = decide(view(*targets, check=check, remediate_by=by, template=TEMPLATE), NOW)
-    requested = {e.machine for e in decision.of(MachineEvent) if e.reason == "MachineMarkedUnhealthy"}  # fmt: skip
+    requested = {e.target for e in decision.of(MachineEvent) if e.reason == "MachineMarkedUnhealthy"}  # fmt: skip
     assert requested == set(result.remediate)
     if not result.allowed:
         assert requested == set()

@@ -9,19 +9,27 @@ from dataclasses import replace
 import pytest
 
 from metalmend.api import links
-from metalmend.policy.decision import Event
+from metalmend.api.names import NHC_CONFIRMED_HEALTHY, NHC_HEALTHY_DELAY, NHC_TIMED_OUT
+from metalmend.api.stamps import stamp
+from metalmend.policy.decision import Decision, Event
 from metalmend.policy.healthcheck import Health, InvalidSpec, NodeCondition, UnhealthyCondition
 from metalmend.policy.nodehealthcheck import (
     DEFAULT_CONDITIONS,
+    EVENT_ENABLED,
     EVENT_NO_HOST,
+    EVENT_NO_TEMPLATE_LEFT,
     EVENT_REMEDIATION_CREATED,
     EVENT_REMEDIATION_REMOVED,
     EVENT_REMEDIATION_SKIPPED,
+    EVENT_REMEDIATION_TIMED_OUT,
     PHASE_DISABLED,
     PHASE_ENABLED,
     PHASE_PAUSED,
     PHASE_REMEDIATING,
+    Action,
+    AnnotateRemediation,
     Check,
+    ClearNodeAnnotation,
     CreateRemediation,
     DeleteRemediation,
     NodeCheckStatus,
@@ -29,7 +37,9 @@ from metalmend.policy.nodehealthcheck import (
     NodeTarget,
     Remediation,
     SetStatus,
+    Step,
     Template,
+    TemplateRef,
     View,
     check_from_spec,
     decide,
@@ -61,7 +71,8 @@ DEFAULT = Check()
 
 
 def view(*targets: NodeTarget, check: Check = DEFAULT, **changes: object) -> View:
-    base: dict[str, object] = dict(check=check, targets=targets, template=TEMPLATE, generation=1)
+    templates = tuple(TEMPLATE for _ in check.steps)
+    base: dict[str, object] = dict(check=check, targets=targets, templates=templates, generation=1)
     base.update(changes)
     return View(**base)  # type: ignore[arg-type]
 
@@ -202,7 +213,7 @@ def test_a_node_without_a_host_is_reported_never_remediated() -> None:
 
 def test_a_remediation_in_flight_is_reported_and_not_made_again() -> None:
     flight = Remediation("hosts", "c", "r-1", ago(60))
-    v = view(node("a"), node("b"), node("c", ready="False", since=600, remediation=flight))
+    v = view(node("a"), node("b"), node("c", ready="False", since=600, remediations=(flight,)))
     decision = decide(v, NOW)
     assert decision.of(CreateRemediation) == []
     (status,) = decision.of(SetStatus)
@@ -214,14 +225,14 @@ def test_a_remediation_in_flight_is_reported_and_not_made_again() -> None:
 
 def test_a_node_healthy_again_has_its_remediation_deleted_exactly() -> None:
     flight = Remediation("hosts", "c", "r-1", ago(60))
-    decision = decide(view(node("a"), node("c", remediation=flight)), NOW)
+    decision = decide(view(node("a"), node("c", remediations=(flight,))), NOW)
     assert decision.of(DeleteRemediation) == [DeleteRemediation("c", "hosts", "c", "r-1")]
     assert EVENT_REMEDIATION_REMOVED in [e.reason for e in decision.events]
 
 
 def test_a_remediation_being_deleted_is_not_deleted_again() -> None:
     going = Remediation("hosts", "c", "", ago(60))
-    assert decide(view(node("a"), node("c", remediation=going)), NOW).of(DeleteRemediation) == []
+    assert decide(view(node("a"), node("c", remediations=(going,))), NOW).of(DeleteRemediation) == []
 
 
 @pytest.mark.parametrize(
@@ -257,7 +268,7 @@ def test_a_teardown_holds_remediation_off() -> None:
     "changes",
     [
         {"spec_error": "minHealthy and maxUnhealthy are mutually exclusive"},
-        {"template": None, "template_missing": "remediation template ns/t not found"},
+        {"templates": (), "template_missing": "remediation template ns/t not found"},
     ],
     ids=["invalid-spec", "template-missing"],
 )
@@ -276,13 +287,13 @@ def test_disabled_says_why_and_writes_once(changes: dict[str, object]) -> None:
 
 def test_at_rest_nothing_is_written() -> None:
     flight = Remediation("hosts", "c", "r-1", ago(60))
-    v = view(node("a"), node("b"), node("c", ready="False", since=600, remediation=flight))
+    v = view(node("a"), node("b"), node("c", ready="False", since=600, remediations=(flight,)))
     assert decide(settle(v), NOW).actions == []
 
 
 def test_status_round_trips_its_wire_format() -> None:
     flight = Remediation("hosts", "c", "r-1", ago(60))
-    v = view(node("a"), node("c", ready="False", since=600, remediation=flight))
+    v = view(node("a"), node("c", ready="False", since=600, remediations=(flight,)))
     (status,) = decide(v, NOW).of(SetStatus)
     wire = status.status.to_wire({"other": 1})
     assert wire["other"] == 1
@@ -361,10 +372,276 @@ def test_a_remediation_whose_node_is_gone_is_reported_never_deleted() -> None:
     """Fencing by deletion removed the Node: its remediation goes on (the server is
     booting), is listed in flight, and the Node counts as not healthy."""
     flight = Remediation("hosts", "c", "r-1", ago(60))
-    gone = NodeTarget(name="c", uid="", remediation=flight, exists=False)
+    gone = NodeTarget(name="c", uid="", remediations=(flight,), exists=False)
     decision = decide(view(node("a"), node("b"), gone), NOW)
     assert decision.of(DeleteRemediation) == []
     assert decision.of(CreateRemediation) == []
     (status,) = decision.of(SetStatus)
     assert list(status.status.in_flight) == ["c"]
     assert (status.status.observed_nodes, status.status.healthy_nodes) == (3, 2)
+
+
+# ---- escalatingRemediations and healthyDelay (NHC's, node-healthcheck-operator) -------------
+
+M3T, FRT = "Metal3RemediationTemplate", "FenceRemediationTemplate"
+M3, FR = "Metal3Remediation", "FenceRemediation"
+
+
+def esc(kind: str, name: str, order: int, timeout: str = "5m") -> dict[str, object]:
+    ref = {"kind": kind, "namespace": "hosts", "name": name}
+    return {"remediationTemplate": ref, "order": order, "timeout": timeout}
+
+
+@pytest.mark.parametrize(
+    ("spec", "steps", "delay"),
+    [
+        ({}, (Step(),), None),
+        (
+            {"remediationTemplate": {"kind": FRT, "namespace": "hosts", "name": "f"}},
+            (Step(TemplateRef(FRT, "hosts", "f")),),
+            None,
+        ),
+        (
+            {"remediationTemplate": {"namespace": "hosts", "name": "m"}},  # kind defaulted
+            (Step(TemplateRef(M3T, "hosts", "m")),),
+            None,
+        ),
+        (
+            {"escalatingRemediations": [esc(M3T, "m", 2, "10m"), esc(FRT, "f", 1, "60s")]},
+            (Step(TemplateRef(FRT, "hosts", "f"), 1, 60.0),
+             Step(TemplateRef(M3T, "hosts", "m"), 2, 600.0)),
+            None,
+        ),
+        ({"healthyDelay": "90s"}, (Step(),), 90.0),
+        ({"healthyDelay": "0"}, (Step(),), 0.0),
+        ({"healthyDelay": "-1s"}, (Step(),), -1.0),
+    ],
+    ids=["default", "fence-template", "kind-defaulted", "escalation-sorted", "delay", "zero",
+         "negative"],
+)
+def test_remediation_steps_and_healthy_delay_as_read(
+    spec: dict[str, object], steps: tuple[Step, ...], delay: float | None
+) -> None:
+    check = check_from_spec(spec)
+    assert (check.steps, check.healthy_delay) == (steps, delay)
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        (
+            {"remediationTemplate": {"namespace": "hosts", "name": "m"},
+             "escalatingRemediations": [esc(FRT, "f", 1)]},
+            "mutually exclusive",
+        ),
+        ({"escalatingRemediations": [esc(FRT, "f", 1), esc(M3T, "m", 1)]}, "order must be unique"),
+        ({"escalatingRemediations": [esc(FRT, "f", 1), esc(FRT, "g", 2)]}, "one template per kind"),
+        ({"escalatingRemediations": [esc(FRT, "f", 1, "59s")]}, "at least one minute"),
+        ({"escalatingRemediations": []}, "non-empty"),
+        ({"remediationTemplate": {"kind": "SelfNodeRemediationTemplate", "namespace": "n",
+                                  "name": "s"}}, "kind"),
+        ({"remediationTemplate": {"kind": FRT, "apiVersion": "remediation.metal3.io/v1alpha1",
+                                  "namespace": "n", "name": "s"}}, "apiVersion"),
+        ({"remediationTemplate": {"name": "s"}}, "namespace and a name"),
+        ({"healthyDelay": "soon"}, "duration"),
+    ],
+    ids=["both", "duplicate-order", "duplicate-kind", "short-timeout", "empty", "other-kind",
+         "wrong-api", "no-namespace", "bad-delay"],
+)  # fmt: skip
+def test_remediation_steps_refused(spec: dict[str, object], problem: str) -> None:
+    with pytest.raises(InvalidSpec, match=problem):
+        check_from_spec(spec)
+
+
+ESCALATION = Check(
+    max_unhealthy=1,
+    steps=(
+        Step(TemplateRef(FRT, "hosts", "fence"), 1, 300.0),
+        Step(TemplateRef(M3T, "hosts", "metal3"), 2, 600.0),
+    ),
+)
+SICK = {"ready": "False", "since": 3600}
+
+
+def rem(kind: str, started: float, **changes: object) -> Remediation:
+    base: dict[str, object] = dict(
+        namespace="hosts", name="c", uid=f"{kind}-uid", started=ago(started), kind=kind
+    )
+    base.update(changes)
+    return Remediation(**base)  # type: ignore[arg-type]
+
+
+def row(kind: str, started: float, timed_out: float | None = None) -> dict[str, object]:
+    api = ("remediation.metalmend.dev/v1alpha1" if kind == FR
+           else "remediation.metal3.io/v1alpha1")  # fmt: skip
+    found: dict[str, object] = {
+        "resource": {"apiVersion": api, "kind": kind, "namespace": "hosts", "name": "c",
+                     "uid": f"{kind}-uid"},
+        "started": stamp(ago(started)),
+    }  # fmt: skip
+    if timed_out is not None:
+        found["timedOut"] = stamp(ago(timed_out))
+    return found
+
+
+def with_status(v: View, *rows: dict[str, object]) -> View:
+    status = NodeCheckStatus(unhealthy_nodes=({"name": "c", "remediations": list(rows)},))
+    return replace(v, status=status)
+
+
+def annotated(decision: Decision[Action]) -> list[tuple[str, str, str]]:
+    return [(a.kind, a.key, a.value) for a in decision.of(AnnotateRemediation)]
+
+
+def created(decision: Decision[Action]) -> list[tuple[str, str]]:
+    return [(a.kind, a.template) for a in decision.of(CreateRemediation)]
+
+
+@pytest.mark.parametrize(
+    ("remediations", "rows", "made", "marks", "reasons", "requeue"),
+    [
+        # nothing yet: the lowest order's object
+        ((), (), [(FR, "fence")], [], [EVENT_REMEDIATION_CREATED], None),
+        # within its timeout: wait until it expires
+        ((rem(FR, 100),), (), [], [], [], ago(100) + dt.timedelta(seconds=300)),
+        # timed out: annotated, and the next step's object made in the same decision
+        ((rem(FR, 300),), (), [(M3, "metal3")],
+         [(FR, NHC_TIMED_OUT, stamp(NOW))],
+         [EVENT_REMEDIATION_TIMED_OUT, EVENT_REMEDIATION_CREATED], None),
+        # Succeeded=False before the timeout: escalated at once
+        ((rem(FR, 10, succeeded=False),), (), [(M3, "metal3")],
+         [(FR, NHC_TIMED_OUT, stamp(NOW))],
+         [EVENT_REMEDIATION_TIMED_OUT, EVENT_REMEDIATION_CREATED], None),
+        # Succeeded=True but the Node still unhealthy at the timeout: no annotation (NHC's)
+        ((rem(FR, 400, succeeded=True),), (), [(M3, "metal3")], [],
+         [EVENT_REMEDIATION_TIMED_OUT, EVENT_REMEDIATION_CREATED], None),
+        # a restart after the status said timed out, before the annotation: put back
+        ((rem(FR, 400),), (row(FR, 400, 50),), [(M3, "metal3")],
+         [(FR, NHC_TIMED_OUT, stamp(ago(50)))], [EVENT_REMEDIATION_CREATED], None),
+        # a restart after the annotation, before the status: the annotation is enough
+        ((rem(FR, 400, timed_out=ago(50)), rem(M3, 40)), (), [], [], [],
+         ago(40) + dt.timedelta(seconds=600)),
+        # the timed-out object was deleted by someone: the status remembers the step
+        ((rem(M3, 40),), (row(FR, 400, 50),), [], [], [], ago(40) + dt.timedelta(seconds=600)),
+        # the last step times out: no template left, said once
+        ((rem(FR, 1000, timed_out=ago(700)), rem(M3, 700)), (), [],
+         [(M3, NHC_TIMED_OUT, stamp(NOW))], [EVENT_REMEDIATION_TIMED_OUT, EVENT_NO_TEMPLATE_LEFT],
+         None),
+        # all timed out already: nothing more
+        ((rem(FR, 1000, timed_out=ago(700)), rem(M3, 700, timed_out=ago(60))), (), [], [], [],
+         None),
+    ],
+    ids=["first", "within-timeout", "timed-out", "failed", "succeeded-but-unhealthy",
+         "status-first", "annotation-first", "object-gone", "last-times-out", "exhausted"],
+)  # fmt: skip
+def test_escalation(
+    remediations: tuple[Remediation, ...],
+    rows: tuple[dict[str, object], ...],
+    made: list[tuple[str, str]],
+    marks: list[tuple[str, str, str]],
+    reasons: list[str],
+    requeue: dt.datetime | None,
+) -> None:
+    v = view(node("a"), node("b"), node("c", **SICK, remediations=remediations), check=ESCALATION)
+    v = with_status(v, *rows) if rows else v
+    decision = decide(v, NOW)
+    assert created(decision) == made
+    assert annotated(decision) == marks
+    assert [e.reason for e in decision.events if e.reason != EVENT_ENABLED] == reasons
+    assert decision.requeue_at == requeue
+
+
+def test_escalation_state_is_in_the_status_and_a_restart_resumes_it() -> None:
+    """Step 1 times out: the status says so (timedOut) with the object's start; read back
+    (a restart), nothing is done again until step 2's object is seen, then it waits."""
+    first = rem(FR, 300)
+    v = view(node("a"), node("b"), node("c", **SICK, remediations=(first,)), check=ESCALATION)
+    decision = decide(v, NOW)
+    (status,) = decision.of(SetStatus)
+    (entry,) = status.status.unhealthy_nodes
+    assert entry["remediations"] == [{**row(FR, 300), "timedOut": stamp(NOW)}]
+    assert status.status.phase == PHASE_REMEDIATING
+    # read back before the watch brings step 2's object or the annotation: the status alone
+    again = replace(v, status=status.status)
+    assert annotated(decide(again, NOW)) == [(FR, NHC_TIMED_OUT, stamp(NOW))]
+    assert created(decide(again, NOW)) == [(M3, "metal3")]
+    # both objects seen: nothing to do but wait for step 2's timeout
+    both = replace(again, targets=(node("a"), node("b"), node("c", **SICK, remediations=(
+        replace(first, timed_out=NOW), rem(M3, 0, template="metal3"),
+    ))))  # fmt: skip
+    settled = settle(both)
+    assert decide(settled, NOW).actions == []
+    assert decide(settled, NOW).requeue_at == NOW + dt.timedelta(seconds=600)
+    (entry,) = settled.status.unhealthy_nodes
+    assert [r["resource"]["kind"] for r in entry["remediations"]] == [FR, M3]
+    assert [r.get("timedOut") for r in entry["remediations"]] == [stamp(NOW), None]
+
+
+def test_no_escalation_while_remediation_is_held() -> None:
+    """Short-circuited or paused: no timeout is handled and nothing new made (as NHC)."""
+    held = Check(min_healthy=3, steps=ESCALATION.steps)
+    v = view(node("a"), node("b"), node("c", **SICK, remediations=(rem(FR, 900),)), check=held)
+    decision = decide(v, NOW)
+    assert created(decision) == []
+    assert annotated(decision) == []
+
+
+DELAYED = Check(healthy_delay=120.0)
+
+
+@pytest.mark.parametrize(
+    ("check", "remediation", "confirmed", "deleted", "marks", "delayed", "requeue"),
+    [
+        (Check(), rem(M3, 600), False, True, [], False, None),
+        (Check(healthy_delay=0.0), rem(M3, 600), False, True, [], False, None),
+        # first healthy look: the delay starts (annotated), the object stays
+        (DELAYED, rem(M3, 600), False, False, [(M3, NHC_HEALTHY_DELAY, stamp(NOW))], True,
+         NOW + dt.timedelta(seconds=120)),
+        (DELAYED, rem(M3, 600, healthy_since=ago(60)), False, False, [], True,
+         ago(60) + dt.timedelta(seconds=120)),
+        (DELAYED, rem(M3, 600, healthy_since=ago(120)), False, True, [], True, None),
+        # negative: never automatically
+        (Check(healthy_delay=-1.0), rem(M3, 600), False, False, [], False, None),
+        # the Node's manually-confirmed-healthy annotation cuts any delay short
+        (Check(healthy_delay=-1.0), rem(M3, 600), True, True, [], False, None),
+        (DELAYED, rem(M3, 600, healthy_since=ago(10)), True, True, [], True, None),
+    ],
+    ids=["unset", "zero", "starts", "running", "expired", "never", "confirmed-never",
+         "confirmed-delayed"],
+)  # fmt: skip
+def test_healthy_delay(
+    check: Check,
+    remediation: Remediation,
+    confirmed: bool,
+    deleted: bool,
+    marks: list[tuple[str, str, str]],
+    delayed: bool,
+    requeue: dt.datetime | None,
+) -> None:
+    target = node("c", remediations=(remediation,), confirmed_healthy=confirmed)
+    decision = decide(view(node("a"), node("b"), target, check=check), NOW)
+    assert bool(decision.of(DeleteRemediation)) is deleted
+    assert annotated(decision) == marks
+    assert decision.requeue_at == requeue
+    (status,) = decision.of(SetStatus)
+    # not healthy until its remediations are gone; listed with when it was seen healthy
+    assert status.status.healthy_nodes == 2
+    (entry,) = status.status.unhealthy_nodes
+    assert entry["conditionsHealthyTimestamp"] == stamp(NOW)
+    assert entry.get("healthyDelayed", False) is delayed
+    assert decision.of(ClearNodeAnnotation) == []
+
+
+def test_the_confirmed_healthy_annotation_is_removed_once_the_remediations_are_gone() -> None:
+    decision = decide(view(node("a"), node("c", confirmed_healthy=True)), NOW)
+    assert decision.of(ClearNodeAnnotation) == [ClearNodeAnnotation("c", NHC_CONFIRMED_HEALTHY)]
+    (status,) = decision.of(SetStatus)
+    assert status.status.healthy_nodes == 2
+
+
+def test_the_healthy_timestamp_is_kept_across_evaluations() -> None:
+    target = node("c", remediations=(rem(M3, 600, healthy_since=ago(60)),))
+    v = view(node("a"), target, check=DELAYED)
+    first = settle(v)
+    later = decide(first, NOW + dt.timedelta(seconds=30))
+    assert later.of(SetStatus) == [], "nothing new to say while the delay runs"

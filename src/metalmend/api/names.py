@@ -68,6 +68,11 @@ REMEDIATION_FINALIZER = "remediation.metal3.io"
 # The external remediation contract of medik8s NodeHealthCheck (FenceRemediation objects)
 NHC_NODE_NAME = "remediation.medik8s.io/node-name"
 NHC_TIMED_OUT = "remediation.medik8s.io/nhc-timed-out"
+NHC_TEMPLATE_NAME = "remediation.medik8s.io/template-name"
+# NodeHealthCheck's healthyDelay: on a remediation object, when its Node was first seen
+# healthy again (RFC 3339); on a Node, set by an operator: healthy now, skip the delay.
+NHC_HEALTHY_DELAY = "remediation.medik8s.io/healthy-delay"
+NHC_CONFIRMED_HEALTHY = "remediation.medik8s.io/manually-confirmed-healthy"
 NODE_LABELS_BACKUP = "remediation.metal3.io/node-labels-backup"  # as CAPM3 names them
 NODE_ANNOTATIONS_BACKUP = "remediation.metal3.io/node-annotations-backup"
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"

@@ -12,13 +12,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from lightkube.resources.storage_v1 import VolumeAttachment
-
 from metalmend.api import indexes, links
 from metalmend.api.resources import FenceRemediation
+from metalmend.controllers import metrics
 from metalmend.controllers.powerreads import PowerReader
-from metalmend.controllers.remediation import Evacuations, Planned, RemediationController
-from metalmend.kube.controller import Controller
+from metalmend.controllers.remediation import (
+    Evacuations,
+    Planned,
+    RemediationController,
+    Wakes,
+    wire,
+)
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
 from metalmend.policy import fenceremediation as fence
@@ -39,6 +43,7 @@ def target_of(remediation: Any) -> fence.Target:
 
 class FenceRemediationController(RemediationController):
     resource = FenceRemediation
+    metrics_name = metrics.FENCE_REMEDIATION
 
     def machine_of(self, remediation: Any) -> Any | None:
         namespace = remediation.metadata.namespace
@@ -61,16 +66,6 @@ class FenceRemediationController(RemediationController):
         names (its link annotation or metal3 providerID), never by the object's word."""
         goal = target_of(remediation)
         return goal.name if goal.kind == "Node" else None
-
-    def decide(self, remediation: Any, observed: policy.Observed) -> policy.Decision:
-        annotations = remediation.metadata.annotations or {}
-        return fence.decide(
-            observed,
-            self.clock.now(),
-            self.settings,
-            stopped=fence.timed_out(annotations),
-            stopped_at=remediation.metadata.creationTimestamp,
-        )
 
     async def after(self, remediation: Any, planned: Planned) -> None:
         """The conditions health checkers read, written only when they change; none on an
@@ -108,8 +103,6 @@ def setup(
     controller = FenceRemediationController(
         manager, settings, reader=reader, evacuations=evacuations
     )
-    if controller.evacuations is not None:
-        attachments = manager.informer(VolumeAttachment)
 
     def remediating(machines: set[str], nodes: set[str]) -> list[str]:
         """The FenceRemediations whose target is one of these Machines or Nodes (few: one
@@ -156,16 +149,7 @@ def setup(
         found = controller.machines.store.by_index(indexes.MACHINES_BY_NODE.name, name)
         return remediating({object_key(m) for m in found}, {name})
 
-    runner = manager.add(Controller("fence-remediation", controller.reconcile, workers=4))
-    runner.watch(controller.remediations)
-    runner.watch(controller.machines, by_machine)
-    runner.watch(controller.hosts, by_host)
-    runner.watch(controller.nodes, by_node)
-    if controller.evacuations is not None:
+    def of_node(name: str) -> list[str]:
+        return remediating(set(), {name})
 
-        def by_attachment(old: Any, new: Any) -> list[str]:
-            attachment = new if new is not None else old
-            node = attachment.spec.nodeName if attachment.spec else None
-            return remediating(set(), {node} if node else set())
-
-        runner.watch(attachments, by_attachment)
+    wire(manager, controller, "fence-remediation", Wakes(by_machine, by_host, by_node, of_node))

@@ -460,7 +460,7 @@ class HealthCheckController:
             case policy.DeleteRemediation(machine=key, api_version=api, kind=kind, uid=uid):
                 namespace, name = split_key(key)
                 await self.writer.delete_exact(generic(api, kind), name, uid, namespace=namespace)
-            case policy.MachineEvent(machine=key, type=kind, reason=reason, message=message):
+            case policy.MachineEvent(target=key, type=kind, reason=reason, message=message):
                 await self.writer.record_event(machines[key], str(kind), reason, message)
             case Event(type=kind, reason=reason, message=message):
                 await self.writer.record_event(check, str(kind), reason, message)

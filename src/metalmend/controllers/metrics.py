@@ -31,6 +31,7 @@ from metalmend.policy import remediation as remediation_policy
 OTHER = "other"
 METAL3_REMEDIATION = "metal3-remediation"
 MACHINE_REMEDIATION = "machine-remediation"
+FENCE_REMEDIATION = "fence-remediation"
 REQUESTERS = (METAL3_REMEDIATION, MACHINE_REMEDIATION, OTHER)
 MODES = ("hard", "soft")
 ERROR_TYPES = (REGISTRATION_ERROR, POWER_MANAGEMENT_ERROR, OTHER)
@@ -236,12 +237,16 @@ def bmc_error_samples(hosts: Iterable[Any]) -> list[Sample]:
     return [(HOSTS_BMC_ERROR.name, (kind,), counts[kind]) for kind in ERROR_TYPES]
 
 
-def metal3_remediation_samples(remediations: Iterable[Any]) -> list[Sample]:
+def metal3_remediation_samples(
+    remediations: Iterable[Any], controller: str = METAL3_REMEDIATION
+) -> list[Sample]:
+    """Remediation objects by status.phase: Metal3Remediations, or FenceRemediations
+    (``controller`` fence-remediation: the same phases, the same flow)."""
     counts: Tally[str] = Tally()
     for remediation in remediations:
         phase = _status(remediation).get("phase") or NOT_STARTED
         counts[phase if phase in METAL3_PHASES else OTHER] += 1
-    return [(REMEDIATIONS.name, (METAL3_REMEDIATION, p), counts[p]) for p in METAL3_PHASES]
+    return [(REMEDIATIONS.name, (controller, p), counts[p]) for p in METAL3_PHASES]
 
 
 def machine_remediation_samples(machines: Iterable[Any], hosts: Iterable[Any]) -> list[Sample]:

@@ -8,17 +8,21 @@ A Node finds its host by the operator's link on the Node (``metalmend.dev/bareme
 the legacy ``metal3://<host uid>``), as api/links.py reads them. A Node without one is
 reported, never remediated.
 
-Remediation goes through metalmend's fence-first flow: a Metal3Remediation named after the
-Node in its host's namespace, annotated with the Node's name (names.REMEDIATED_NODE),
-labelled with the check's name and owned by the check; metal3-remediation fences the
-host (power off, confirm off, out-of-service taint or Node deletion, per its settings, under
-the teardown interlock). Deleted once the Node is healthy again. Stateless: every fact is
-read again from the caches, and the objects it makes have fixed names, so a restart at
-any point resumes where the objects say.
+Remediation goes through metalmend's fence-first flow: a Metal3Remediation (or, from a
+FenceRemediationTemplate, a FenceRemediation) named after the Node in its host's namespace,
+annotated with the Node's name (names.REMEDIATED_NODE, NHC's node-name) and its template's,
+labelled with the check's name and owned by the check; metal3-remediation (fence-remediation)
+fences the host (power off, confirm off, out-of-service taint or Node deletion, per its
+settings, under the teardown interlock). With escalatingRemediations, one object per step,
+the timed-out one annotated as NHC does. Deleted once the Node is healthy again (after
+healthyDelay). Stateless: every fact is read again from the caches and the check's status,
+and the objects it makes have fixed names, so a restart at any point resumes where the
+objects and the status say.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -29,11 +33,14 @@ from lightkube.resources.core_v1 import Node
 from metalmend.api import links, names
 from metalmend.api.resources import (
     BareMetalHost,
+    FenceRemediation,
+    FenceRemediationTemplate,
     Metal3Remediation,
     Metal3RemediationTemplate,
     NodeHealthCheck,
 )
 from metalmend.api.selector import matches
+from metalmend.api.stamps import parse_stamp
 from metalmend.controllers.healthcheck import check_changed, node_health
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
@@ -47,6 +54,7 @@ from metalmend.policy.healthcheck import InvalidSpec, NodeCondition
 from metalmend.settings import Settings
 
 log = logging.getLogger(__name__)
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 API_VERSION = "healthcheck.metalmend.dev/v1alpha1"
 # What a remediation made without a template does: power-cycle (fenced) until the Node is
@@ -56,6 +64,11 @@ ESCALATE_REFUSED = (
     "remediation template {ref}: strategy escalate deletes the Machine, and Nodes checked"
     " by a NodeHealthCheck have none; use strategy reboot"
 )
+# The remediation kinds a check makes, and their templates.
+KINDS: Mapping[str, Any] = {
+    policy.REMEDIATION_KIND: Metal3Remediation,
+    policy.FENCE_KIND: FenceRemediation,
+}
 
 
 class NodeHealthCheckController:
@@ -66,8 +79,17 @@ class NodeHealthCheckController:
         self.checks = manager.informer(NodeHealthCheck)
         self.nodes = manager.informer(Node)
         self.hosts = manager.informer(BareMetalHost, namespace=ns)
-        self.remediations = manager.informer(Metal3Remediation, namespace=ns)
-        self.templates = manager.informer(Metal3RemediationTemplate, namespace=ns)
+        self.remediations = {
+            kind: manager.informer(resource, namespace=ns) for kind, resource in KINDS.items()
+        }
+        self.templates = {
+            f"{policy.REMEDIATION_KIND}Template": manager.informer(
+                Metal3RemediationTemplate, namespace=ns
+            ),
+            f"{policy.FENCE_KIND}Template": manager.informer(
+                FenceRemediationTemplate, namespace=ns
+            ),
+        }
         self.own_writes = OwnWrites()
 
     # ---- observe ----------------------------------------------------------------------
@@ -76,15 +98,18 @@ class NodeHealthCheckController:
         spec = check.get("spec") or {}
         status = policy.NodeCheckStatus.from_wire(check.get("status"))
         generation = check.metadata.generation
+        templates: list[policy.Template] = []
+        missing = ""
         try:
             rules = policy.check_from_spec(spec)
-            template = self.template(spec.get("remediationTemplate"))
+            for step in rules.steps:
+                template = self.template(step.ref)
+                if template is None and step.ref is not None:
+                    missing = missing or f"{step.ref.kind} {step.ref.key} not found"
+                elif template is not None:
+                    templates.append(template)
         except InvalidSpec as error:
             return policy.View(None, spec_error=str(error), status=status, generation=generation)
-        missing = ""
-        if template is None:
-            ref = spec.get("remediationTemplate") or {}
-            missing = f"remediation template {ref.get('namespace')}/{ref.get('name')} not found"
         selector = spec.get("selector") or {}
         mine = self.made_by(check.metadata.name)
         targets = [
@@ -103,40 +128,43 @@ class NodeHealthCheckController:
                 targets.append(self.target(node, obj))
             else:
                 gone = policy.NodeTarget(
-                    name=name, uid="", remediation=remediation_of(obj), exists=False
+                    name=name,
+                    uid="",
+                    remediations=tuple(obj),
+                    exists=False,
                 )
                 targets.append(gone)
         return policy.View(
             check=rules,
             targets=tuple(targets),
-            template=template,
+            templates=tuple(templates),
             template_missing=missing,
             status=status,
             generation=generation,
         )
 
-    def template(self, ref: Any) -> policy.Template | None:
-        """The spec remediations are made with; None: the named template is not there.
-        InvalidSpec: one that cannot be used for Nodes."""
-        if not ref:
+    def template(self, ref: policy.TemplateRef | None) -> policy.Template | None:
+        """The spec remediations of a step are made with; None: the named template is not
+        there. InvalidSpec: one that cannot be used for Nodes."""
+        if ref is None:
             return policy.Template(dict(DEFAULT_SPEC))
-        key = f"{ref.get('namespace')}/{ref.get('name')}"
-        template = self.templates.store.get(key)
+        template = self.templates[ref.kind].store.get(ref.key)
         if template is None:
             return None
         body = ((template.get("spec") or {}).get("template") or {}).get("spec") or {}
         if body.get("strategy") == "escalate":
-            raise InvalidSpec(ESCALATE_REFUSED.format(ref=key))
+            raise InvalidSpec(ESCALATE_REFUSED.format(ref=f"{ref.kind} {ref.key}"))
         return policy.Template(dict(body))
 
-    def made_by(self, check_name: str) -> dict[str, Any]:
-        """The Metal3Remediations this check made, by Node name."""
-        found: dict[str, Any] = {}
-        for obj in self.remediations.store.values():
-            labels = obj.metadata.labels or {}
-            node = (obj.metadata.annotations or {}).get(names.REMEDIATED_NODE)
-            if node and labels.get(names.NODE_HEALTH_CHECK_LABEL) == check_name:
-                found[node] = obj
+    def made_by(self, check_name: str) -> dict[str, list[policy.Remediation]]:
+        """The remediation objects (of both kinds) this check made, by Node name."""
+        found: dict[str, list[policy.Remediation]] = {}
+        for kind, informer in self.remediations.items():
+            for obj in informer.store.values():
+                labels = obj.metadata.labels or {}
+                node = node_of(obj)
+                if node and labels.get(names.NODE_HEALTH_CHECK_LABEL) == check_name:
+                    found.setdefault(node, []).append(remediation_of(obj, kind))
         return found
 
     def host_of(self, node: Any) -> tuple[Any | None, str]:
@@ -160,7 +188,9 @@ class NodeHealthCheckController:
             return None, f"providerID {provider} names another host than {object_key(host)}"
         return host, ""
 
-    def target(self, node: Any, remediation: Any | None) -> policy.NodeTarget:
+    def target(
+        self, node: Any, remediations: list[policy.Remediation] | None
+    ) -> policy.NodeTarget:
         now = self.clock.now()
         conditions: dict[str, NodeCondition] = {}
         for c in (node.status.conditions if node.status else None) or []:
@@ -173,7 +203,7 @@ class NodeHealthCheckController:
             if claim is not None:
                 stale = interlock.claim_stale(claim, node.metadata.name, node.metadata.uid)
                 teardown = interlock.hold_message(object_key(host), claim, stale)
-        found = remediation_of(remediation) if remediation is not None else None
+        found = tuple(remediations or ())
         return policy.NodeTarget(
             name=node.metadata.name,
             uid=str(node.metadata.uid or ""),
@@ -181,8 +211,9 @@ class NodeHealthCheckController:
             deleting=node.metadata.deletionTimestamp is not None,
             host=object_key(host) if host is not None else "",
             host_problem=problem,
-            remediation=found,
+            remediations=found,
             teardown=teardown,
+            confirmed_healthy=names.NHC_CONFIRMED_HEALTHY in (node.metadata.annotations or {}),
         )
 
     # ---- reconcile ----------------------------------------------------------------------
@@ -204,11 +235,21 @@ class NodeHealthCheckController:
                 if written is not None:
                     self.own_writes.wrote(object_key(check), check, written)
                 return written
-            case policy.CreateRemediation():
-                await self.writer.create(Metal3Remediation, remediation_object(check, action))
-            case policy.DeleteRemediation(namespace=namespace, name=name, uid=uid):
-                await self.writer.delete_exact(Metal3Remediation, name, uid, namespace=namespace)
-            case policy.NodeEvent(node=name, type=kind, reason=reason, message=message):
+            case policy.CreateRemediation(kind=kind):
+                await self.writer.create(KINDS[kind], remediation_object(check, action))
+            case policy.DeleteRemediation(namespace=namespace, name=name, uid=uid, kind=kind):
+                await self.writer.delete_exact(KINDS[kind], name, uid, namespace=namespace)
+            case policy.AnnotateRemediation(kind=kind, key=annotation, value=value):
+                found = self.remediations[kind].store.get(f"{action.namespace}/{action.name}")
+                if found is not None and str(found.metadata.uid) == action.uid:
+                    await self.writer.patch_metadata(
+                        KINDS[kind], found, "annotations", {annotation: value}
+                    )
+            case policy.ClearNodeAnnotation(node=name, key=annotation):
+                node = self.nodes.store.get(name)
+                if node is not None:
+                    await self.writer.patch_metadata(Node, node, "annotations", {annotation: None})
+            case policy.NodeEvent(target=name, type=kind, reason=reason, message=message):
                 node = self.nodes.store.get(name)
                 if node is not None:
                     await self.writer.record_event(node, str(kind), reason, message)
@@ -217,13 +258,48 @@ class NodeHealthCheckController:
         return None
 
 
-def remediation_of(obj: Any) -> policy.Remediation:
+def node_of(obj: Any) -> str | None:
+    """The Node a remediation object this controller made is for."""
+    annotations = obj.metadata.annotations or {}
+    return annotations.get(names.REMEDIATED_NODE) or annotations.get(names.NHC_NODE_NAME)
+
+
+def remediation_of(obj: Any, kind: str) -> policy.Remediation:
     """A remediation as the policy reads it (uid "" while it is being deleted: it still
-    counts, but is not deleted again)."""
+    counts, but is not deleted again). Annotations and conditions anyone may have written
+    badly read as absent."""
     meta = obj.metadata
     deleting = meta.deletionTimestamp is not None
     uid = "" if deleting else str(meta.uid or "")
-    return policy.Remediation(meta.namespace, meta.name, uid, meta.creationTimestamp)
+    annotations = meta.annotations or {}
+    conditions = (obj.get("status") or {}).get("conditions")
+    succeeded = None
+    for condition in conditions if isinstance(conditions, list) else []:
+        if isinstance(condition, Mapping) and condition.get("type") == "Succeeded":
+            status = condition.get("status")
+            succeeded = True if status == "True" else False if status == "False" else None
+    return policy.Remediation(
+        meta.namespace,
+        meta.name,
+        uid,
+        meta.creationTimestamp,
+        kind=kind,
+        timed_out=_when(annotations, names.NHC_TIMED_OUT),
+        healthy_since=_when(annotations, names.NHC_HEALTHY_DELAY),
+        succeeded=succeeded,
+        template=annotations.get(names.NHC_TEMPLATE_NAME, ""),
+    )
+
+
+def _when(annotations: Mapping[str, str], key: str) -> dt.datetime | None:
+    """An annotation's time; present but unreadable: now-ish is not guessed, the epoch is
+    (a timed-out mark stays a mark; a healthy-delay start long past)."""
+    if key not in annotations:
+        return None
+    try:
+        return parse_stamp(annotations[key]) or EPOCH
+    except (ValueError, OverflowError):
+        return EPOCH
 
 
 def remediation_object(check: Any, action: policy.CreateRemediation) -> Any:
@@ -234,14 +310,17 @@ def remediation_object(check: Any, action: policy.CreateRemediation) -> Any:
         name=check.metadata.name,
         uid=str(check.metadata.uid),
     )
+    annotations = {names.REMEDIATED_NODE: action.node, names.NHC_NODE_NAME: action.node}
+    if action.template:
+        annotations[names.NHC_TEMPLATE_NAME] = action.template
     metadata = ObjectMeta(
         name=action.node,
         namespace=namespace,
-        annotations={names.REMEDIATED_NODE: action.node},
+        annotations=annotations,
         labels={names.NODE_HEALTH_CHECK_LABEL: check.metadata.name},
         ownerReferences=[owner],
     )
-    return Metal3Remediation(metadata=metadata, spec=dict(action.spec))
+    return KINDS[action.kind](metadata=metadata, spec=dict(action.spec))
 
 
 def node_read(node: Any) -> tuple[Any, ...]:
@@ -253,6 +332,7 @@ def node_read(node: Any) -> tuple[Any, ...]:
         tuple(sorted((node.metadata.labels or {}).items())),
         annotations.get(names.NODE_HOST),
         links.node_provider_id(node),
+        names.NHC_CONFIRMED_HEALTHY in annotations,
     )
 
 
@@ -289,5 +369,7 @@ def setup(manager: Manager, settings: Settings) -> None:
     runner.watch(checks, predicate=check_changed)
     runner.watch(controller.nodes, every_check, predicate=node_changed)
     runner.watch(controller.hosts, every_check, predicate=host_changed)
-    runner.watch(controller.remediations, made_by_check)
-    runner.watch(controller.templates, every_check)
+    for informer in controller.remediations.values():
+        runner.watch(informer, made_by_check)
+    for informer in controller.templates.values():
+        runner.watch(informer, every_check)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -30,6 +31,7 @@ from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
 from metalmend.kube.writer import KubeWriter, Writer
 from metalmend.log import fields
+from metalmend.policy import fenceremediation as fence
 from metalmend.policy import remediation as policy
 from metalmend.policy.fencing import host_power, other_remediation
 from metalmend.policy.interlock import teardown_claim
@@ -87,6 +89,8 @@ class Planned:
 class RemediationController:
     # The kind of the remediation objects (FenceRemediationController: its own kind).
     resource: Any = Metal3Remediation
+    # The ``controller`` label of its metrics (FenceRemediationController: its own).
+    metrics_name = metrics.METAL3_REMEDIATION
 
     def __init__(
         self,
@@ -284,7 +288,18 @@ class RemediationController:
         """Once the decision is carried out (FenceRemediationController: its conditions)."""
 
     def decide(self, remediation: Any, observed: policy.Observed) -> policy.Decision:
-        return policy.decide(observed, self.clock.now(), self.settings)
+        """policy.remediation.decide; a NodeHealthCheck's timed-out annotation (it escalated
+        to its next remediation) stops it and releases everything, as a deletion would
+        (policy.fenceremediation.decide), for both kinds."""
+        if not fence.timed_out(remediation.metadata.annotations or {}):
+            return policy.decide(observed, self.clock.now(), self.settings)
+        return fence.decide(
+            observed,
+            self.clock.now(),
+            self.settings,
+            stopped=True,
+            stopped_at=remediation.metadata.creationTimestamp,
+        )
 
     async def plan(self, key: str) -> Planned | None:
         """Observe from the caches and decide (after telling the Machine whether its host
@@ -336,7 +351,7 @@ class RemediationController:
                 before = obj.get("status") or {}
                 status = progress.to_wire(before)
                 written = await writer.patch_status(self.resource, obj, status)
-                metrics.entered(metrics.METAL3_REMEDIATION, before, progress.phase)
+                metrics.entered(self.metrics_name, before, progress.phase)
                 return written
             case policy.AddFinalizer() | policy.RemoveFinalizer():
                 present = list(obj.metadata.finalizers or [])
@@ -376,7 +391,7 @@ class RemediationController:
         writer = self.writer
         match action:
             case policy.DeleteNode(name=name, uid=uid):
-                with metrics.fencing(metrics.METAL3_REMEDIATION, policy.FenceMethod.DELETE_NODE):
+                with metrics.fencing(self.metrics_name, policy.FenceMethod.DELETE_NODE):
                     deleted = await writer.delete_exact(Node, name, uid)
                 if deleted:
                     log.info("node deleted", extra=fields(remediation=object_key(obj), node=name))
@@ -388,7 +403,7 @@ class RemediationController:
                     taints = out_of_service_taints(node, isinstance(action, policy.TaintNode))
                     if isinstance(action, policy.TaintNode):
                         method = policy.FenceMethod.OUT_OF_SERVICE_TAINT
-                        with metrics.fencing(metrics.METAL3_REMEDIATION, method):
+                        with metrics.fencing(self.metrics_name, method):
                             await writer.set_taints(node, taints)
                     else:
                         await writer.set_taints(node, taints)
@@ -452,6 +467,46 @@ def node_view(node: Any) -> policy.NodeView:
     )
 
 
+Mapper = Callable[[Any, Any], list[str]]
+
+
+@dataclass(frozen=True)
+class Wakes:
+    """Which remediation objects (by key) a change of another kind wakes: the only part of
+    the watch wiring that differs between metal3-remediation and fence-remediation."""
+
+    machine: Mapper
+    host: Mapper
+    node: Mapper
+    of_node: Callable[[str], list[str]]  # the remediations holding this Node's host
+
+
+def wire(manager: Manager, controller: RemediationController, name: str, wakes: Wakes) -> None:
+    """The controller's runner, its gauge of objects by phase, and its watches: its own
+    objects, Machines, hosts, Nodes and, where it evacuates by the taint, VolumeAttachments
+    (one going away wakes the remediation holding its Node's host off)."""
+    attachments = manager.informer(VolumeAttachment) if controller.evacuations is not None else None
+    runner = manager.add(Controller(name, controller.reconcile, workers=4))
+    metrics.from_cache(
+        controller.metrics_name,
+        lambda: metrics.metal3_remediation_samples(
+            controller.remediations.store.values(), controller.metrics_name
+        ),
+    )
+    runner.watch(controller.remediations)
+    runner.watch(controller.machines, wakes.machine)
+    runner.watch(controller.hosts, wakes.host)
+    runner.watch(controller.nodes, wakes.node)
+    if attachments is not None:
+
+        def by_attachment(old: Any, new: Any) -> list[str]:
+            attachment = new if new is not None else old
+            node = attachment.spec.nodeName if attachment.spec else None
+            return wakes.of_node(node) if node else []
+
+        runner.watch(attachments, by_attachment)
+
+
 def setup(
     manager: Manager,
     settings: Settings,
@@ -462,9 +517,6 @@ def setup(
     """``reader``/``evacuations``: the BMC reads and the pod listing of the taint strategy
     (tests give their own hardware; by default the host's BMC and the API server)."""
     controller = RemediationController(manager, settings, reader=reader, evacuations=evacuations)
-    if controller.evacuations is not None:
-        # A VolumeAttachment going away wakes the remediation holding its Node's host off.
-        attachments = manager.informer(VolumeAttachment)
 
     def by_machine(old: Any, new: Any) -> list[str]:
         machine = new if new is not None else old
@@ -477,34 +529,14 @@ def setup(
         )
         return sorted(object_key(m) for m in machines)
 
+    def of_node(name: str) -> list[str]:
+        found = controller.remediations.store.by_index(indexes.REMEDIATIONS_BY_NODE.name, name)
+        return sorted(object_key(r) for r in found)
+
     def by_node(old: Any, new: Any) -> list[str]:
         node = new if new is not None else old
         name = node.metadata.name
         machines = controller.machines.store.by_index(indexes.MACHINES_BY_NODE.name, name)
-        remediations = controller.remediations.store.by_index(
-            indexes.REMEDIATIONS_BY_NODE.name, name
-        )
-        keys = {object_key(m) for m in machines}
-        keys.update(object_key(r) for r in remediations)
-        return sorted(keys)
+        return sorted({object_key(m) for m in machines} | set(of_node(name)))
 
-    runner = manager.add(Controller("metal3-remediation", controller.reconcile, workers=4))
-    metrics.from_cache(
-        metrics.METAL3_REMEDIATION,
-        lambda: metrics.metal3_remediation_samples(controller.remediations.store.values()),
-    )
-    runner.watch(controller.remediations)
-    runner.watch(controller.machines, by_machine)
-    runner.watch(controller.hosts, by_host)
-    runner.watch(controller.nodes, by_node)
-    if controller.evacuations is not None:
-
-        def by_attachment(old: Any, new: Any) -> list[str]:
-            attachment = new if new is not None else old
-            node = attachment.spec.nodeName if attachment.spec else None
-            found = controller.remediations.store.by_index(
-                indexes.REMEDIATIONS_BY_NODE.name, node or ""
-            )
-            return sorted(object_key(r) for r in found)
-
-        runner.watch(attachments, by_attachment)
+    wire(manager, controller, "metal3-remediation", Wakes(by_machine, by_host, by_node, of_node))

@@ -31,6 +31,29 @@ class Event:
     message: str
 
 
+@dataclass(frozen=True)
+class TargetEvent:
+    """Record a Kubernetes Event on one of a health check's targets instead of on the check:
+    a Machine (``namespace/name``, policy.healthcheck's MachineEvent) or a Node (its name,
+    policy.nodehealthcheck's NodeEvent)."""
+
+    target: str
+    type: EventType
+    reason: str
+    message: str
+
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class SetStatus(Generic[S]):
+    """Write the reconciled object's whole new status (``S``: its policy's status value;
+    emitted only when it differs from what was read)."""
+
+    status: S
+
+
 A = TypeVar("A")
 
 

@@ -86,7 +86,8 @@ from typing import Any
 
 from metalmend.api import names
 from metalmend.api.stamps import stamp
-from metalmend.policy.decision import Decision, Event, EventType
+from metalmend.policy.decision import Decision, Event, EventType, TargetEvent
+from metalmend.policy.decision import SetStatus as SetStatus  # shared; its controller matches it
 from metalmend.policy.interlock import (
     CONDITION_HOST_AVAILABLE,
     REASON_BEING_TORN_DOWN,
@@ -676,19 +677,8 @@ class WithdrawAnnotation:
     machine: str
 
 
-@dataclass(frozen=True)
-class SetStatus:
-    status: CheckStatus
-
-
-@dataclass(frozen=True)
-class MachineEvent:
-    """An Event on the Machine (Cluster API records these there)."""
-
-    machine: str
-    type: EventType
-    reason: str
-    message: str
+# An Event on the Machine (Cluster API records these there).
+MachineEvent = TargetEvent
 
 
 @dataclass(frozen=True)
@@ -700,7 +690,7 @@ class StopUntilEdited:
 
 Action = (
     SetMachineConditions | CreateRemediation | DeleteRemediation | RequestRemediationByAnnotation
-    | WithdrawAnnotation | SetStatus | MachineEvent | StopUntilEdited | Event
+    | WithdrawAnnotation | SetStatus[CheckStatus] | MachineEvent | StopUntilEdited | Event
 )  # fmt: skip
 
 

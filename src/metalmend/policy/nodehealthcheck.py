@@ -30,6 +30,19 @@ condition merge. What differs, and why:
 - ``pauseRequests`` (NHC's): while any is there, no new remediation starts; those in
   flight go on, and those of Nodes healthy again are still deleted.
 
+Escalation and ``healthyDelay`` are NHC's (``resources/templates.go``, ``manager.go`` and
+the controller's ``remediate``): the templates in ``order``; the current one is the first
+whose kind has no timed-out remediation for the Node; a remediation that has not brought the
+Node back within its ``timeout`` (counted from its creation), or whose ``Succeeded`` is
+False, gets the timed-out annotation (unless ``Succeeded`` is True) and ``timedOut`` in the
+status, and the next template's object is created. Where the escalation stands is stored
+twice, so that a restart at any point resumes it: in the status (``timedOut``) and on the
+objects (the annotation; the deadline is their creation time). A healthy Node with
+remediations is not healthy until they are gone: they are deleted at once, after
+``healthyDelay`` (counted from the healthy-delay annotation the first healthy look puts on
+them), or, with a negative delay, never automatically; the Node's manually-confirmed-healthy
+annotation cuts the delay short and is removed once they are gone.
+
 Every input the CRD schema admits evaluates; a spec that cannot be honoured raises
 ``InvalidSpec`` from ``check_from_spec`` (the controller reports it: phase Disabled).
 """
@@ -41,9 +54,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from metalmend.api import names
 from metalmend.api.stamps import parse_stamp, stamp
 from metalmend.policy import healthcheck as machine_policy
-from metalmend.policy.decision import Decision, Event, EventType
+from metalmend.policy.decision import Decision, Event, EventType, TargetEvent
+from metalmend.policy.decision import SetStatus as SetStatus  # shared; its controller matches it
 from metalmend.policy.healthcheck import (
     INT32_MAX,
     Health,
@@ -81,12 +96,55 @@ EVENT_REMEDIATION_REMOVED = "RemediationRemoved"
 EVENT_REMEDIATION_SKIPPED = "RemediationSkipped"
 EVENT_DISABLED = "Disabled"
 EVENT_ENABLED = "Enabled"
+EVENT_NO_TEMPLATE_LEFT = "NoTemplateLeft"
+# metalmend's own: NHC only logs it.
+EVENT_REMEDIATION_TIMED_OUT = "RemediationTimedOut"
 # metalmend's own: an unhealthy Node that nothing can fence (no host found).
 EVENT_NO_HOST = "NoBareMetalHost"
 EVENT_NODE_UNHEALTHY = "NodeUnhealthy"
 
 REMEDIATION_API = "remediation.metal3.io/v1alpha1"
 REMEDIATION_KIND = "Metal3Remediation"
+FENCE_API = "remediation.metalmend.dev/v1alpha1"
+FENCE_KIND = "FenceRemediation"
+# The template kinds a NodeHealthCheck may name, with their objects' apiVersion.
+TEMPLATE_API = {
+    f"{REMEDIATION_KIND}Template": REMEDIATION_API,
+    f"{FENCE_KIND}Template": FENCE_API,
+}
+# NHC's webhook: "a minimum of 60s is enforced" (a safeguard against parallel remediations).
+MIN_ESCALATION_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class TemplateRef:
+    """A remediationTemplate reference: a Metal3RemediationTemplate or FenceRemediationTemplate."""
+
+    kind: str
+    namespace: str
+    name: str
+
+    @property
+    def remediation_kind(self) -> str:
+        return self.kind.removesuffix("Template")
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One remediation of the escalation (``ref`` None: metalmend's default, no template;
+    ``timeout`` None: a single template, never timed out)."""
+
+    ref: TemplateRef | None = None
+    order: int = 0
+    timeout: float | None = None
+
+    @property
+    def remediation_kind(self) -> str:
+        return self.ref.remediation_kind if self.ref is not None else REMEDIATION_KIND
 
 
 @dataclass(frozen=True)
@@ -96,6 +154,66 @@ class Check:
     max_unhealthy: int | str | None = None
     pause_requests: tuple[str, ...] = ()
     storm_cooldown: float | None = None  # seconds; None: no cooldown after a storm
+    steps: tuple[Step, ...] = (Step(),)  # in order
+    healthy_delay: float | None = None  # seconds; negative: never automatically
+
+
+def template_ref(ref: Any, where: str) -> TemplateRef:
+    if not isinstance(ref, Mapping):
+        raise InvalidSpec(f"{where} must be an object")
+    kind = ref.get("kind") or f"{REMEDIATION_KIND}Template"
+    if kind not in TEMPLATE_API:
+        raise InvalidSpec(f"{where}.kind {kind!r}: one of {', '.join(sorted(TEMPLATE_API))}")
+    api = ref.get("apiVersion")
+    if api is not None and api != TEMPLATE_API[kind]:
+        raise InvalidSpec(f"{where}.apiVersion of a {kind} is {TEMPLATE_API[kind]}, not {api!r}")
+    namespace, name = ref.get("namespace"), ref.get("name")
+    if not isinstance(namespace, str) or not namespace or not isinstance(name, str) or not name:
+        raise InvalidSpec(f"{where} needs a namespace and a name")
+    return TemplateRef(kind, namespace, name)
+
+
+def steps_from_spec(spec: Mapping[str, Any]) -> tuple[Step, ...]:
+    """NHC's rules (its webhook): remediationTemplate or escalatingRemediations, not both;
+    unique orders; one template per kind (NHC allows several of a kind only for templates
+    annotated for it, which metalmend does not name objects for); timeouts of 60s or more."""
+    single, escalating = spec.get("remediationTemplate"), spec.get("escalatingRemediations")
+    if single is not None and escalating is not None:
+        raise InvalidSpec(
+            "remediationTemplate and escalatingRemediations are mutually exclusive: set one"
+        )
+    if escalating is None:
+        return (Step(template_ref(single, "remediationTemplate")),) if single else (Step(),)
+    if not isinstance(escalating, list) or not escalating:
+        raise InvalidSpec("escalatingRemediations must be a non-empty list")
+    steps = []
+    for index, entry in enumerate(escalating):
+        where = f"escalatingRemediations[{index}]"
+        if not isinstance(entry, Mapping):
+            raise InvalidSpec(f"{where} must be an object")
+        ref = template_ref(entry.get("remediationTemplate"), f"{where}.remediationTemplate")
+        order = entry.get("order")
+        if not isinstance(order, int) or isinstance(order, bool):
+            raise InvalidSpec(f"{where}.order must be an integer")
+        timeout = parse_duration(entry.get("timeout"))
+        if timeout is None or timeout < MIN_ESCALATION_TIMEOUT:
+            raise InvalidSpec(f"{where}.timeout must be at least one minute (60s)")
+        steps.append(Step(ref, order, timeout))
+    orders = [s.order for s in steps]
+    if len(set(orders)) != len(orders):
+        raise InvalidSpec("escalatingRemediations: each order must be unique")
+    kinds = [s.remediation_kind for s in steps]
+    if len(set(kinds)) != len(kinds):
+        raise InvalidSpec("escalatingRemediations: one template per kind")
+    return tuple(sorted(steps, key=lambda s: s.order))
+
+
+def signed_duration(text: Any) -> float | None:
+    """healthyDelay: a duration, or a negative one ("-1s": never automatically)."""
+    if isinstance(text, str) and text.strip().startswith("-"):
+        seconds = parse_duration(text.strip()[1:])
+        return -seconds if seconds is not None else None
+    return parse_duration(text)
 
 
 def check_from_spec(spec: Mapping[str, Any]) -> Check:
@@ -133,6 +251,8 @@ def check_from_spec(spec: Mapping[str, Any]) -> Check:
         max_unhealthy=maximum,
         pause_requests=tuple(pauses),
         storm_cooldown=parse_duration(spec.get("stormCooldownDuration")),
+        steps=steps_from_spec(spec),
+        healthy_delay=signed_duration(spec.get("healthyDelay")),
     )
 
 
@@ -161,12 +281,21 @@ def short_circuit(check: Check, expected: int, healthy: int) -> tuple[bool, int,
 
 @dataclass(frozen=True)
 class Remediation:
-    """A Metal3Remediation made for a Node (found by its node annotation)."""
+    """A remediation object this check made for a Node (found by its node annotation)."""
 
     namespace: str
     name: str
-    uid: str
+    uid: str  # "" while it is being deleted: it still counts, but is not deleted again
     started: dt.datetime | None  # creationTimestamp
+    kind: str = REMEDIATION_KIND
+    timed_out: dt.datetime | None = None  # its timed-out annotation
+    healthy_since: dt.datetime | None = None  # its healthy-delay annotation
+    succeeded: bool | None = None  # its Succeeded condition (None: absent or Unknown)
+    template: str = ""  # its template-name annotation
+
+    @property
+    def api_version(self) -> str:
+        return FENCE_API if self.kind == FENCE_KIND else REMEDIATION_API
 
 
 @dataclass(frozen=True)
@@ -179,17 +308,18 @@ class NodeTarget:
     deleting: bool = False
     host: str = ""  # "namespace/name" of its BareMetalHost ("" none found)
     host_problem: str = ""  # why no host (when ``host`` is "")
-    remediation: Remediation | None = None
+    remediations: tuple[Remediation, ...] = ()
     teardown: str = ""  # why its host may not be remediated now (policy.interlock)
     # False: no such Node is selected now, but this check's remediation of it is there
     # (fencing deleted the Node, or the selector changed): reported, never healthy
     exists: bool = True
+    confirmed_healthy: bool = False  # the Node's manually-confirmed-healthy annotation
 
 
 @dataclass(frozen=True)
 class Template:
-    """What a Metal3Remediation is made of: the template's spec.template.spec (or
-    metalmend's default)."""
+    """What a remediation object is made of: the template's spec.template.spec (or
+    metalmend's default), for the step of the same index."""
 
     spec: Mapping[str, Any]
 
@@ -264,8 +394,8 @@ class View:
     check: Check | None  # None: the spec cannot be honoured (spec_error says why)
     targets: tuple[NodeTarget, ...] = ()
     spec_error: str = ""
-    template: Template | None = None  # None with template_missing: named but not found
-    template_missing: str = ""
+    templates: tuple[Template, ...] = ()  # one per check.steps
+    template_missing: str = ""  # a named template not found
     status: NodeCheckStatus = NodeCheckStatus()
     generation: int | None = None
 
@@ -275,13 +405,16 @@ class View:
 
 @dataclass(frozen=True)
 class CreateRemediation:
-    """A Metal3Remediation named after the Node, in its host's namespace, owned by the
-    check, carrying the Node's name (names.REMEDIATED_NODE) for metal3-remediation."""
+    """A remediation object (``kind``) named after the Node, in its host's namespace, owned
+    by the check, carrying the Node's name (names.REMEDIATED_NODE and NHC's node-name) and
+    its template's name."""
 
     node: str
     node_uid: str
     host: str  # namespace/name
     spec: Mapping[str, Any]
+    kind: str = REMEDIATION_KIND
+    template: str = ""
 
 
 @dataclass(frozen=True)
@@ -290,24 +423,43 @@ class DeleteRemediation:
     namespace: str
     name: str
     uid: str  # precondition: never a successor created since we looked
+    kind: str = REMEDIATION_KIND
 
 
 @dataclass(frozen=True)
-class SetStatus:
-    status: NodeCheckStatus
+class AnnotateRemediation:
+    """Set NHC's timed-out or healthy-delay annotation on a remediation object (if it still
+    has ``uid``)."""
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+    key: str
+    value: str
 
 
 @dataclass(frozen=True)
-class NodeEvent:
-    """An Event on the Node."""
+class ClearNodeAnnotation:
+    """Remove an annotation from a Node (NHC's manually-confirmed-healthy, once used)."""
 
     node: str
-    type: EventType
-    reason: str
-    message: str
+    key: str
 
 
-Action = CreateRemediation | DeleteRemediation | SetStatus | NodeEvent | Event
+# An Event on the Node.
+NodeEvent = TargetEvent
+
+
+Action = (
+    CreateRemediation
+    | DeleteRemediation
+    | AnnotateRemediation
+    | ClearNodeAnnotation
+    | SetStatus[NodeCheckStatus]
+    | NodeEvent
+    | Event
+)
 
 
 # ---- decide --------------------------------------------------------------------------------
@@ -335,34 +487,37 @@ def verdict(check: Check, target: NodeTarget, now: dt.datetime) -> machine_polic
 
 
 def decide(view: View, now: dt.datetime) -> Decision[Action]:
-    if view.check is None or view.spec_error or view.template is None:
-        if view.check is None or view.spec_error:
-            reason, problem = REASON_INVALID_SPEC, view.spec_error or "the spec cannot be read"
-        else:
-            reason = REASON_TEMPLATE_NOT_FOUND
-            problem = view.template_missing or "the remediation template cannot be used"
-        return _disabled(view, reason, problem, now)
-    check, template = view.check, view.template
+    check = view.check
+    if check is None or view.spec_error:
+        problem = view.spec_error or "the spec cannot be read"
+        return _disabled(view, REASON_INVALID_SPEC, problem, now)
+    if view.template_missing or len(view.templates) != len(check.steps):
+        problem = view.template_missing or "the remediation template cannot be used"
+        return _disabled(view, REASON_TEMPLATE_NOT_FOUND, problem, now)
     verdicts = {t.name: verdict(check, t, now) for t in view.targets}
     expected = len(view.targets)
-    healthy = sum(1 for v in verdicts.values() if v.kind == Health.HEALTHY)
+    # as NHC: a Node is healthy only once no remediation of it is left
+    healthy = sum(
+        1 for t in view.targets if verdicts[t.name].kind == Health.HEALTHY and not t.remediations
+    )
     allowed, _, blocked = short_circuit(check, expected, healthy)
     paused = bool(check.pause_requests)
     decision = Decision[Action]()
     wanted: dict[str, tuple[str, str, str]] = {CONDITION_DISABLED: ("False", REASON_ENABLED, "")}
     cooling = _storm(view, check, allowed, blocked, wanted, decision, now)
-    report = _Report(view.status.unhealthy_names())
+    report = _Report(view.status.unhealthy_nodes, check, view.templates, decision, now)
     for target in sorted(view.targets, key=lambda t: t.name):
         found = verdicts[target.name]
         decision.at(found.deadline)
         start = allowed and not paused and not cooling
-        report.target(target, found, start, template, decision, now)
+        report.target(target, found, start)
+    remediating = [u for u in report.unhealthy if u.get("remediations")]
     phase, reason = PHASE_ENABLED, "NHC is enabled, no ongoing remediation"
     if paused:
         phase = PHASE_PAUSED
         reason = f"NHC is paused: {', '.join(check.pause_requests)}"
-    elif report.in_flight:
-        phase, reason = PHASE_REMEDIATING, f"NHC is remediating {len(report.in_flight)} Nodes"
+    elif remediating:
+        phase, reason = PHASE_REMEDIATING, f"NHC is remediating {len(remediating)} Nodes"
     if cooling and not paused:
         reason = f"{reason}; no new remediation: {cooling}"
     status = NodeCheckStatus(
@@ -432,70 +587,225 @@ def _time(text: Any) -> dt.datetime | None:
 
 @dataclass
 class _Report:
-    """The unhealthy Nodes of one evaluation, as the status lists them."""
+    """The unhealthy Nodes of one evaluation, as the status lists them, and what is done
+    for each."""
 
-    before: set[str]  # unhealthy in the status as read: Events only for newcomers
+    prior: Sequence[Mapping[str, Any]]  # status.unhealthyNodes as read
+    check: Check
+    templates: Sequence[Template]
+    decision: Decision[Action]
+    now: dt.datetime
     unhealthy: list[Mapping[str, Any]] = field(default_factory=list)
     in_flight: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
 
-    def target(
-        self,
-        target: NodeTarget,
-        found: machine_policy.Verdict,
-        allowed: bool,
-        template: Template,
-        decision: Decision[Action],
-        now: dt.datetime,
-    ) -> None:
-        remediation = target.remediation
+    @property
+    def before(self) -> set[str]:
+        """Unhealthy in the status as read: Events only for newcomers."""
+        return {str(u.get("name")) for u in self.prior if u.get("name")}
+
+    def earlier(self, node: str) -> Mapping[str, Any]:
+        return next((u for u in self.prior if u.get("name") == node), {})
+
+    def target(self, target: NodeTarget, found: machine_policy.Verdict, allowed: bool) -> None:
+        decision = self.decision
+        remediations = target.remediations
+        earlier = self.earlier(target.name)
+        timed = _timed_out(earlier, remediations)
         if found.kind == Health.HEALTHY:
-            if remediation is not None and remediation.uid:
-                decision.do(DeleteRemediation(
-                    target.name, remediation.namespace, remediation.name, remediation.uid
-                ))  # fmt: skip
-                message = f"Deleted remediation of Node {target.name}: healthy again"
-                decision.note(EVENT_REMEDIATION_REMOVED, message)
+            if not remediations:
+                if target.confirmed_healthy:  # used: NHC removes it once all are gone
+                    decision.do(ClearNodeAnnotation(target.name, names.NHC_CONFIRMED_HEALTHY))
+                return
+            self.healthy_again(target, earlier, timed)
             return
-        if found.kind != Health.UNHEALTHY and remediation is None:
+        if found.kind != Health.UNHEALTHY and not remediations and not timed:
             return  # waiting: not healthy (counted so), not unhealthy yet
         entry: dict[str, Any] = {"name": target.name}
         self.unhealthy.append(entry)
-        if remediation is not None:
-            started = stamp(remediation.started or now)
-            entry["remediations"] = [{"resource": _resource(remediation), "started": started}]
-            self.in_flight[target.name] = started
+        if found.kind != Health.UNHEALTHY or target.deleting:
+            # waiting, gone or being deleted, with remediations: in flight, left alone
+            self.listed(entry, target, earlier, timed)
             return
         newly = target.name not in self.before
         why = f"{found.reason}: {found.message}"
-        if newly:
+        if newly and not remediations:
             message = f"Node {target.name} is unhealthy: {why}"
             decision.do(NodeEvent(target.name, EventType.WARNING, EVENT_NODE_UNHEALTHY, message))
         if not target.host:
-            if newly:
+            if newly and not remediations:
                 problem = target.host_problem or "no BareMetalHost found"
                 message = f"Node {target.name} is unhealthy ({why}), not remediated: {problem}"
                 decision.do(NodeEvent(target.name, EventType.WARNING, EVENT_NO_HOST, message))
                 decision.note(EVENT_NO_HOST, message, warning=True)
-        elif target.teardown:
-            if newly:
+        elif target.teardown:  # held: nothing new on a host a teardown claims
+            if newly and not remediations:
                 message = f"Node {target.name} is not remediated: {target.teardown}"
                 decision.note(EVENT_REMEDIATION_SKIPPED, message)
-        elif target.deleting:
-            return
         elif not allowed:
-            self.skipped.append(target.name)
+            if not remediations and not timed:
+                self.skipped.append(target.name)
         else:
-            spec = dict(template.spec)
-            decision.do(CreateRemediation(target.name, target.uid, target.host, spec))
-            message = f"Created remediation of Node {target.name} (host {target.host}): {why}"
-            decision.note(EVENT_REMEDIATION_CREATED, message)
+            self.escalate(target, timed, why)
+        self.listed(entry, target, earlier, timed)
+
+    def escalate(self, target: NodeTarget, timed: dict[str, str], why: str) -> None:
+        """NHC's ``remediate``: the current step's object made, or timed out (then the next
+        one's made); the timed-out annotation put back on any object the status says timed
+        out that lacks it (a restart between the two writes)."""
+        decision, now = self.decision, self.now
+        by_kind: dict[str, Remediation] = {}
+        for remediation in target.remediations:
+            by_kind.setdefault(remediation.kind, remediation)
+            mark = timed.get(remediation.kind)
+            lacking = remediation.uid and remediation.timed_out is None
+            if mark and lacking and remediation.succeeded is not True:
+                decision.do(_annotate(remediation, names.NHC_TIMED_OUT, mark))
+        newly_timed = False
+        for step, template in zip(self.check.steps, self.templates, strict=True):
+            kind = step.remediation_kind
+            if kind in timed:
+                continue
+            current = by_kind.get(kind)
+            if current is None:
+                name = step.ref.name if step.ref is not None else ""
+                decision.do(CreateRemediation(
+                    target.name, target.uid, target.host, dict(template.spec), kind, name
+                ))  # fmt: skip
+                message = f"Created remediation of Node {target.name} (host {target.host}): {why}"
+                if step.timeout is not None:
+                    message += f" ({kind}, order {step.order}, timeout {step.timeout:g}s)"
+                decision.note(EVENT_REMEDIATION_CREATED, message)
+                return
+            if step.timeout is None or not current.uid:
+                return  # in flight (a single template never times out)
+            deadline = machine_policy.after(current.started or now, step.timeout)
+            failed = current.succeeded is False
+            if not failed and (deadline is None or now < deadline):
+                decision.at(deadline)
+                return
+            mark = stamp(now)
+            if current.succeeded is not True:
+                decision.do(_annotate(current, names.NHC_TIMED_OUT, mark))
+            timed[kind] = mark
+            newly_timed = True
+            cause = "its Succeeded condition is False" if failed else (
+                f"the Node is not healthy {step.timeout:g}s after it started"
+            )
+            message = f"Remediation {kind} {current.namespace}/{current.name} timed out: {cause}"
+            decision.note(EVENT_REMEDIATION_TIMED_OUT, message)
+        if newly_timed:
+            message = (
+                f"Remediation timed out, and no template left to try for Node {target.name}"
+            )
+            decision.note(EVENT_NO_TEMPLATE_LEFT, message, warning=True)
+
+    def healthy_again(
+        self, target: NodeTarget, earlier: Mapping[str, Any], timed: dict[str, str]
+    ) -> None:
+        """NHC's ``HandleHealthyNode``: the remediations deleted at once, after healthyDelay
+        or never (negative); the Node counts not healthy until they are gone."""
+        decision, now = self.decision, self.now
+        delay = None if target.confirmed_healthy else self.check.healthy_delay
+        delayed = False
+        for remediation in target.remediations:
+            if remediation.healthy_since is not None:
+                delayed = True
+            if not remediation.uid:
+                continue  # being deleted
+            if delay is not None and delay < 0:
+                continue  # never automatically
+            if delay:
+                since = remediation.healthy_since
+                if since is None:
+                    decision.do(_annotate(remediation, names.NHC_HEALTHY_DELAY, stamp(now)))
+                    delayed = True
+                    decision.at(machine_policy.after(now, delay))
+                    continue
+                until = machine_policy.after(since, delay)
+                if until is None or now < until:
+                    decision.at(until)
+                    continue
+            decision.do(DeleteRemediation(
+                target.name, remediation.namespace, remediation.name, remediation.uid,
+                remediation.kind,
+            ))  # fmt: skip
+            message = f"Deleted remediation of Node {target.name}: healthy again"
+            decision.note(EVENT_REMEDIATION_REMOVED, message)
+        entry: dict[str, Any] = {"name": target.name}
+        self.unhealthy.append(entry)
+        self.listed(entry, target, earlier, timed)
+        entry["conditionsHealthyTimestamp"] = earlier.get("conditionsHealthyTimestamp") or stamp(
+            now
+        )
+        if delayed:
+            entry["healthyDelayed"] = True
+
+    def listed(
+        self,
+        entry: dict[str, Any],
+        target: NodeTarget,
+        earlier: Mapping[str, Any],
+        timed: Mapping[str, str],
+    ) -> None:
+        """``remediations`` of a status entry: the objects there, and the timed-out ones
+        that are gone (the escalation remembers them until the Node is healthy)."""
+        rows: list[dict[str, Any]] = []
+        kinds = set()
+        for remediation in target.remediations:
+            kinds.add(remediation.kind)
+            row: dict[str, Any] = {
+                "resource": _resource(remediation),
+                "started": stamp(remediation.started or self.now),
+            }
+            if remediation.template:
+                row["templateName"] = remediation.template
+            if remediation.kind in timed:
+                row["timedOut"] = timed[remediation.kind]
+            rows.append(row)
+        for old in _rows(earlier):
+            kind = str((old.get("resource") or {}).get("kind"))
+            if kind not in kinds and old.get("timedOut"):
+                kinds.add(kind)
+                rows.append(dict(old))
+        if rows:
+            rows.sort(key=lambda r: str(r.get("started")))
+            entry["remediations"] = rows
+        started = [r.started for r in target.remediations if r.started is not None]
+        if target.remediations:
+            self.in_flight[target.name] = stamp(min(started) if started else self.now)
+
+
+def _rows(entry: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    rows = entry.get("remediations")
+    return [r for r in rows if isinstance(r, Mapping)] if isinstance(rows, list) else []
+
+
+def _timed_out(earlier: Mapping[str, Any], remediations: Sequence[Remediation]) -> dict[str, str]:
+    """Kind -> when its remediation of this Node timed out: the object's annotation, else
+    the status as read (either may be written first; a restart between them loses
+    neither)."""
+    timed: dict[str, str] = {}
+    for row in _rows(earlier):
+        kind, when = (row.get("resource") or {}).get("kind"), row.get("timedOut")
+        if isinstance(kind, str) and isinstance(when, str) and when:
+            timed[kind] = when
+    for remediation in remediations:
+        if remediation.timed_out is not None:
+            timed[remediation.kind] = stamp(remediation.timed_out)
+    return timed
+
+
+def _annotate(remediation: Remediation, key: str, value: str) -> AnnotateRemediation:
+    return AnnotateRemediation(
+        remediation.kind, remediation.namespace, remediation.name, remediation.uid, key, value
+    )
 
 
 def _resource(remediation: Remediation) -> dict[str, str]:
     return {
-        "apiVersion": REMEDIATION_API,
-        "kind": REMEDIATION_KIND,
+        "apiVersion": remediation.api_version,
+        "kind": remediation.kind,
         "namespace": remediation.namespace,
         "name": remediation.name,
         "uid": remediation.uid,
