@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -327,6 +327,31 @@ async def test_an_ipmi_host_is_reported_not_wiped_and_is_not_released(
     host = kube.get(BareMetalHost, "h4", namespace=namespace)
     assert host["status"]["provisioning"]["state"] == "provisioned"  # not released
     assert host["spec"]["online"] is False  # but off
+
+
+async def test_the_power_off_is_acted_on_when_the_host_reports_it_not_at_the_next_poll(
+    serve_kubeconfig: Path,
+    database: Database,
+    aclient: AsyncClient,
+    kube: Client,
+    namespace: str,
+    admin: str,
+) -> None:
+    """With an hour between polls, only the watch of the host (serve's role may watch
+    hosts) can see host-power's report of the power-off: the task ends long before."""
+    hourly = replace(FAST, poll_interval=3600.0)
+    host_power = asyncio.create_task(play_host_power(aclient, namespace))
+    try:
+        async with service(serve_kubeconfig, database, Bmc(), hourly) as served:
+            ipmi = add_host(kube, namespace, "h9", served.bmc, ipmi=True)  # no erase to poll
+            answer = await served.http.post(TASKS, json=destroy([ipmi]), headers=bearer(admin))
+            assert answer.status_code == 201, answer.text
+            done = await finished(served.http, answer.json()["task_id"], admin)
+    finally:
+        host_power.cancel()
+    assert done["result"]["failures"] == [ipmi]  # IPMI: reported not wiped, after the off
+    assert any(m.startswith("power-off: ") or "off" in m for m in messages(done, ipmi))
+    assert kube.get(BareMetalHost, "h9", namespace=namespace)["status"]["poweredOn"] is False
 
 
 async def test_a_node_under_remediation_is_refused_before_anything_is_stored(
