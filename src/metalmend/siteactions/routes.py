@@ -35,7 +35,7 @@ from metalmend.designs import documents
 from metalmend.designs.access import checked_name, documents_answer, run
 from metalmend.designs.documents import Document, DocumentsRejected
 from metalmend.designs.store import DesignStore
-from metalmend.errors import Conflict, Invalid, NotFound, Refused
+from metalmend.errors import Conflict, Invalid, NotFound, Refused, ValidationMessage
 from metalmend.log import fields
 from metalmend.siteactions import model, redeploy
 from metalmend.siteactions.policy import actions as siteactions
@@ -278,7 +278,7 @@ async def _store_configdocs(
     problems = _site_problems(buffer, served)
     log.info("shipyard: configdocs put", extra=fields(collection=name, revision=revision))
     message = f"collection {name} is in the buffer (design revision {revision})"
-    lines = [Message(p, True, "ValidationMessage") for p in problems]
+    lines = [ValidationMessage(p, True) for p in problems]
     answer = body(201, "Created", message, lines or notes("validations succeeded"))
     return JSONResponse(answer, status_code=201)
 
@@ -361,7 +361,7 @@ async def commit_configdocs(request: Request) -> JSONResponse:
 
     revision, docs = await run(request, buffered)
     problems = _site_problems(docs, served)
-    lines = [Message(p, True, "ValidationMessage") for p in problems]
+    lines = [ValidationMessage(p, True) for p in problems]
     if dryrun and problems and not force:  # Shipyard: a dry run answers 200 with the problems
         text = f"dry run: the buffer (revision {revision}) does not validate; nothing committed"
         return JSONResponse(body(200, "Success", text, lines))
@@ -609,7 +609,8 @@ async def control_action(action_id: str, verb: str, request: Request) -> JSONRes
 @router.get(
     "/actions/{action_id}/steps/{step}/logs",
     summary="A step's log (text): what serve recorded of it, its notes and its record",
-    description="Query: try_number (Shipyard's; serve keeps the latest try only).",
+    description="Query: try (Shipyard's; try_number read too; serve keeps the latest try"
+    " only).",
     responses=documented((200, "text"), (404, "NotFound")),
     dependencies=[auth.Admit(GET_STEP_LOGS, "action_id", limit=64)],
 )
@@ -618,7 +619,8 @@ async def step_logs(action_id: str, step: str, request: Request) -> PlainTextRes
     if found is None:
         text = f"action {action_id} has no step {step[:64]!r}"
         raise StatusError(404, "NotFound", text, errors(text))
-    raw = request.query_params.get("try_number")
+    # Shipyard's API and client name it `try`; `try_number` is what serve first read
+    raw = request.query_params.get("try", request.query_params.get("try_number"))
     if raw is not None and raw != str(found.try_number):
         text = (
             f"step {found.name} of action {action_id} has no log of try {raw[:16]!r}: serve"
