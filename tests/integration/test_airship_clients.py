@@ -131,6 +131,18 @@ async def test_shipyards_client_reads_actions_notes_and_step_logs_with_its_own_h
             f"/actions/{action_id}/steps/nope/logs", headers=shipyard_client(redeployer)
         )
         status_of(missing, 404, "NotFound")
+        # a note's details (`shipyard describe notedetails/ID`): Shipyard's answers for an
+        # id of the wrong length, an unknown note, and a note with no URL to resolve
+        details = await http.get(f"/notedetails/{note['note_id']}", headers=shipyard_client(reader))
+        none = status_of(details, 404, "NotFound")
+        assert none["message"] == "No further note details are available"
+        assert lines(none) == [f"Note {note['note_id']} has no additional information to return"]
+        unknown = await http.get(f"/notedetails/{'A' * 26}", headers=shipyard_client(reader))
+        assert status_of(unknown, 404, "NotFound")["message"] == "No note found"
+        short = await http.get("/notedetails/abc", headers=shipyard_client(reader))
+        assert "26 character" in status_of(short, 400, "BadRequest")["message"]
+        nobody = await http.get(f"/notedetails/{note['note_id']}", headers=shipyard_client("x"))
+        status_of(nobody, 401, "Unauthorized")
         # reading actions is not reading their logs
         denied = await http.get(
             f"/actions/{action_id}/steps/design_lookup/logs", headers=shipyard_client(reader)

@@ -634,6 +634,34 @@ async def step_logs(action_id: str, step: str, request: Request) -> PlainTextRes
     return PlainTextResponse(log_text)
 
 
+NOTE_ID_LENGTH = 26
+
+
+@router.get(
+    "/notedetails/{note_id}",
+    summary="A note's further details (Shipyard's): serve's notes carry none",
+    description="400 for an id that is not 26 characters; 404 'No note found' for a note"
+    " not among the newest actions' notes; 404 'No further note details are available' for"
+    " one that is (no note carries a URL to resolve: resolved_url_value is null).",
+    responses=documented((400, "BadRequest"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_ACTION)],
+)
+async def note_details(note_id: str, request: Request) -> Response:
+    # Shipyard's notedetails answers, by its words: it checks the id's length, looks the
+    # note up, and answers 404 for a note with no URL; here no note has one.
+    if len(note_id) != NOTE_ID_LENGTH:
+        text = "Notes ID values are 26 character ULID values"
+        raise StatusError(400, "BadRequest", text, errors(f"Invalid note_id: {note_id[:64]!r}"))
+    served = _shipyard(request)
+    found = await asyncio.to_thread(served.store.newest)
+    if not any(note_id in a.note_ids() for a in found):
+        text = "No note found"
+        raise StatusError(404, "NotFound", text, errors(f"Note {note_id} is not found"))
+    text = "No further note details are available"
+    detail = f"Note {note_id} has no additional information to return"
+    raise StatusError(404, "NotFound", text, errors(detail))
+
+
 @router.get(
     "/site_statuses",
     summary="The site's hosts: provisioning state and power (Shipyard's site statuses)",
