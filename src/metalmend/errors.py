@@ -33,6 +33,24 @@ class Message:
         return {"message": self.message, "error": self.error, "kind": self.kind}
 
 
+VALIDATION = "ValidationMessage"
+
+
+@dataclass(frozen=True)
+class ValidationMessage(Message):
+    """A problem a validation found, as Airship's API conventions write one: beside the
+    message, the validation's ``name``, its ``level`` (``Error``, or ``Info`` for a note)
+    and the ``documents`` it concerns. Shipyard's client prints ``- level: name`` and the
+    message under it, and counts the levels (a missing one prints ``- None: None``)."""
+
+    kind: str = VALIDATION
+    name: str = "metalmend-site-design"
+
+    def to_wire(self) -> dict[str, Any]:
+        level = "Error" if self.error else "Info"
+        return {**super().to_wire(), "name": self.name, "level": level, "documents": []}
+
+
 def errors(*lines: str) -> list[Message]:
     return [Message(line, True) for line in lines]
 

@@ -252,6 +252,10 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
         ControlPlane(config).wipe()  # every lab starts from an empty cluster
         shutil.rmtree(lab_dir / "hardware", ignore_errors=True)
         shutil.rmtree(lab_dir / "drives", ignore_errors=True)  # new hosts, new drives
+        # serve's database too: a new cluster's serve must not show the old lab's actions,
+        # design revisions and tags (they name hosts and Nodes of a cluster that is gone)
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            (lab_dir / f"serve.sqlite{suffix}").unlink(missing_ok=True)
         plane = ControlPlane(config)
         plane.start()
         state.components = plane.pids()

@@ -115,15 +115,34 @@ async def test_shipyards_client_reads_actions_notes_and_step_logs_with_its_own_h
         assert logs.headers["content-type"].startswith("text/plain")
         assert logs.text.startswith(f"action {action_id} step design_lookup: failed")
         assert note["note_val"] in logs.text
-        tried = await http.get(
+        # the try as Shipyard's client sends it (`--try=N`: the query's `try`)
+        for name in ("try", "try_number"):
+            tried = await http.get(
+                f"/actions/{action_id}/steps/design_lookup/logs",
+                headers=shipyard_client(redeployer), params={name: "7"},
+            )  # fmt: skip
+            assert "keeps the latest try" in status_of(tried, 404, "NotFound")["message"]
+        latest = await http.get(
             f"/actions/{action_id}/steps/design_lookup/logs",
-            headers=shipyard_client(redeployer), params={"try_number": "7"},
+            headers=shipyard_client(redeployer), params={"try": "1"},
         )  # fmt: skip
-        assert "keeps the latest try" in status_of(tried, 404, "NotFound")["message"]
+        assert latest.text == logs.text
         missing = await http.get(
             f"/actions/{action_id}/steps/nope/logs", headers=shipyard_client(redeployer)
         )
         status_of(missing, 404, "NotFound")
+        # a note's details (`shipyard describe notedetails/ID`): Shipyard's answers for an
+        # id of the wrong length, an unknown note, and a note with no URL to resolve
+        details = await http.get(f"/notedetails/{note['note_id']}", headers=shipyard_client(reader))
+        none = status_of(details, 404, "NotFound")
+        assert none["message"] == "No further note details are available"
+        assert lines(none) == [f"Note {note['note_id']} has no additional information to return"]
+        unknown = await http.get(f"/notedetails/{'A' * 26}", headers=shipyard_client(reader))
+        assert status_of(unknown, 404, "NotFound")["message"] == "No note found"
+        short = await http.get("/notedetails/abc", headers=shipyard_client(reader))
+        assert "26 character" in status_of(short, 400, "BadRequest")["message"]
+        nobody = await http.get(f"/notedetails/{note['note_id']}", headers=shipyard_client("x"))
+        status_of(nobody, 401, "Unauthorized")
         # reading actions is not reading their logs
         denied = await http.get(
             f"/actions/{action_id}/steps/design_lookup/logs", headers=shipyard_client(reader)
@@ -312,5 +331,13 @@ async def test_configdocs_and_actions_as_shipyards_client_expects_them(
         assert document["code"] == "200 OK"
         assert "does not validate" in document["message"]
         assert any("kube-system" in line for line in lines(document))
+        # each problem an Airship ValidationMessage: the client prints "- level: name"
+        # and counts the levels; without them it printed "- None: None", counted nothing
+        for problem in document["details"]["messageList"]:
+            assert problem["kind"] == "ValidationMessage"
+            assert (problem["level"], problem["error"]) == ("Error", True)
+            assert problem["name"] == "metalmend-site-design"
+            assert problem["documents"] == []
         refused = await http.post("/commitconfigdocs", headers=shipyard_client(admin))
-        status_of(refused, 400, "BadRequest")
+        problems = status_of(refused, 400, "BadRequest")["details"]["messageList"]
+        assert {(p["kind"], p["level"]) for p in problems} == {("ValidationMessage", "Error")}

@@ -297,6 +297,11 @@ HOSTILE = [
         {"target_nodes": "n1", "preserve_local_storage": "true"},
         "has no parameter 'preserve_local_storage'",
     ),
+    (
+        "the refusal says why a typo is not read as the default",
+        {"target_nodes": "n1", "preserve_local_storage": "true"},
+        "would wipe the data drives",
+    ),
 ]
 
 

@@ -175,6 +175,12 @@ class Action:
             "stop_requested_by": self.stop_requested,
         }
 
+    def note_ids(self) -> set[str]:
+        """The ``note_id`` of every note of the action and of its steps, as answered."""
+        shown = [n.shown("action", self.id, f"action/{self.id}") for n in self.notes]
+        shown += [n for s in self.steps for n in s.shown_notes(self.id)]
+        return {str(n["note_id"]) for n in shown}
+
     def listed(self) -> dict[str, Any]:
         """``GET /actions``: the action without its notes, with step counts by state."""
         counts = {"success": 0, "failed": 0, "other": 0}

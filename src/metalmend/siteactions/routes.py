@@ -35,7 +35,7 @@ from metalmend.designs import documents
 from metalmend.designs.access import checked_name, documents_answer, run
 from metalmend.designs.documents import Document, DocumentsRejected
 from metalmend.designs.store import DesignStore
-from metalmend.errors import Conflict, Invalid, NotFound, Refused
+from metalmend.errors import Conflict, Invalid, NotFound, Refused, ValidationMessage
 from metalmend.log import fields
 from metalmend.siteactions import model, redeploy
 from metalmend.siteactions.policy import actions as siteactions
@@ -278,7 +278,7 @@ async def _store_configdocs(
     problems = _site_problems(buffer, served)
     log.info("shipyard: configdocs put", extra=fields(collection=name, revision=revision))
     message = f"collection {name} is in the buffer (design revision {revision})"
-    lines = [Message(p, True, "ValidationMessage") for p in problems]
+    lines = [ValidationMessage(p, True) for p in problems]
     answer = body(201, "Created", message, lines or notes("validations succeeded"))
     return JSONResponse(answer, status_code=201)
 
@@ -361,7 +361,7 @@ async def commit_configdocs(request: Request) -> JSONResponse:
 
     revision, docs = await run(request, buffered)
     problems = _site_problems(docs, served)
-    lines = [Message(p, True, "ValidationMessage") for p in problems]
+    lines = [ValidationMessage(p, True) for p in problems]
     if dryrun and problems and not force:  # Shipyard: a dry run answers 200 with the problems
         text = f"dry run: the buffer (revision {revision}) does not validate; nothing committed"
         return JSONResponse(body(200, "Success", text, lines))
@@ -609,7 +609,8 @@ async def control_action(action_id: str, verb: str, request: Request) -> JSONRes
 @router.get(
     "/actions/{action_id}/steps/{step}/logs",
     summary="A step's log (text): what serve recorded of it, its notes and its record",
-    description="Query: try_number (Shipyard's; serve keeps the latest try only).",
+    description="Query: try (Shipyard's; try_number read too; serve keeps the latest try"
+    " only).",
     responses=documented((200, "text"), (404, "NotFound")),
     dependencies=[auth.Admit(GET_STEP_LOGS, "action_id", limit=64)],
 )
@@ -618,7 +619,8 @@ async def step_logs(action_id: str, step: str, request: Request) -> PlainTextRes
     if found is None:
         text = f"action {action_id} has no step {step[:64]!r}"
         raise StatusError(404, "NotFound", text, errors(text))
-    raw = request.query_params.get("try_number")
+    # Shipyard's API and client name it `try`; `try_number` is what serve first read
+    raw = request.query_params.get("try", request.query_params.get("try_number"))
     if raw is not None and raw != str(found.try_number):
         text = (
             f"step {found.name} of action {action_id} has no log of try {raw[:16]!r}: serve"
@@ -630,6 +632,34 @@ async def step_logs(action_id: str, step: str, request: Request) -> PlainTextRes
         [(model.iso(n.at), n.text) for n in found.notes], found.record,
     )  # fmt: skip
     return PlainTextResponse(log_text)
+
+
+NOTE_ID_LENGTH = 26
+
+
+@router.get(
+    "/notedetails/{note_id}",
+    summary="A note's further details (Shipyard's): serve's notes carry none",
+    description="400 for an id that is not 26 characters; 404 'No note found' for a note"
+    " not among the newest actions' notes; 404 'No further note details are available' for"
+    " one that is (no note carries a URL to resolve: resolved_url_value is null).",
+    responses=documented((400, "BadRequest"), (404, "NotFound")),
+    dependencies=[auth.Admit(GET_ACTION)],
+)
+async def note_details(note_id: str, request: Request) -> Response:
+    # Shipyard's notedetails answers, by its words: it checks the id's length, looks the
+    # note up, and answers 404 for a note with no URL; here no note has one.
+    if len(note_id) != NOTE_ID_LENGTH:
+        text = "Notes ID values are 26 character ULID values"
+        raise StatusError(400, "BadRequest", text, errors(f"Invalid note_id: {note_id[:64]!r}"))
+    served = _shipyard(request)
+    found = await asyncio.to_thread(served.store.newest)
+    if not any(note_id in a.note_ids() for a in found):
+        text = "No note found"
+        raise StatusError(404, "NotFound", text, errors(f"Note {note_id} is not found"))
+    text = "No further note details are available"
+    detail = f"Note {note_id} has no additional information to return"
+    raise StatusError(404, "NotFound", text, errors(detail))
 
 
 @router.get(

@@ -370,7 +370,11 @@ def _unknown(key: object) -> str:
     # A typo must not silently mean the default: "preserve_local_storage=true" ignored
     # would wipe the data drives the operator meant to keep.
     wanted = ", ".join(_REDEPLOY_KEYS)
-    return f"redeploy_server has no parameter {_shown(key)}; its parameters are {wanted}"
+    return (
+        f"redeploy_server has no parameter {_shown(key)}; its parameters are {wanted}"
+        " (a misspelt one is refused, not read as its default: a typo of"
+        " preserve-local-storage would wipe the data drives)"
+    )
 
 
 def target_nodes(raw: object, doing: str = "redeploy") -> tuple[str, ...] | str:
