@@ -239,6 +239,9 @@ async def test_deleting_the_remediation_untaints_and_releases(
     await controllers.start(functools.partial(remediation.setup, reader=bmc), remediation=TAINT)
     machine = await world.machine("m1")
     await world.pod_on("m1", "db-0")
+    # Its volume still attached holds the remediation in evacuating (its pods alone are
+    # deleted at once: a test polling for the phase could miss it on a busy machine).
+    await attach(world, "va-m1", "m1")
     obj = await world.remediation(machine)
     await until(lambda: _has(world.host_annotations("host-m1"), key_of(obj)))
     await world.power("host-m1", on=False)
@@ -247,6 +250,7 @@ async def test_deleting_the_remediation_untaints_and_releases(
     await until(lambda: _is_none(world.get(Metal3Remediation, "m1")))
     assert await untainted(world, "m1")
     assert key_of(obj) not in await world.host_annotations("host-m1")
+    await world.client.delete(VolumeAttachment, "va-m1")
     with contextlib.suppress(ApiError):
         await world.client.delete(Pod, "db-0", namespace=world.ns, grace_period=0)
 
