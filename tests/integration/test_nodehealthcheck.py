@@ -514,6 +514,38 @@ async def test_the_out_of_service_taint_strategy_fences_a_node_without_a_machine
     assert again.status["phase"] == "Enabled"
 
 
+async def test_a_hosts_report_wakes_the_remediation_of_a_silent_node(
+    world: World, run: Run
+) -> None:
+    """A hung Node writes nothing: its Machine-less remediation must be woken by its host's
+    report (off for our key), not by the Node or powerOffTimeoutSeconds (600 s here; the lab
+    saw the fence wait that long for a silent Node after a restart)."""
+    ns = world.ns
+    taint = RemediationSettings(
+        fence=FenceMethod.OUT_OF_SERVICE_TAINT, confirm_window=1.0, confirm_reads=2,
+        evacuation_poll=0.2,
+    )  # fmt: skip
+    template = {"template": {"spec": {"strategy": "reboot", "powerOffTimeoutSeconds": 600}}}
+    await world.client.create(
+        Metal3RemediationTemplate(metadata=ObjectMeta(name="slow"), spec=template), namespace=ns
+    )
+    bmc = OffBmc()
+    await world.host("host-a")
+    await world.node("a", f"metal3://{ns}/host-a")
+    await world.node("b", f"metal3://{ns}/host-b")
+    await world.check("workers", maxUnhealthy=1,
+                      remediationTemplate={"namespace": ns, "name": "slow"})  # fmt: skip
+    await run.start(taint, bmc)
+    await world.ready("a", False)  # the Node's last write
+    await until(lambda: _exists(world.remediation("a")), within=DURATION + 20)
+    made = await world.remediation("a")
+    key = f"{names.METAL3_REMEDIATION_REBOOT_PREFIX}{made.metadata.uid}"
+    await until(lambda: _annotated(world, "host-a", key))
+    bmc.off.add("host-a")
+    await world.power("host-a", on=False)  # only the host changes
+    await until(lambda: _tainted(world, "a"), within=60)
+
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy/examples/node-health-check.yaml"
 
 
@@ -629,7 +661,7 @@ async def _heartbeats(world: World, nodes: list[str]) -> None:
         await asyncio.sleep(5)
         for name in nodes:
             node = await world.node_obj(name)
-            conditions = (node.status.conditions if node is not None and node.status else None)
+            conditions = node.status.conditions if node is not None and node.status else None
             for condition in conditions or []:
                 if condition.type == "Ready":
                     beat = {"type": "Ready", "status": condition.status, "reason": "Test",

@@ -524,10 +524,21 @@ def setup(
 
     def by_host(old: Any, new: Any) -> list[str]:
         host = new if new is not None else old
-        machines = controller.machines.store.by_index(
-            indexes.MACHINES_BY_HOST.name, object_key(host)
-        )
-        return sorted(object_key(m) for m in machines)
+        key = object_key(host)
+        machines = controller.machines.store.by_index(indexes.MACHINES_BY_HOST.name, key)
+        keys = {object_key(m) for m in machines}
+        # Remediations of Nodes without a Machine (the NodeHealthCheck's): the host they
+        # recorded, or the one their Node names. Without them here, a host's report (off
+        # for our key) reached such a remediation only when its Node changed or a deadline
+        # came: a hung Node is silent, so the fence waited for powerOffTimeoutSeconds.
+        for remediation in controller.remediations.store.values():
+            held = (remediation.get("status") or {}).get("host")
+            if held == key or (
+                controller.remediated_node(remediation)
+                and controller.node_target_host(remediation) == key
+            ):
+                keys.add(object_key(remediation))
+        return sorted(keys)
 
     def of_node(name: str) -> list[str]:
         found = controller.remediations.store.by_index(indexes.REMEDIATIONS_BY_NODE.name, name)

@@ -1,0 +1,477 @@
+"""A cluster with no Machines in the lab (issue 29, point 5): metalmend's NodeHealthCheck
+decides, metal3-remediation fences by the out-of-service taint. Real BMCs (Redfish and
+IPMI), the real host power controller, the real kube-controller-manager (its
+node-lifecycle controller marks the hung Node Unknown, its taint-eviction controller and pod
+garbage collector act on the taint), scheduler and StatefulSet controller. The lab's
+Machines are deleted first: each Node finds its BareMetalHost by its providerID
+(``metal3://hosts/<host>``), and `metalmend run` runs host-power, node-health-check and
+metal3-remediation only (no node-link, no machine-health-check), killed -9 and started again
+once at each step of the remediation as it is seen.
+
+Watched from outside every 0.1 s, and through a watch of the Node (every version, in
+order): the check makes the remediation for the hung Node; the simulated server is off
+before the Node is tainted, and still off when the first tainted version is delivered (while
+the Node's pod is still on it); the StatefulSet's pod runs elsewhere only after the taint
+(ordered by resourceVersion, as tests/e2e/test_fencing_taint_lab.py does); the host comes
+back on and Ready, the taint goes, the remediation is deleted and the check's status shows
+every Node healthy again. A second test: a Node with no host is reported, never fenced."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import ApiError, Client
+from lightkube.models.apps_v1 import StatefulSetSpec
+from lightkube.models.core_v1 import Container, NodeSpec, PodSpec, PodTemplateSpec
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.resources.apps_v1 import StatefulSet
+from lightkube.resources.core_v1 import Event, Node, Pod
+
+from metalmend.api import names
+from metalmend.api.resources import (
+    FenceRemediation,
+    Machine,
+    Metal3Remediation,
+    Metal3RemediationTemplate,
+    NodeHealthCheck,
+)
+from metalmend_lab import lab
+from metalmend_lab.hosts import NAMESPACE
+from metalmend_lab.inventory import status_path
+from tests.e2e.conftest import Metalmend
+
+GRACE = 6.0
+PHASE = 240.0  # seconds any one step may take
+CONTROLLERS = "host-power,node-health-check,metal3-remediation"
+TAINT_SETTINGS = {
+    "METALMEND_REMEDIATION_FENCE": "out-of-service-taint",
+    "METALMEND_REMEDIATION_CONFIRM_WINDOW": "2",
+    "METALMEND_REMEDIATION_CONFIRM_READS": "3",
+    "METALMEND_REMEDIATION_EVACUATION_POLL": "1",
+}
+CHECK = "workers"
+TEMPLATE = "node-fence"
+HOSTS = 3
+
+
+def wait(check: Callable[[], bool], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not within {within:.0f}s: {what}")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.RunningLab]:
+    options = lab.LabOptions(
+        lab_dir=tmp_path_factory.mktemp("nhc-lab"),
+        node_monitor_grace_period=GRACE,
+        hosts=HOSTS,
+        bmc="mixed",
+        boot_delay=1.0,
+        controllers="",
+    )
+    with lab.started(options) as running:
+        client = running.client()
+        # No Machines: a remediation named after a Node must not find a Machine of that
+        # name (the lab registers one per host), so the Node is the only link to its host.
+        for machine in list(client.list(Machine, namespace=NAMESPACE)):
+            assert machine.metadata is not None
+            assert machine.metadata.name
+            client.delete(Machine, machine.metadata.name, namespace=NAMESPACE)
+        wait(lambda: not list(client.list(Machine, namespace="*")), 60, "no Machine left")
+        client.create(
+            Metal3RemediationTemplate(
+                metadata=ObjectMeta(name=TEMPLATE),
+                spec={"template": {"spec": {
+                    "strategy": "reboot", "powerOffTimeoutSeconds": 60,
+                    "powerOnTimeoutSeconds": 120,
+                }}},
+            ),
+            namespace=NAMESPACE,
+        )  # fmt: skip
+        yield running
+
+
+@pytest.fixture
+def metalmend(fleet: lab.RunningLab, monkeypatch: pytest.MonkeyPatch) -> Iterator[Metalmend]:
+    for name, value in TAINT_SETTINGS.items():
+        monkeypatch.setenv(name, value)
+    process = Metalmend(fleet, CONTROLLERS, 3.0)
+    process.start()
+    yield process
+    process.stop()
+
+
+def create_check(client: Client, name: str, selector: dict[str, Any], **spec: Any) -> None:
+    body = {
+        "selector": selector,
+        "unhealthyConditions": [
+            {"type": "Ready", "status": "Unknown", "duration": "2s"},
+            {"type": "Ready", "status": "False", "duration": "2s"},
+        ],
+        "remediationTemplate": {"namespace": NAMESPACE, "name": TEMPLATE},
+        **spec,
+    }
+    client.create(NodeHealthCheck(metadata=ObjectMeta(name=name), spec=body))
+
+
+def check_status(client: Client, name: str) -> dict[str, Any]:
+    try:
+        obj: Any = client.get(NodeHealthCheck, name)
+    except ApiError:
+        return {}
+    return dict(obj.get("status") or {})
+
+
+def all_healthy(client: Client, name: str, count: int) -> bool:
+    status = check_status(client, name)
+    return (
+        status.get("observedNodes") == count
+        and status.get("healthyNodes") == count
+        and not status.get("unhealthyNodes")
+        and not status.get("inFlightRemediations")
+        and status.get("phase") == "Enabled"
+    )
+
+
+def tainted(node: Any) -> bool:
+    return any(t.key == names.OUT_OF_SERVICE_TAINT for t in (node.spec.taints or []))
+
+
+def ready(node: Any) -> str:
+    conditions = (node.status.conditions if node.status else None) or []
+    return next((c.status for c in conditions if c.type == "Ready"), "-")
+
+
+def power_of(workdir: Path, host: str) -> str:
+    """The simulated server's own power, from the hardware's status file (rewritten every
+    0.2 s; `lab status` reads the same, and probes every BMC besides)."""
+    return str(json.loads(status_path(workdir).read_text())[host]["power"])
+
+
+class TaintHistory:
+    """Every version of one Node, as its watch delivers them (in order, none missed), with
+    whether it carried the out-of-service taint. Versions order a taint and a pod's move (the
+    lab has one etcd, whose revision every object's version is): as in
+    tests/e2e/test_fencing_taint_lab.py. For each tainted version, as it arrives: the
+    simulated server's power, then the Node's pods; a server on while pods are still listed
+    on the tainted Node is a violation (the fence let it on too soon)."""
+
+    def __init__(self, fleet: lab.RunningLab, node: str) -> None:
+        self._client = fleet.client()
+        self._reader = fleet.client()
+        self.violations: list[str] = []
+        self._workdir = fleet.plane.workdir.parent
+        self._node = node
+        self._seen: list[tuple[int, bool]] = []
+        self.power_at_first_taint: str | None = None
+        self._changed = threading.Condition()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        try:
+            for _, obj in self._client.watch(Node, fields={"metadata.name": self._node}):
+                assert obj.metadata
+                assert obj.metadata.resourceVersion
+                carries = tainted(obj)
+                if carries:
+                    power = power_of(self._workdir, self._node)
+                    if self.power_at_first_taint is None:
+                        self.power_at_first_taint = power
+                    pods = list(
+                        self._reader.list(Pod, namespace="*", fields={"spec.nodeName": self._node})
+                    )
+                    if power != "off" and pods:
+                        self.violations.append(
+                            f"version {obj.metadata.resourceVersion} tainted, server {power},"
+                            f" {len(pods)} pods on it"
+                        )
+                with self._changed:
+                    self._seen.append((int(obj.metadata.resourceVersion), carries))
+                    self._changed.notify_all()
+        except Exception:  # the lab went away at the end of the test
+            return
+
+    def assert_tainted_before(self, version: int, what: str, within: float = 60.0) -> None:
+        deadline = time.monotonic() + within
+        with self._changed:
+            while True:
+                if any(v < version and t for v, t in self._seen):
+                    return
+                after = [v for v, _ in self._seen if v > version]
+                assert not after, (
+                    f"{what} (version {version}) before any taint of {self._node}: "
+                    f"the Node's versions {self._seen}"
+                )
+                left = deadline - time.monotonic()
+                assert left > 0, (
+                    f"{what} (version {version}); {self._node}'s watch delivered no taint "
+                    f"before it within {within:.0f}s: {self._seen}"
+                )
+                self._changed.wait(left)
+
+
+def remediation_of(client: Client, node: str) -> Any | None:
+    try:
+        return client.get(Metal3Remediation, node, namespace=NAMESPACE)
+    except ApiError:
+        return None
+
+
+def test_a_hung_node_is_fenced_by_taint_through_its_host_with_metalmend_killed_at_each_step(
+    fleet: lab.RunningLab, metalmend: Metalmend
+) -> None:
+    client = fleet.client()
+    workdir = fleet.plane.workdir.parent
+    labels: dict[str, Any] = {"app": "db"}
+    wait(
+        lambda: len(lab.status(workdir).hosts) == HOSTS
+        and all(h.ready == "True" for h in lab.status(workdir).hosts),
+        PHASE, "Ready hosts",
+    )  # fmt: skip
+    # every Node but a control plane's (the lab labels none): the example's selector
+    control_plane = {"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"}
+    create_check(client, CHECK, {"matchExpressions": [control_plane]})
+    client.create(
+        StatefulSet(
+            metadata=ObjectMeta(name="db"),
+            spec=StatefulSetSpec(
+                serviceName="db", replicas=1, selector=LabelSelector(matchLabels=labels),
+                template=PodTemplateSpec(
+                    metadata=ObjectMeta(labels=labels),
+                    spec=PodSpec(containers=[Container(name="db", image="example.org/db:1")]),
+                ),
+            ),
+        ),
+        namespace=NAMESPACE,
+    )  # fmt: skip
+
+    def running() -> tuple[str, int] | None:
+        """The node db-0 runs on, and the version of the pod that says so."""
+        for pod in client.list(Pod, namespace=NAMESPACE, labels=labels):
+            if pod.status and pod.status.phase == "Running" and pod.spec and pod.spec.nodeName:
+                assert pod.metadata
+                assert pod.metadata.resourceVersion
+                return str(pod.spec.nodeName), int(pod.metadata.resourceVersion)
+        return None
+
+    starting: list[threading.Thread] = []
+    failed: list[BaseException] = []
+    try:
+        wait(lambda: running() is not None, PHASE, "db-0 Running")
+        wait(lambda: all_healthy(client, CHECK, HOSTS), PHASE,
+             f"the check seeing {HOSTS} healthy Nodes")  # fmt: skip
+        found = running()
+        assert found is not None
+        hung = found[0]
+        taints = TaintHistory(fleet, hung)
+        began = time.monotonic()
+        lab.inject_fault(workdir, hung, "hang")
+        at: dict[str, float] = {}
+        kills: list[str] = []
+        made_uid: str | None = None
+        progress = began
+
+        def start_again() -> None:
+            try:
+                metalmend.start()
+            except BaseException as error:  # reported by settle()
+                failed.append(error)
+
+        def settle() -> None:
+            """The last start is done (readyz answered), or its failure raised."""
+            for thread in starting:
+                thread.join()
+            starting.clear()
+            if failed:
+                raise failed[0]
+
+        def restart(step: str) -> None:
+            """kill -9 `metalmend run` once this step is seen, and start it again (in the
+            background: the watching goes on while it starts)."""
+            if step in kills:
+                return
+            settle()
+            metalmend.kill()
+            kills.append(step)
+            starting.append(threading.Thread(target=start_again, daemon=True))
+            starting[-1].start()
+
+        def mark(step: str, now: float) -> None:
+            nonlocal progress
+            if step not in at:
+                at[step] = now
+                progress = time.monotonic()
+
+        while True:
+            assert time.monotonic() - progress < PHASE, (
+                f"no step within {PHASE:.0f}s after the last: {at}; status "
+                f"{check_status(client, CHECK)}; metalmend run's restarts: {kills}, failed:"
+                f" {failed}"
+            )
+            now = time.monotonic() - began
+            try:
+                node: Any = client.get(Node, hung)
+            except ApiError:
+                node = None
+            assert node is not None, "the taint strategy keeps the Node"
+            remediation: Any = remediation_of(client, hung)
+            power = power_of(workdir, hung)
+            on_node = list(client.list(Pod, namespace="*", fields={"spec.nodeName": hung}))
+            if ready(node) != "True":
+                mark("unready", now)
+            if remediation is not None:
+                phase = (remediation.get("status") or {}).get("phase")
+                if phase:
+                    mark(f"phase {phase}", now)
+                if made_uid is None:
+                    mark("remediation", now)
+                    made_uid = str(remediation.metadata.uid)
+                    annotations = remediation.metadata.annotations or {}
+                    assert annotations.get(names.REMEDIATED_NODE) == hung
+                    assert (remediation.metadata.labels or {}).get(
+                        names.NODE_HEALTH_CHECK_LABEL
+                    ) == CHECK
+                    (owner,) = remediation.metadata.ownerReferences
+                    assert (owner.kind, owner.name) == ("NodeHealthCheck", CHECK)
+                    assert not tainted(node), f"{hung} tainted before its remediation"
+                    restart("remediation")
+                    continue
+                assert str(remediation.metadata.uid) == made_uid, "one remediation, never two"
+            elif made_uid is not None:
+                mark("remediation_deleted", now)
+            if power == "off" and made_uid is not None and "off" not in at:
+                mark("off", now)
+                restart("off")
+                continue
+            if tainted(node):
+                if "tainted" not in at:
+                    mark("tainted", now)
+                    assert "off" in at, f"{hung} tainted before its server was seen off"
+                    restart("tainted")
+                    continue
+                # Read in this order (Node, power, pods): a server on with pods still
+                # listed while the Node is tainted: the fence let it on too soon.
+                assert power == "off" or not on_node, (
+                    f"{hung} tainted while its server is {power} with pods {len(on_node)}"
+                )
+            elif "tainted" in at:
+                mark("untainted", now)
+            moved = running()
+            if moved is not None and moved[0] != hung and "moved" not in at:
+                mark("moved", now)
+                taints.assert_tainted_before(moved[1], f"db-0 running on {moved[0]}")
+            if "tainted" in at and not on_node:
+                mark("pods_gone", now)
+            if power == "on" and "off" in at and "powered_on" not in at:
+                mark("powered_on", now)
+                if tainted(node):  # back on, the taint not yet removed
+                    restart("powered_on")
+                    continue
+            if ready(node) == "True" and "powered_on" in at:
+                mark("ready", now)
+            if "remediation_deleted" in at and all_healthy(client, CHECK, HOSTS):
+                mark("all_healthy", now)
+            if {"untainted", "moved", "ready", "all_healthy"} <= at.keys():
+                break
+            time.sleep(0.1)
+        settle()
+        assert not taints.violations, taints.violations
+        assert taints.power_at_first_taint == "off", (
+            f"the first tainted version of {hung} found its server {taints.power_at_first_taint}"
+        )
+        assert {"remediation", "off", "tainted"} <= set(kills), kills
+        assert at["untainted"] >= at["powered_on"]
+        reasons = {
+            e.reason for e in client.list(Event, namespace="default")
+            if e.involvedObject.kind == "NodeHealthCheck" and e.involvedObject.name == CHECK
+        }  # fmt: skip
+        assert {"RemediationCreated", "RemediationRemoved"} <= reasons, reasons
+    finally:
+        for thread in starting:  # a start under way when something failed
+            thread.join()
+        client.delete(StatefulSet, "db", namespace=NAMESPACE)
+        with contextlib.suppress(ApiError):
+            client.delete(NodeHealthCheck, CHECK)
+    print(f"metalmend run killed -9 and started again at: {', '.join(kills)}")
+    events = sorted(
+        (e for e in client.list(Event, namespace=NAMESPACE) if e.involvedObject.name == hung),
+        key=lambda e: str(e.lastTimestamp or e.eventTime or ""),
+    )
+    for event in events:
+        print(" ", event.lastTimestamp or event.eventTime, event.involvedObject.kind,
+              event.reason, (event.message or "")[:160])  # fmt: skip
+    print("node-health-check timeline (s after the hang):",
+          {k: round(v, 1) for k, v in sorted(at.items(), key=lambda kv: kv[1])})  # fmt: skip
+
+
+STRAY = "stray-0"
+STRAY_LABEL = "metalmend-lab/stray"
+
+
+def test_a_node_without_a_host_is_reported_never_fenced(
+    fleet: lab.RunningLab, metalmend: Metalmend
+) -> None:
+    """A Node with no BareMetalHost (a k3s providerID, no annotation) that goes NotReady: the
+    check lists it unhealthy and says why (NoBareMetalHost), makes no remediation, and no
+    taint is put on it, across a kill -9 of `metalmend run`."""
+    client = fleet.client()
+    client.create(
+        Node(
+            metadata=ObjectMeta(name=STRAY, labels={STRAY_LABEL: "yes"}),
+            spec=NodeSpec(providerID=f"k3s://{STRAY}"),
+        )
+    )
+    # Its last word: NotReady (no kubelet renews it; the node-lifecycle controller turns it
+    # Unknown after the grace period). Without any status, that controller would first wait
+    # its node-startup grace period (a minute).
+    now = dt.datetime.now(dt.UTC).isoformat()
+    condition = {"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+                 "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
+    client.patch(Node.Status, STRAY, {"status": {"conditions": [condition]}})
+    check = "strays"
+    try:
+        create_check(client, check, {"matchLabels": {STRAY_LABEL: "yes"}}, minHealthy=0)
+
+        def reported() -> bool:
+            unhealthy = check_status(client, check).get("unhealthyNodes") or []
+            return any(u.get("name") == STRAY for u in unhealthy)
+
+        def warned() -> bool:
+            return any(
+                e.reason == "NoBareMetalHost" and e.involvedObject.name in (STRAY, check)
+                for e in client.list(Event, namespace="default")
+            )
+
+        wait(reported, PHASE, f"{check} listing {STRAY} unhealthy")
+        wait(warned, PHASE, "a NoBareMetalHost Event")
+        metalmend.kill()
+        metalmend.start()
+        wait(warned, PHASE, "a NoBareMetalHost Event after the restart")
+        wait(reported, PHASE, f"{check} still listing {STRAY} unhealthy")
+        status = check_status(client, check)
+        (row,) = [u for u in status["unhealthyNodes"] if u["name"] == STRAY]
+        assert not row.get("remediations"), row
+        assert STRAY not in (status.get("inFlightRemediations") or {}), status
+        for kind in (Metal3Remediation, FenceRemediation):
+            for made in client.list(kind, namespace="*"):
+                obj: Any = made
+                annotations = obj.metadata.annotations or {}
+                assert annotations.get(names.REMEDIATED_NODE) != STRAY, obj.metadata.name
+        assert not tainted(client.get(Node, STRAY)), "a Node without a host is never fenced"
+    finally:
+        with contextlib.suppress(ApiError):
+            client.delete(NodeHealthCheck, check)
+        with contextlib.suppress(ApiError):
+            client.delete(Node, STRAY)
