@@ -42,6 +42,7 @@ from metalmend.api.resources import BareMetalHost, Metal3Remediation
 from metalmend_lab import bmostandin, lab
 from metalmend_lab.hosts import NAMESPACE, fence_health_check
 from tests.e2e.conftest import Metalmend
+from tests.e2e.fencing import wait as wait_for
 
 GRACE = 6.0
 REFRESH = 10.0  # the stand-in's power refresh (upstream: 60 s)
@@ -53,15 +54,7 @@ CONFIRM_READS = 3
 
 
 def wait(check: Callable[[], bool], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except ApiError:  # an API server still starting, or an object being replaced
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"not within {within:.0f}s: {what}")
+    wait_for(check, within, what, tolerate=(ApiError,))  # the API server may be restarting
 
 
 @pytest.fixture(scope="module")

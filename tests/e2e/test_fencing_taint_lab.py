@@ -10,9 +10,8 @@ back, the taint goes."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,10 +22,10 @@ from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Node, Pod
 
-from metalmend.api import names
 from metalmend_lab import lab
 from metalmend_lab.hosts import NAMESPACE, fence_health_check
 from tests.e2e.conftest import Metalmend
+from tests.e2e.fencing import TaintHistory, tainted, wait
 
 GRACE = 6.0
 TAINT_SETTINGS = {
@@ -35,15 +34,6 @@ TAINT_SETTINGS = {
     "METALMEND_REMEDIATION_CONFIRM_READS": "3",
     "METALMEND_REMEDIATION_EVACUATION_POLL": "1",
 }
-
-
-def wait(check: Callable[[], bool], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {within:.0f}s: {what}")
 
 
 @pytest.fixture(scope="module")
@@ -69,57 +59,6 @@ def metalmend(fleet: lab.RunningLab, monkeypatch: pytest.MonkeyPatch) -> Iterato
     process.start()
     yield process
     process.stop()
-
-
-def tainted(node: Any) -> bool:
-    return any(t.key == names.OUT_OF_SERVICE_TAINT for t in (node.spec.taints or []))
-
-
-class TaintHistory:
-    """Every version of one Node, as its watch delivers them (in order, none missed), with
-    whether it carried the out-of-service taint. Polling the Node and the pods one after
-    the other cannot order a taint and a pod's move that happen between two polls (on a
-    busy machine a poll round takes a second and both happen within one); this orders
-    them by resourceVersion: the lab has one etcd, whose revision every object's version
-    is, so the versions of a Node and a pod compare as the order of their writes."""
-
-    def __init__(self, fleet: lab.RunningLab, node: str) -> None:
-        self._client = fleet.client()
-        self._node = node
-        self._seen: list[tuple[int, bool]] = []
-        self._changed = threading.Condition()
-        threading.Thread(target=self._watch, daemon=True).start()
-
-    def _watch(self) -> None:
-        try:
-            for _, obj in self._client.watch(Node, fields={"metadata.name": self._node}):
-                assert obj.metadata
-                assert obj.metadata.resourceVersion
-                with self._changed:
-                    self._seen.append((int(obj.metadata.resourceVersion), tainted(obj)))
-                    self._changed.notify_all()
-        except Exception:  # the lab went away at the end of the test
-            return
-
-    def assert_tainted_before(self, version: int, what: str, within: float = 60.0) -> None:
-        """The Node carried the taint at a version before ``version`` (a write of ``what``):
-        waits for the watch to deliver the Node's versions up to it."""
-        deadline = time.monotonic() + within
-        with self._changed:
-            while True:
-                if any(v < version and t for v, t in self._seen):
-                    return
-                after = [v for v, _ in self._seen if v > version]
-                assert not after, (
-                    f"{what} (version {version}) before any taint of {self._node}: "
-                    f"the Node's versions {self._seen}"
-                )
-                left = deadline - time.monotonic()
-                assert left > 0, (
-                    f"{what} (version {version}); {self._node}'s watch delivered no taint "
-                    f"before it within {within:.0f}s: {self._seen}"
-                )
-                self._changed.wait(left)
 
 
 def test_taint_only_on_a_server_that_is_off_and_the_pod_moves_after_it(

@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -45,8 +43,8 @@ from metalmend.api.resources import (
 )
 from metalmend_lab import lab
 from metalmend_lab.hosts import NAMESPACE
-from metalmend_lab.inventory import status_path
 from tests.e2e.conftest import Metalmend
+from tests.e2e.fencing import TaintHistory, power_of, tainted, wait
 
 GRACE = 6.0
 PHASE = 240.0  # seconds any one step may take
@@ -60,15 +58,6 @@ TAINT_SETTINGS = {
 CHECK = "workers"
 TEMPLATE = "node-fence"
 HOSTS = 3
-
-
-def wait(check: Callable[[], bool], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {within:.0f}s: {what}")
 
 
 @pytest.fixture(scope="module")
@@ -145,81 +134,9 @@ def all_healthy(client: Client, name: str, count: int) -> bool:
     )
 
 
-def tainted(node: Any) -> bool:
-    return any(t.key == names.OUT_OF_SERVICE_TAINT for t in (node.spec.taints or []))
-
-
 def ready(node: Any) -> str:
     conditions = (node.status.conditions if node.status else None) or []
     return next((c.status for c in conditions if c.type == "Ready"), "-")
-
-
-def power_of(workdir: Path, host: str) -> str:
-    """The simulated server's own power, from the hardware's status file (rewritten every
-    0.2 s; `lab status` reads the same, and probes every BMC besides)."""
-    return str(json.loads(status_path(workdir).read_text())[host]["power"])
-
-
-class TaintHistory:
-    """Every version of one Node, as its watch delivers them (in order, none missed), with
-    whether it carried the out-of-service taint. Versions order a taint and a pod's move (the
-    lab has one etcd, whose revision every object's version is): as in
-    tests/e2e/test_fencing_taint_lab.py. For each tainted version, as it arrives: the
-    simulated server's power, then the Node's pods; a server on while pods are still listed
-    on the tainted Node is a violation (the fence let it on too soon)."""
-
-    def __init__(self, fleet: lab.RunningLab, node: str) -> None:
-        self._client = fleet.client()
-        self._reader = fleet.client()
-        self.violations: list[str] = []
-        self._workdir = fleet.plane.workdir.parent
-        self._node = node
-        self._seen: list[tuple[int, bool]] = []
-        self.power_at_first_taint: str | None = None
-        self._changed = threading.Condition()
-        threading.Thread(target=self._watch, daemon=True).start()
-
-    def _watch(self) -> None:
-        try:
-            for _, obj in self._client.watch(Node, fields={"metadata.name": self._node}):
-                assert obj.metadata
-                assert obj.metadata.resourceVersion
-                carries = tainted(obj)
-                if carries:
-                    power = power_of(self._workdir, self._node)
-                    if self.power_at_first_taint is None:
-                        self.power_at_first_taint = power
-                    pods = list(
-                        self._reader.list(Pod, namespace="*", fields={"spec.nodeName": self._node})
-                    )
-                    if power != "off" and pods:
-                        self.violations.append(
-                            f"version {obj.metadata.resourceVersion} tainted, server {power},"
-                            f" {len(pods)} pods on it"
-                        )
-                with self._changed:
-                    self._seen.append((int(obj.metadata.resourceVersion), carries))
-                    self._changed.notify_all()
-        except Exception:  # the lab went away at the end of the test
-            return
-
-    def assert_tainted_before(self, version: int, what: str, within: float = 60.0) -> None:
-        deadline = time.monotonic() + within
-        with self._changed:
-            while True:
-                if any(v < version and t for v, t in self._seen):
-                    return
-                after = [v for v, _ in self._seen if v > version]
-                assert not after, (
-                    f"{what} (version {version}) before any taint of {self._node}: "
-                    f"the Node's versions {self._seen}"
-                )
-                left = deadline - time.monotonic()
-                assert left > 0, (
-                    f"{what} (version {version}); {self._node}'s watch delivered no taint "
-                    f"before it within {within:.0f}s: {self._seen}"
-                )
-                self._changed.wait(left)
 
 
 def remediation_of(client: Client, node: str) -> Any | None:

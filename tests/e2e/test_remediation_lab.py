@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,19 +32,11 @@ from metalmend_lab import lab
 from metalmend_lab.hosts import NAMESPACE, fence_health_check
 from metalmend_lab.timeline import Recorder
 from tests.e2e.conftest import Metalmend
+from tests.e2e.fencing import wait
 
 GRACE = 6.0
 MHC_TIMEOUT = 2
 RACK = "topology.example.org/rack"
-
-
-def wait(check: Callable[[], bool], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {within:.0f}s: {what}")
 
 
 @pytest.fixture(scope="module")

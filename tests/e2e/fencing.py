@@ -1,0 +1,115 @@
+"""What the lab's fencing tests share: a polling wait that names what it waited for, the
+out-of-service taint on a Node, the simulated server's own power, and the Node's history
+of taints from its watch, which orders a taint and a pod's move by resourceVersion."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lightkube.resources.core_v1 import Node, Pod
+
+from metalmend.api import names
+from metalmend_lab import lab
+from metalmend_lab.inventory import status_path
+
+
+def wait(
+    check: Callable[[], bool],
+    within: float,
+    what: str,
+    tolerate: tuple[type[Exception], ...] = (),
+) -> None:
+    """Until ``check()``; ``tolerate``: errors that mean "not yet" (an API server still
+    starting, an object being replaced)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except tolerate:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"not within {within:.0f}s: {what}")
+
+
+def tainted(node: Any) -> bool:
+    return any(t.key == names.OUT_OF_SERVICE_TAINT for t in (node.spec.taints or []))
+
+
+def power_of(workdir: Path, host: str) -> str:
+    """The simulated server's own power, from the hardware's status file (rewritten every
+    0.2 s; `lab status` reads the same, and probes every BMC besides)."""
+    return str(json.loads(status_path(workdir).read_text())[host]["power"])
+
+
+class TaintHistory:
+    """Every version of one Node, as its watch delivers them (in order, none missed), with
+    whether it carried the out-of-service taint. Polling the Node and the pods one after
+    the other cannot order a taint and a pod's move that happen between two polls (on a
+    busy machine a poll round takes a second and both happen within one); this orders
+    them by resourceVersion: the lab has one etcd, whose revision every object's version
+    is, so the versions of a Node and a pod compare as the order of their writes.
+
+    For each tainted version, as it arrives: the simulated server's power, then the Node's
+    pods; a server on while pods are still listed on the tainted Node is a violation (the
+    fence let it on too soon)."""
+
+    def __init__(self, fleet: lab.RunningLab, node: str) -> None:
+        self._client = fleet.client()
+        self._reader = fleet.client()
+        self.violations: list[str] = []
+        self._workdir = fleet.plane.workdir.parent
+        self._node = node
+        self._seen: list[tuple[int, bool]] = []
+        self.power_at_first_taint: str | None = None
+        self._changed = threading.Condition()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        try:
+            for _, obj in self._client.watch(Node, fields={"metadata.name": self._node}):
+                assert obj.metadata
+                assert obj.metadata.resourceVersion
+                carries = tainted(obj)
+                if carries:
+                    power = power_of(self._workdir, self._node)
+                    if self.power_at_first_taint is None:
+                        self.power_at_first_taint = power
+                    pods = list(
+                        self._reader.list(Pod, namespace="*", fields={"spec.nodeName": self._node})
+                    )
+                    if power != "off" and pods:
+                        self.violations.append(
+                            f"version {obj.metadata.resourceVersion} tainted, server {power},"
+                            f" {len(pods)} pods on it"
+                        )
+                with self._changed:
+                    self._seen.append((int(obj.metadata.resourceVersion), carries))
+                    self._changed.notify_all()
+        except Exception:  # the lab went away at the end of the test
+            return
+
+    def assert_tainted_before(self, version: int, what: str, within: float = 60.0) -> None:
+        """The Node carried the taint at a version before ``version`` (a write of ``what``):
+        waits for the watch to deliver the Node's versions up to it."""
+        deadline = time.monotonic() + within
+        with self._changed:
+            while True:
+                if any(v < version and t for v, t in self._seen):
+                    return
+                after = [v for v, _ in self._seen if v > version]
+                assert not after, (
+                    f"{what} (version {version}) before any taint of {self._node}: "
+                    f"the Node's versions {self._seen}"
+                )
+                left = deadline - time.monotonic()
+                assert left > 0, (
+                    f"{what} (version {version}); {self._node}'s watch delivered no taint "
+                    f"before it within {within:.0f}s: {self._seen}"
+                )
+                self._changed.wait(left)
