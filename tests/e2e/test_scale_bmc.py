@@ -5,6 +5,7 @@ unchanged; resets journalled as the lab's BMCs journal them."""
 from __future__ import annotations
 
 import asyncio
+import importlib.abc
 import json
 import subprocess
 import sys
@@ -133,6 +134,37 @@ async def test_hang_up_closes_the_connection_at_once_and_keeps_the_system(
         driver.hang_up()  # twice: nothing left to close, no error
     finally:
         await driver.close()
+
+
+class ImportLookups(importlib.abc.MetaPathFinder):
+    """Records every module looked up on sys.path (an import not already in sys.modules)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        self.names.append(name)
+        return None  # the other finders go on as before
+
+
+async def test_a_power_poll_looks_up_no_module(server: Server) -> None:
+    """A poll is a new connection each time (the pool hangs up after it). httpcore imported
+    sniffio at every connection and lock; while it was not installed each import searched
+    sys.path again: 0.3 ms of CPU per poll (docs/scale.md, fix 13). Nothing a poll does may
+    import."""
+    ports, ca, _ = server
+    pool = BmcPool(BmcSettings(timeout=10.0, ca_bundle=str(ca)))
+    lookups = ImportLookups()
+    try:
+        await pool.power_state(target(ports, 0), background=True)  # first use may import
+        sys.meta_path.insert(0, lookups)
+        for _ in range(3):
+            assert await pool.power_state(target(ports, 0), background=True) == PowerState.ON
+    finally:
+        if lookups in sys.meta_path:
+            sys.meta_path.remove(lookups)
+        await pool.close()
+    assert lookups.names == [], f"modules looked up during power polls: {lookups.names}"
 
 
 async def requests(ports: dict[str, Any]) -> int:
