@@ -56,6 +56,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -145,6 +146,7 @@ class Measurement:
     reboots: list[float] = field(default_factory=list)  # request -> status seen, ms
     reboots_off: list[float] = field(default_factory=list)  # request -> off at the BMC, ms
     verdicts: list[float] = field(default_factory=list)  # ms
+    nodes_beat: int = 0  # Nodes whose status heartbeat (lastHeartbeatTime) fell in the window
 
     def per_second(self, count: float) -> float:
         return count / self.seconds if self.seconds else 0.0
@@ -324,6 +326,19 @@ def listing(plane: ControlPlane, path: str) -> list[dict[str, Any]]:
         return items
 
 
+def nodes_beat_since(plane: ControlPlane, since: float) -> int:
+    """Nodes whose Ready condition's lastHeartbeatTime is ``since`` or later, read from the
+    Nodes themselves: a count of Node writes does not say which Nodes were written."""
+    beat = 0
+    for node in listing(plane, "/api/v1/nodes"):
+        for condition in node.get("status", {}).get("conditions") or []:
+            stamp = condition.get("lastHeartbeatTime")
+            if condition["type"] == "Ready" and stamp:
+                when = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+                beat += when.timestamp() >= since
+    return beat
+
+
 def nodes_ready(plane: ControlPlane) -> int:
     return sum(
         any(
@@ -432,6 +447,7 @@ def steady_window(
     m.cpu_seconds = cpu_seconds(pid) - cpu_before
     m.rss_mib, m.peak_rss_mib = memory_mib(pid)
     m.seconds = until - since
+    m.nodes_beat = nodes_beat_since(plane, math.floor(since))  # the stamps have whole seconds
     time.sleep(1.0)  # the audit log has the window's last requests
     m.ours = by_verb_and_resource(audit_events(audit, since, until))
 
@@ -581,7 +597,8 @@ def rows(m: Measurement) -> dict[str, str]:
         "  metalmend API requests/s meanwhile": f"{startup / m.reconciled_after:.1f}",
         f"settled: last write before {QUIET:g} s quiet, after reconciled (s)": settled(m),
         "steady window (s)": f"{m.seconds:.0f}",
-        "  Node status writes in it (kwok's heartbeats)": f"{heartbeats(m)} for {m.hosts} Nodes",
+        "  Nodes with a status heartbeat in it": f"{m.nodes_beat} of {m.hosts}",
+        "  Node writes in it (kwok's heartbeats)": f"{heartbeats(m)}",
         "steady: metalmend API requests/s": f"{m.per_second(ours_total):.2f}",
         "steady: metalmend API writes/s": f"{m.per_second(ours_writes):.2f}",
         "steady: all identities' requests/s": f"{m.per_second(every_total):.1f}",
@@ -602,9 +619,10 @@ def settled(m: Measurement) -> str:
 
 
 def heartbeats(m: Measurement) -> int:
-    """Node status writes in the window (kwok's heartbeats; metalmend writes no Node status)."""
+    """Node writes in the window, of the Node or its status (kwok's heartbeats: metalmend
+    writes no Node)."""
     return sum(n for (verb, resource), n in m.every.items() if verb in WRITES
-               and resource == "nodes/status")  # fmt: skip
+               and resource in ("nodes", "nodes/status"))  # fmt: skip
 
 
 def report(small: Measurement, large: Measurement) -> None:

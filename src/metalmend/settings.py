@@ -177,11 +177,18 @@ MAY_BE_ZERO = frozenset(
     {
         ("power", "soft_timeout"),  # hard power-off at once
         ("power", "first_poll"),  # read the BMC again right after a command
+        ("power", "poll_budget"),  # no limit on routine reads a second
         ("power_retry", "jitter"),  # no jitter
     }
 )
 # ... and floats are seconds, except these.
-NOT_SECONDS = frozenset({("power_retry", "jitter"), ("power_retry", "authentication_factor")})
+NOT_SECONDS = frozenset(
+    {
+        ("power_retry", "jitter"),
+        ("power_retry", "authentication_factor"),
+        ("power", "poll_budget"),  # reads a second
+    }
+)
 
 
 class SettingsError(ValueError):

@@ -19,6 +19,7 @@ from metalmend.policy.hostpower import (
     PowerSettings,
     PowerStatus,
     decide,
+    poll_every,
     poll_phase,
     spread_poll,
 )
@@ -105,3 +106,54 @@ def test_decide_spreads_the_idle_poll_only() -> None:
     decision = decide(landing, now, SETTINGS)
     assert decision.requeue_at is not None
     assert (decision.requeue_at - now).total_seconds() <= SETTINGS.transition_poll
+
+
+@pytest.mark.parametrize(
+    ("interval", "budget", "hosts", "every"),
+    [
+        pytest.param(20.0, 150.0, 1, 20.0, id="one host: the interval"),
+        pytest.param(20.0, 150.0, 3000, 20.0, id="exactly the budget: the interval"),
+        pytest.param(20.0, 150.0, 3001, 21.0, id="one more: a whole second longer"),
+        pytest.param(20.0, 150.0, 5000, 34.0, id="5,000 hosts: 33.3 s, rounded up"),
+        pytest.param(20.0, 0.0, 5000, 20.0, id="no budget: the interval at any size"),
+        pytest.param(60.0, 150.0, 5000, 60.0, id="a longer interval within the budget"),
+        pytest.param(20.0, 0.1, 3, 30.0, id="a small budget"),
+    ],
+)
+def test_the_poll_budget_stretches_the_idle_interval(
+    interval: float, budget: float, hosts: int, every: float
+) -> None:
+    settings = PowerSettings(poll_interval=interval, poll_budget=budget)
+    assert poll_every(settings, hosts) == every
+
+
+def test_five_thousand_hosts_within_the_budget_read_at_most_budget_bmcs_a_second() -> None:
+    """The stretched interval keeps the spread: about 150 reads in every second of it,
+    not 250 (the cost of a read is a TLS connection: docs/scale.md, fix 14)."""
+    settings = PowerSettings(poll_interval=INTERVAL, poll_budget=150.0)
+    keys = [f"metalmend-lab/worker-{i}" for i in range(5000)]
+    every = poll_every(settings, len(keys))
+    start = at(0.5)
+    seconds = Counter(
+        int((spread_poll(start, every, poll_phase(k)) - at(0)).total_seconds()) % int(every)
+        for k in keys
+    )
+    assert len(seconds) == every
+    assert max(seconds.values()) < 1.3 * 150
+    assert sum(seconds.values()) / every <= 150
+
+
+def test_decide_spreads_the_idle_poll_over_the_budgeted_interval() -> None:
+    host = dataclasses.replace(IDLE, poll_phase=0.5, poll_every=34.0)
+    slot = decide(host, at(0.0), SETTINGS).requeue_at
+    assert slot == spread_poll(at(0.0), 34.0, 0.5)  # its slot of a 34 s interval
+    assert slot != spread_poll(at(0.0), INTERVAL, 0.5)
+    # A power change landing is read on its own schedule, budget or not.
+    landing = dataclasses.replace(
+        host, power=PowerState.OFF,
+        status=PowerStatus(powered_on=False, last_powered_on=at(-100),
+                           last_command=LastCommand(PowerAction.ON, at(-0.5))),
+    )  # fmt: skip
+    decision = decide(landing, at(0.0), SETTINGS)
+    assert decision.requeue_at is not None
+    assert (decision.requeue_at - at(0.0)).total_seconds() <= SETTINGS.transition_poll

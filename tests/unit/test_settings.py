@@ -151,6 +151,7 @@ def test_a_flag_beats_the_environment_which_beats_the_file(tmp_path: Path) -> No
     [
         ("power: {poll_interval: 0}\n", {}, "{file}: power.poll_interval must be a positive number of seconds, not 0"),
         ("power: {soft_timeout: -1}\n", {}, "{file}: power.soft_timeout must be a non-negative number of seconds, not -1"),
+        ("power: {poll_budget: -5}\n", {}, "{file}: power.poll_budget must be a non-negative number, not -5"),
         ("bmc: {timeout: soon}\n", {}, "{file}: bmc.timeout must be a positive number of seconds, not 'soon'"),
         ("bmc: {max_in_flight: 2.5}\n", {}, "{file}: bmc.max_in_flight must be a positive whole number, not 2.5"),
         ("bmc: {allowed_networks: [10.0.0.0/99]}\n", {}, "{file}: bmc.allowed_networks must be a CIDR such as 10.20.0.0/16, not '10.0.0.0/99'"),

@@ -110,6 +110,7 @@ RUN_FLAGS: dict[str, tuple[str, str]] = {
     "bmc_trust_system_cas": ("bmc", "trust_system_cas"),
     "soft_power_off_timeout": ("power", "soft_timeout"),
     "power_poll_interval": ("power", "poll_interval"),
+    "power_poll_budget": ("power", "poll_budget"),
     "fence": ("remediation", "fence"),
     "remediation_retry_base": ("remediation", "retry_base"),
     "request_remediation_by": ("health_checks", "request_remediation_by"),
@@ -202,6 +203,13 @@ def run_command(
     power_poll_interval: Annotated[
         float, typer.Option(help="Seconds between BMC power reads of a settled host.")
     ] = DEFAULTS.power.poll_interval,
+    power_poll_budget: Annotated[
+        float,
+        typer.Option(
+            help="Routine BMC power reads a second this process allows itself (0: no limit);"
+            " above budget x interval hosts, each host is read every hosts/budget seconds."
+        ),
+    ] = DEFAULTS.power.poll_budget,
     fence: Annotated[
         settings_.FenceMethod,
         typer.Option(

@@ -101,6 +101,7 @@ class HostPowerController:
         self._sent: dict[str, policy.LastCommand] = {}  # the power command this process sent
         self._reported: set[tuple[str, ...]] = set()  # ReportOnce topics already told
         self._waiting: set[str] = set()  # hosts told they wait for other namespaces' calls
+        self._poll_every = self.settings.poll_interval  # as last said in the log
         self.runner: Controller | None = None  # set by setup: its queue knows background keys
 
     def reset_backoff(self, key: str) -> None:
@@ -114,13 +115,40 @@ class HostPowerController:
         self._schedules.pop(key, None)
 
     def cache_samples(self) -> list[metrics.Sample]:
-        """/metrics gauges from the host cache: reboot requests pending, hosts in error."""
+        """/metrics gauges from the host cache: reboot requests pending, hosts in error,
+        the idle poll's interval."""
         hosts = self.hosts.store.values()
         return (
             metrics.reboot_samples(hosts, self.clock.now())
             + metrics.bmc_error_samples(hosts)
             + metrics.power_samples(hosts)
+            + metrics.poll_interval_samples(self.settings.poll_interval, self.poll_every())
         )
+
+    def poll_every(self) -> float:
+        """The interval idle polls keep now (``policy.poll_every`` over the hosts cached).
+        The log says when the poll budget starts or stops stretching it."""
+        every = policy.poll_every(self.settings, len(self.hosts.store))
+        stretched, was = every > self.settings.poll_interval, self._poll_every
+        if stretched != (was > self.settings.poll_interval):
+            if stretched:
+                log.warning(
+                    "host-power: %d hosts at one read every %gs would be more than"
+                    " power.poll_budget (%g BMC reads a second): each host's power is read"
+                    " every %gs instead (metalmend_power_poll_interval_seconds); raise"
+                    " --power-poll-budget (about 2.5 ms of CPU per read) or split the hosts"
+                    " between processes (--namespace)",
+                    len(self.hosts.store), self.settings.poll_interval,
+                    self.settings.poll_budget, every,
+                )  # fmt: skip
+            else:
+                log.info(
+                    "host-power: %d hosts fit power.poll_budget again: each host's power is"
+                    " read every %gs (power.poll_interval)",
+                    len(self.hosts.store), every,
+                )  # fmt: skip
+        self._poll_every = every
+        return every
 
     def next_attempt(self, key: str) -> dt.datetime | None:
         """When a failing host is tried next (None: not failing). For tests and tools."""
@@ -192,6 +220,7 @@ class HostPowerController:
             status=status,
             command_confirmed=status.last_command == self._sent.get(key),
             poll_phase=policy.poll_phase(key),
+            poll_every=self.poll_every(),
         )
 
     async def act(self, attempt: Attempt, action: policy.Action) -> None:

@@ -90,6 +90,15 @@ HOSTS_POWER = cache_gauge(
         ("state",),
     )
 )
+POLL_INTERVAL = cache_gauge(
+    CacheGauge(
+        "metalmend_power_poll_interval_seconds",
+        "Seconds between two routine BMC power reads of a settled host: configured"
+        " (power.poll_interval), and effective: longer when reading every host that often"
+        " would be more than power.poll_budget reads a second in this process.",
+        ("kind",),
+    )
+)
 BMC_WAITING = cache_gauge(
     CacheGauge(
         "metalmend_bmc_waiting_calls",
@@ -225,6 +234,13 @@ def power_samples(hosts: Iterable[Any]) -> list[Sample]:
         on = _status(host).get("poweredOn")
         counts[POWER_ON if on is True else POWER_OFF if on is False else UNKNOWN] += 1
     return [(HOSTS_POWER.name, (state,), counts[state]) for state in POWER_STATES]
+
+
+def poll_interval_samples(configured: float, effective: float) -> list[Sample]:
+    return [
+        (POLL_INTERVAL.name, ("configured",), configured),
+        (POLL_INTERVAL.name, ("effective",), effective),
+    ]
 
 
 def bmc_error_samples(hosts: Iterable[Any]) -> list[Sample]:

@@ -188,9 +188,7 @@ class NodeHealthCheckController:
             return None, f"providerID {provider} names another host than {object_key(host)}"
         return host, ""
 
-    def target(
-        self, node: Any, remediations: list[policy.Remediation] | None
-    ) -> policy.NodeTarget:
+    def target(self, node: Any, remediations: list[policy.Remediation] | None) -> policy.NodeTarget:
         now = self.clock.now()
         conditions: dict[str, NodeCondition] = {}
         for c in (node.status.conditions if node.status else None) or []:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -58,6 +59,13 @@ class PowerSettings:
     poll_interval: float = 20.0
     """Re-read the BMC this often when nothing is happening: notices a host switched off
     behind our back within a Node's heartbeat grace, without loading the BMCs."""
+
+    poll_budget: float = 150.0
+    """... but at most this many of those routine reads a second in this process (0: no
+    limit): above poll_budget * poll_interval hosts, each host's idle poll comes every
+    hosts / poll_budget seconds instead (``poll_every``). Each read is a new TLS
+    connection to its BMC (``bmc.pool`` hangs up after a routine poll), about 2.5 ms of a
+    core in this process: 150 a second is under 40 % of one (docs/scale.md, fix 14)."""
 
     transition_poll: float = 1.0
     """... at most this often while a commanded change lands, so it is seen promptly."""
@@ -269,6 +277,9 @@ class Host:
     # The host's own place in the poll interval, in [0, 1) (``poll_phase`` of its key);
     # None: idle polls are not spread (every host polls poll_interval after its reconcile).
     poll_phase: float | None = None
+    # The interval its idle polls keep (``poll_every``: poll_interval, or longer for the
+    # poll budget); None: poll_interval.
+    poll_every: float | None = None
 
 
 # ---- actions, executed in order by controllers.hostpower ----------------------------------
@@ -373,7 +384,21 @@ def _next_poll(host: Host, after: float, now: dt.datetime, settings: PowerSettin
     at the host's own slot (``spread_poll``)."""
     if host.poll_phase is None or after < settings.poll_interval:
         return now + dt.timedelta(seconds=after)
-    return spread_poll(now, settings.poll_interval, host.poll_phase)
+    return spread_poll(now, host.poll_every or settings.poll_interval, host.poll_phase)
+
+
+def poll_every(settings: PowerSettings, hosts: int) -> float:
+    """The interval the idle polls of ``hosts`` hosts keep: poll_interval, unless reading
+    each of them that often would exceed poll_budget reads a second; then hosts /
+    poll_budget, rounded up to a whole second (hosts coming and going then move the
+    polls' slots only when a whole second is crossed). The polls stay spread evenly over
+    it (``spread_poll``), so the process reads at most poll_budget BMCs a second at rest.
+
+    Only idle polls: a reboot, a power change landing, a fence's evidence or a failing
+    BMC's retries are read on their own schedule."""
+    if settings.poll_budget <= 0 or hosts <= settings.poll_budget * settings.poll_interval:
+        return settings.poll_interval
+    return float(math.ceil(hosts / settings.poll_budget))
 
 
 POLL_SPREAD_MIN = 0.25

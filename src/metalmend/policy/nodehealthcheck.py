@@ -689,15 +689,15 @@ class _Report:
                 decision.do(_annotate(current, names.NHC_TIMED_OUT, mark))
             timed[kind] = mark
             newly_timed = True
-            cause = "its Succeeded condition is False" if failed else (
-                f"the Node is not healthy {step.timeout:g}s after it started"
+            cause = (
+                "its Succeeded condition is False"
+                if failed
+                else (f"the Node is not healthy {step.timeout:g}s after it started")
             )
             message = f"Remediation {kind} {current.namespace}/{current.name} timed out: {cause}"
             decision.note(EVENT_REMEDIATION_TIMED_OUT, message)
         if newly_timed:
-            message = (
-                f"Remediation timed out, and no template left to try for Node {target.name}"
-            )
+            message = f"Remediation timed out, and no template left to try for Node {target.name}"
             decision.note(EVENT_NO_TEMPLATE_LEFT, message, warning=True)
 
     def healthy_again(

@@ -609,8 +609,7 @@ async def control_action(action_id: str, verb: str, request: Request) -> JSONRes
 @router.get(
     "/actions/{action_id}/steps/{step}/logs",
     summary="A step's log (text): what serve recorded of it, its notes and its record",
-    description="Query: try (Shipyard's; try_number read too; serve keeps the latest try"
-    " only).",
+    description="Query: try (Shipyard's; try_number read too; serve keeps the latest try only).",
     responses=documented((200, "text"), (404, "NotFound")),
     dependencies=[auth.Admit(GET_STEP_LOGS, "action_id", limit=64)],
 )
