@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 from lightkube import ApiError, AsyncClient, Client, KubeConfig, codecs
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import ConfigMap
+from lightkube.resources.core_v1 import ConfigMap, Event
 
 from metalmend.kube.health import serving
 from metalmend.kube.manager import Manager
@@ -158,6 +158,60 @@ def test_run_with_the_shipped_rbac_serves_health_leads_and_stops_on_sigterm(
     released = kube.get(Lease, "metalmend", namespace="metalmend-system")
     assert released.spec is not None
     assert not released.spec.holderIdentity, "a graceful stop hands the lease back"
+
+
+def _policy_events(kube: Client, namespace: str) -> list[str]:
+    return [
+        str(e.message)
+        for e in kube.list(Event, namespace=namespace)
+        if e.reason == "AdmissionPolicyMissing"
+    ]
+
+
+def test_run_says_at_start_that_the_spec_bmc_policy_is_missing(
+    control_plane: ControlPlane, kube: Client, namespace: str
+) -> None:
+    """Issue 27, point 11, through the runner's wiring (runner.py calls kube/admission.py
+    ``check`` at start): ``metalmend run`` with the shipped RBAC, on an API server without
+    the spec.bmc admission policy, says so once in its log, as a Warning Event
+    ``AdmissionPolicyMissing`` in its namespace and as the gauge at 1; and stays ready
+    (it is not a readiness matter)."""
+    for obj in codecs.load_all_yaml(RBAC.read_text()):
+        kube.apply(obj, force=True)
+    bind_bmc_secrets(kube, namespace)
+    account = control_plane.service_account_kubeconfig("metalmend-system", "metalmend")
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "metalmend", "run", "--kubeconfig", str(account),
+            "--leader-election-namespace", namespace, "--secret-namespaces", namespace,
+            "--health-bind", f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    gauge = 'metalmend_admission_policy_missing{policy="metalmend-bmc-spec-writers"} 1.0'
+    try:
+        ready = wait_ready(port)
+        assert ready is not None
+        assert ready.status_code == 200, ready.text
+        deadline = time.monotonic() + STARTUP
+        while not _policy_events(kube, namespace) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        [event] = _policy_events(kube, namespace)
+        assert event.startswith(
+            "ValidatingAdmissionPolicy metalmend-bmc-spec-writers is not installed: anyone who"
+            " may patch a BareMetalHost can change its spec.bmc"
+        ), event
+        assert gauge in metrics_text(port)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=15)
+    assert process.returncode == 0, stderr
+    said = [line for line in stderr.splitlines() if "admission check:" in line]
+    assert len(said) == 1, stderr
+    assert "ValidatingAdmissionPolicy metalmend-bmc-spec-writers is not installed" in said[0]
 
 
 async def test_readyz_is_false_while_a_watch_is_forbidden(

@@ -1,9 +1,10 @@
 """The service's database failing under a running ``metalmend serve`` (docs/design-store.md,
-"When the database fails"): its SQLite file removed, made read-only, its PostgreSQL server
-stopped. Every route of Deckhand, Drydock and Shipyard answers one 503 Status, the same
+"When the database fails"): its SQLite file removed, made read-only, locked by another
+writer, its PostgreSQL server stopped. Every route of Deckhand, Drydock and Shipyard (and
+Promenade's, which read design revisions from the store) answers one 503 Status, the same
 line, without the database's host, name, user or path; the workers keep looking, quietly;
-the log says it once (at warning level without those details), never with a traceback,
-and once more when the database is back.
+the log says it once (at warning level without those details), never with a traceback, and
+once more when the database is back.
 
 Real parts: the API server (callers are ServiceAccount tokens bound to the narrowest
 ClusterRole of deploy/rbac/serve.yaml that reaches each route), a SQLite file, a
@@ -15,10 +16,12 @@ import abc
 import contextlib
 import logging
 import secrets
+import sqlite3
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import psycopg
@@ -27,6 +30,7 @@ from lightkube import AsyncClient, Client, KubeConfig
 from sqlalchemy.engine import make_url
 
 from metalmend.db import Database, DatabaseUnavailable
+from metalmend.db import database as database_module
 from metalmend.db.database import UNAVAILABLE
 from metalmend.destroy.policy.destroy import DestroySettings
 from metalmend.destroy.routes import Drydock
@@ -36,6 +40,7 @@ from metalmend.web import deps
 from metalmend_lab.controlplane import ControlPlane
 from tests.integration.test_drydock_destroy import Bmc, add_host, destroy
 from tests.integration.test_serve_promenade import bearer, serve_kubeconfig, status_of, token
+from tests.integration.test_shipyard_api import also
 from tests.postgres import PostgresUnavailable, ThrowawayPostgres
 from tests.support import until
 
@@ -65,8 +70,49 @@ def writes(node: str) -> list[tuple[str, str, str, Any]]:
         ("PUT", "/deckhand/api/v1.0/buckets/site/documents", "metalmend-deckhand-editor",
          DOCUMENT),
         ("POST", "/drydock/api/v1.0/tasks", "metalmend-drydock-admin", destroy([node])),
-        ("POST", "/shipyard/api/v1.0/configdocs/site", "metalmend-shipyard-admin", DOCUMENT),
+        ("POST", "/shipyard/api/v1.0/configdocs/site?buffermode=replace",
+         "metalmend-shipyard-admin", DOCUMENT),
+        ("POST", "/shipyard/api/v1.0/commitconfigdocs", "metalmend-shipyard-admin", None),
+        ("POST", "/shipyard/api/v1.0/actions", "metalmend-shipyard-redeployer",
+         {"name": "redeploy_server", "parameters": {"target_nodes": [node]}}),
+        ("POST", "/deckhand/api/v1.0/revisions/1/tags/mytag", "metalmend-deckhand-editor", None),
+        ("DELETE", "/deckhand/api/v1.0/revisions/1/tags/mytag", "metalmend-deckhand-editor",
+         None),
+        ("DELETE", "/deckhand/api/v1.0/revisions/1/tags", "metalmend-deckhand-editor", None),
+        ("POST", "/deckhand/api/v1.0/rollback/1", "metalmend-deckhand-editor", None),
+        ("DELETE", "/deckhand/api/v1.0/revisions", "metalmend-deckhand-admin", None),
     ]  # fmt: skip
+
+
+def store_readers(node: str) -> list[tuple[str, str, str, Any]]:
+    """Routes that read the store before they act (Shipyard's stop reads its action;
+    Promenade's etcd routes read a design revision the reference names): a database that
+    cannot be read answers 503 on them too. Called only while reads fail (a read that
+    works would let a decommission act). Roles joined by ``+``: one account bound to
+    each (a Promenade role and the Deckhand viewer, who may read the revision)."""
+    href = "deckhand+https://deckhand/api/v1.0/revisions/1/rendered-documents"
+    design = {"rel": "design", "href": href, "type": "application/x-yaml"}
+    promenade = "/promenade/api/v1.0"
+    return [
+        ("POST", f"/shipyard/api/v1.0/actions/{ACTION}/control/stop",
+         "metalmend-shipyard-redeployer", None),
+        ("GET", f"{promenade}/etcd-cluster-health-statuses?design_ref={quote(href, safe='')}",
+         "metalmend-promenade-viewer+metalmend-deckhand-viewer", None),
+        ("POST", f"{promenade}/nodes/{node}/remove-etcd",
+         "metalmend-promenade-etcd+metalmend-deckhand-viewer", design),
+        ("POST", f"{promenade}/nodes/{node}/decommission",
+         "metalmend-promenade-admin+metalmend-deckhand-viewer", design),
+    ]  # fmt: skip
+
+
+# What the writes above work on, put before the fault: a revision (1) to tag, roll back
+# and delete, a tag to remove, a Shipyard buffer to commit. Without them, a database that
+# is still read (read-only, locked) answers 404 or 409 before any write is tried.
+SEED = [
+    ("POST", "/shipyard/api/v1.0/configdocs/site", "metalmend-shipyard-admin",
+     DOCUMENT.replace("name: x", "name: buffered")),
+    ("POST", "/deckhand/api/v1.0/revisions/1/tags/mytag", "metalmend-deckhand-editor", None),
+]  # fmt: skip
 
 
 class Fault(abc.ABC):
@@ -134,6 +180,33 @@ class SqliteReadOnly(Fault):
         subprocess.run(["chattr", "-i", str(self.path)], capture_output=True, check=False)
 
 
+class SqliteLocked(Fault):
+    """Another process writing the file: a connection of its own holds SQLite's write
+    lock (``BEGIN EXCLUSIVE``) past the busy timeout, made 1 s here (30 s in serve)."""
+
+    reads_fail = False  # WAL: readers do not wait for a writer
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.path = root / "serve.sqlite"
+        self.url = f"sqlite:///{self.path}"
+        self.secrets = (str(self.path), "serve.sqlite")
+        monkeypatch.setattr(database_module, "SQLITE_BUSY_TIMEOUT_MS", 1000)
+        self.holder: sqlite3.Connection | None = None
+
+    def breaks(self) -> None:
+        self.holder = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        self.holder.execute("BEGIN EXCLUSIVE")
+
+    def mend(self) -> None:
+        if self.holder is not None:
+            self.holder.execute("ROLLBACK")
+            self.holder.close()
+            self.holder = None
+
+    def __exit__(self, *exc: object) -> None:
+        self.mend()
+
+
 class PostgresStopped(Fault):
     def __init__(self) -> None:
         try:
@@ -169,13 +242,19 @@ class PostgresStopped(Fault):
         self.server.stop()
 
 
-@pytest.fixture(params=["sqlite-removed", "sqlite-read-only", "postgresql-stopped"])
-def fault(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fault]:
+@pytest.fixture(
+    params=["sqlite-removed", "sqlite-read-only", "sqlite-locked", "postgresql-stopped"]
+)
+def fault(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Fault]:
     made: Fault
     if request.param == "sqlite-removed":
         made = SqliteRemoved(tmp_path)
     elif request.param == "sqlite-read-only":
         made = SqliteReadOnly(tmp_path)
+    elif request.param == "sqlite-locked":
+        made = SqliteLocked(tmp_path, monkeypatch)
     else:
         made = PostgresStopped()
     with made:
@@ -206,6 +285,8 @@ async def serving(kubeconfig: Path, url: str) -> AsyncIterator[tuple[httpx.Async
 
 async def call(http: httpx.AsyncClient, route: tuple[str, str, str, Any], who: str) -> Any:
     method, path, _, body = route
+    if body is None:
+        return await http.request(method, path, headers=bearer(who))
     if isinstance(body, dict):
         return await http.request(method, path, json=body, headers=bearer(who))
     return await http.request(method, path, content=body, headers={**bearer(who), **YAML})
@@ -224,21 +305,36 @@ async def test_every_route_answers_a_database_fault_with_one_clean_503_and_the_l
     namespace: str, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     caplog.set_level(logging.DEBUG, logger="metalmend")
-    WRITES = writes(add_host(kube, namespace, "h1", Bmc()))
-    roles = {route[2] for route in READS + WRITES}
-    tokens = {role: token(control_plane, kube, namespace, role[10:], role) for role in roles}
+    node = add_host(kube, namespace, "h1", Bmc())
+    WRITES, READERS = writes(node), store_readers(node)
+    roles = sorted({route[2] for route in READS + WRITES + READERS})
+    tokens = {}
+    for index, role in enumerate(roles):
+        first, *more = role.split("+")
+        tokens[role] = token(control_plane, kube, namespace, f"caller-{index}", first)
+        for other in more:
+            also(kube, namespace, f"caller-{index}", other)
     async with serving(serve_kubeconfig, fault.url) as (http, app):
         for route in READS:  # the database answers: so does every route
             answer = await call(http, route, tokens[route[2]])
             assert answer.status_code in (200, 404), (route, answer.text)
+        for route in SEED:
+            answer = await call(http, route, tokens[route[2]])
+            assert answer.status_code in (200, 201), (route, answer.text)
         fault.breaks()
-        failing = (READS if fault.reads_fail else []) + WRITES
+        failing = (READS + READERS if fault.reads_fail else []) + WRITES
+        wrong = []  # every route's answer, then one failure naming each wrong one
         for route in failing:
             answer = await call(http, route, tokens[route[2]])
-            document = status_of(answer, 503, "ServiceUnavailable")
+            try:
+                document = status_of(answer, 503, "ServiceUnavailable")
+            except AssertionError:
+                wrong.append(f"{route[0]} {route[1]}: {answer.status_code} {answer.text[:300]}")
+                continue
             assert document["message"] == UNAVAILABLE, (route, document)
             for secret in fault.secrets:
                 assert secret not in answer.text, (route, secret)
+        assert not wrong, "\n".join(wrong)
         # The workers look again and again (woken here), quietly: the database's own
         # log says "still unavailable" at debug level each time.
         drydock, shipyard = deps.find(app, Drydock), deps.find(app, Shipyard)

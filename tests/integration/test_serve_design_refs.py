@@ -319,21 +319,50 @@ async def test_a_revision_the_caller_may_not_read_is_403_naming_the_permission(
 # ---- a design naming a Secret not meant for etcd -------------------------------------------
 
 
+@pytest.fixture
+def design_callers(
+    control_plane: ControlPlane, kube: Client, namespace: str, design_viewer: str
+) -> dict[str, str]:
+    """Each path's narrowest role that reaches the Secret from a store revision: the
+    path's Promenade role and the Deckhand viewer (``get revisions``)."""
+    found = {"health": design_viewer}
+    for path, account, role in (
+        ("remove-etcd", "detcd", "metalmend-promenade-etcd"),
+        ("decommission", "dadmin", "metalmend-promenade-admin"),
+    ):
+        found[path] = token(control_plane, kube, namespace, account, role)
+        also(kube, namespace, account, "metalmend-deckhand-viewer")
+    return found
+
+
+def refused_detail(answer: httpx.Response, path: str) -> str:
+    """What the path answered of the refused credentials: health's cluster entry (200, the
+    cluster "Unable to access Etcd"); remove-etcd's and decommission's failure (not 200),
+    whose lines say why."""
+    if path == "health":
+        [entry] = status_of(answer, 200, "Success")["details"]["messageList"]
+        assert (entry["message"], entry["error"]) == ("Unable to access Etcd", True), entry
+        detail: str = entry["detail"]
+        return detail
+    assert answer.status_code >= 400, (path, answer.status_code, answer.text)
+    return answer.text
+
+
+@pytest.mark.parametrize("path", PATHS)
 async def test_a_design_naming_a_bmc_secret_gets_nothing_and_sends_nothing(
-    serve: Serve, design_viewer: str, kube: Client, namespace: str, tmp_path: Path
-) -> None:
+    serve: Serve, design_callers: dict[str, str], node: str, kube: Client, namespace: str,
+    tmp_path: Path, path: str,
+) -> None:  # fmt: skip
     secret = bmc_secret(kube, namespace)
     ca = CertificateAuthority(tmp_path / "ca")
     pair = ca.issue("listener", "listener", ip_addresses=(LOOPBACK,), server=True)
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(pair.cert, pair.key)
     with listening(tls=tls) as listener:
-        href = serve.put(etcd_design([listener.url], secret))
-        answer = await ask(serve, "health", design_viewer, href, "")
+        href = serve.put(etcd_design([listener.url], secret, node))
+        answer = await ask(serve, path, design_callers[path], href, node)
         assert not listener.connections, listener.heard()
-    [entry] = status_of(answer, 200, "Success")["details"]["messageList"]
-    assert (entry["message"], entry["error"]) == ("Unable to access Etcd", True)
-    detail = entry["detail"]
+    detail = refused_detail(answer, path)
     assert f"credentials Secret {namespace}/worker-0-bmc: not found, not readable" in detail
     assert "metalmend.dev/etcd-credentials=true" in detail
     assert PASSWORD not in answer.text
@@ -350,31 +379,35 @@ async def test_a_missing_secret_reads_as_a_refused_one(
     assert f"credentials Secret {namespace}/nothing-here: not found, not readable" in said
 
 
+@pytest.mark.parametrize("path", PATHS)
 async def test_a_secret_bound_to_another_cluster_is_not_used(
-    serve: Serve, design_viewer: str, kube: Client, namespace: str
-) -> None:
+    serve: Serve, design_callers: dict[str, str], node: str, kube: Client, namespace: str,
+    path: str,
+) -> None:  # fmt: skip
     secret = etcd_secret(kube, namespace, "etcd-other", {"username": "root", "password": "pw"},
                          clusters="other")  # fmt: skip
     with listening() as listener:
         https = f"https://{LOOPBACK}:{listener.url.rsplit(':', 1)[1]}"
-        href = serve.put(etcd_design([https], secret))
-        answer = await ask(serve, "health", design_viewer, href, "")
+        href = serve.put(etcd_design([https], secret, node))
+        answer = await ask(serve, path, design_callers[path], href, node)
         assert not listener.connections, listener.heard()
-    [entry] = status_of(answer, 200, "Success")["details"]["messageList"]
-    assert "or not bound to etcd cluster 'kubernetes'" in entry["detail"], entry
+    assert "or not bound to etcd cluster 'kubernetes'" in refused_detail(answer, path)
 
 
+@pytest.mark.parametrize("path", PATHS)
 async def test_credentials_are_never_sent_to_an_http_client_url(
-    serve: Serve, design_viewer: str, kube: Client, namespace: str
-) -> None:
+    serve: Serve, design_callers: dict[str, str], node: str, kube: Client, namespace: str,
+    path: str,
+) -> None:  # fmt: skip
     secret = etcd_secret(kube, namespace, "etcd-root", {"username": "root", "password": PASSWORD})
     with listening() as listener:
-        href = serve.put(etcd_design([listener.url], secret))
-        answer = await ask(serve, "health", design_viewer, href, "")
+        href = serve.put(etcd_design([listener.url], secret, node))
+        answer = await ask(serve, path, design_callers[path], href, node)
         assert not listener.connections, listener.heard()
-    [entry] = status_of(answer, 200, "Success")["details"]["messageList"]
-    assert "client URL(s) that are not https" in entry["detail"], entry
-    assert "nothing was sent" in entry["detail"]
+    detail = refused_detail(answer, path)
+    assert "client URL(s) that are not https" in detail, detail
+    assert "nothing was sent" in detail
+    assert PASSWORD not in answer.text
 
 
 # ---- an allowed URL that redirects -----------------------------------------------------------

@@ -339,8 +339,11 @@ async def test_deploy_site_to_its_tag_across_a_restart_and_the_guard(
 ) -> None:
     hosts = [f"{namespace[:40]}-a", f"{namespace[:40]}-b"]
     for name in hosts:
-        kube.create(Secret(metadata=ObjectMeta(name=f"{name}-bmc", namespace=namespace),
-                           stringData={"username": "u", "password": "p"}))  # fmt: skip
+        kube.create(Secret(  # labelled and bound: what host-power (and validation) uses
+            metadata=ObjectMeta(name=f"{name}-bmc", namespace=namespace,
+                                labels={"metalmend.dev/bmc-credentials": "true"},
+                                annotations={"metalmend.dev/bmc-hosts": name}),
+            stringData={"username": "u", "password": "p"}))  # fmt: skip
     try:
         async with service.running() as http:
             await put(http, admin, "site", design(namespace, hosts))

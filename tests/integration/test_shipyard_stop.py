@@ -60,8 +60,11 @@ async def waiting(http: httpx.AsyncClient, who: dict[str, str], action_id: str) 
 async def deploy(
     http: httpx.AsyncClient, who: dict[str, str], kube: Client, namespace: str, name: str
 ) -> str:
-    kube.create(Secret(metadata=ObjectMeta(name=f"{name}-bmc", namespace=namespace),
-                       stringData={"username": "u", "password": "p"}))  # fmt: skip
+    kube.create(Secret(  # labelled and bound: what host-power (and validation) uses
+        metadata=ObjectMeta(name=f"{name}-bmc", namespace=namespace,
+                            labels={"metalmend.dev/bmc-credentials": "true"},
+                            annotations={"metalmend.dev/bmc-hosts": name}),
+        stringData={"username": "u", "password": "p"}))  # fmt: skip
     await put(http, who, "site", design(namespace, [name]))
     await http.post("/commitconfigdocs", headers=who)
     answer = await http.post("/actions", headers=who, json={"name": "deploy_site"})

@@ -11,6 +11,8 @@ reaches it, and each time: nothing changed in the cluster.
   are refused naming the document and the key, at commit and at validation;
 - a forced commit needs its own permission;
 - a design cannot label (or redeploy) a Node that is another host's server;
+- redeploy_server validates its host's BMC address and Secret as deploy_site does (one
+  check), before anything is torn down;
 - redeploy_server needs nodes/redeploy for each node, at creation and at the start;
 - an action stored without its creator's identity fails instead of running as serve.
 """
@@ -37,6 +39,7 @@ from metalmend.api.resources import BareMetalHost, Machine
 from metalmend.db import Database
 from metalmend.designs.store import DesignStore
 from metalmend.destroy.policy.destroy import DestroySettings
+from metalmend.destroy.store import TaskStore
 from metalmend.kube.crds import install_crds
 from metalmend.serve.app import create_app
 from metalmend.siteactions import model
@@ -84,9 +87,10 @@ def host_document(namespace: str, name: str, address: str, **extra: Any) -> str:
     image = '{url: "http://images.lab/os.qcow2", checksum: "http://images.lab/os.sha256"}'
     meta = extra.pop("meta", "")
     bmc_extra = extra.pop("bmc", "")
+    document = extra.pop("doc", "bmh-doc")
     return f"""---
 schema: metalmend/KubernetesObject/v1
-metadata: {{schema: metadata/Document/v1, name: bmh-doc}}
+metadata: {{schema: metadata/Document/v1, name: {document}}}
 data:
   apiVersion: metal3.io/v1alpha1
   kind: BareMetalHost
@@ -388,6 +392,76 @@ async def test_a_design_cannot_label_or_redeploy_another_servers_node(
             assert step(redeploy, "destroy")["state"] == "upstream_failed"
         assert "role" not in (kube.get(Node, name).metadata.labels or {})
         assert not list(kube.list(BareMetalHost, namespace=namespace))
+
+
+async def test_redeploy_checks_its_hosts_bmc_as_deploy_site_does_before_tearing_down(
+    service: Service, deployer: dict[str, str], control_plane: ControlPlane, kube: Client,
+    namespace: str,
+) -> None:  # fmt: skip
+    """Issue 27, point 3: redeploy_server validates its target hosts' BMC address and
+    credentials Secret with deploy_site's own check (``redeploy.bmc_problems``), before
+    decommission: a host whose address host-power cannot parse, whose Secret is bound to
+    another host, or whose Secret does not exist fails the redeploy at validation, so no
+    server is wiped to come back as a host nothing may power. Run by the narrowest role
+    that could redeploy the design before: the redeployer with the design's Kubernetes
+    writes (its dry run passes); deploy_site refuses the same revision with the same
+    lines."""
+    bad, unbound, missing = (f"{namespace[:40]}-{x}" for x in ("ba", "ub", "ms"))
+    bmc_secret(kube, namespace, bad)
+    kube.create(
+        Secret(
+            metadata=ObjectMeta(
+                name=f"{unbound}-bmc", namespace=namespace,
+                labels={"metalmend.dev/bmc-credentials": "true"},
+                annotations={"metalmend.dev/bmc-hosts": "someone-else"},
+            ),
+            stringData={"username": "admin", "password": "s3cret"},
+        )
+    )  # fmt: skip
+    design = (
+        host_document(namespace, bad, "redfish://127.0.0.1:8000/redfish/v1/Systems/../1",
+                      doc="bmh-bad")
+        + host_document(namespace, unbound, ADDRESS.format(unbound), doc="bmh-unbound")
+        + host_document(namespace, missing, ADDRESS.format(missing), doc="bmh-missing")
+    )  # fmt: skip
+    redeployer = account(
+        control_plane, kube, namespace, "bmc-redeployer", "metalmend-shipyard-redeployer",
+        "metalmend-site-writer",
+    )  # fmt: skip
+    expected = [
+        f"BareMetalHost {namespace}/{bad}: spec.bmc.address: ",
+        f"BareMetalHost {namespace}/{unbound}: Secret {namespace}/{unbound}-bmc is not bound"
+        f" to host '{unbound}'",
+        f"BareMetalHost {namespace}/{missing}: Secret {namespace}/{missing}-bmc not found, or"
+        " not labelled metalmend.dev/bmc-credentials=true",
+    ]
+    with contextlib.ExitStack() as stack:
+        for name in (bad, unbound, missing):
+            stack.enter_context(registered(kube, name, f"metal3://{namespace}/{name}"))
+        async with service.running() as http:
+            committed = await put_and_commit(http, deployer, design)
+            assert committed.status_code == 200, committed.text
+            redeploy = await action(
+                http, redeployer, "redeploy_server", target_nodes=[bad, unbound, missing],
+                **{"target-revision": "committed"},
+            )  # fmt: skip
+            text = refusal(redeploy, "validation")
+            for wanted in expected:
+                assert wanted in text, (wanted, text)
+            states = {s["id"]: s["state"] for s in redeploy["steps"]}
+            assert states["decommission"] == states["destroy"] == "upstream_failed", states
+            done = await action(http, deployer, "deploy_site")
+            text = refusal(done, "validation")
+            for wanted in expected:
+                assert wanted in text, (wanted, text)
+        for name in (bad, unbound, missing):  # not drained, nothing applied or destroyed
+            assert not kube.get(Node, name).spec.unschedulable
+    assert not list(kube.list(BareMetalHost, namespace=namespace))
+    database = Database.open(service.url)
+    try:
+        assert TaskStore(database).busy([bad, unbound, missing]) == {}
+    finally:
+        database.dispose()
 
 
 @contextlib.asynccontextmanager

@@ -10,7 +10,10 @@ import pytest
 
 from metalmend.siteactions.policy.actions import ActionName, Running, collision
 from metalmend.siteactions.policy.deploysite import (
+    HostBmcSeen,
     HostSeen,
+    bmc_hosts,
+    bmc_problems,
     host_named,
     progress,
     read_site,
@@ -204,6 +207,22 @@ def test_redeploy_reads_the_design_with_the_same_rules() -> None:
     assert host_named(two, "worker-1") is None
     outside = read_site([host(namespace="kube-system", spec=image)], NS)
     assert "namespace 'kube-system' is not one" in redeploy_problems(outside, ["worker-1"])[0]
+
+
+def test_deploy_site_and_redeploy_check_the_bmcs_of_what_they_apply_by_one_rule() -> None:
+    """deploy_site: every host of the design; redeploy_server: its targets' hosts; the
+    same lines for both (issue 27, point 3)."""
+    design = read_site([host("w1", spec={}), host("w2")], NS)
+    assert [h.name for h in bmc_hosts(design)] == ["w1", "w2"]
+    assert [h.name for h in bmc_hosts(design, ["w2"])] == ["w2"]
+    w1, w2 = design.hosts
+    assert bmc_problems([HostBmcSeen(w1), HostBmcSeen(w2)]) == []
+    found = bmc_problems([HostBmcSeen(w1, address="'..' in the path"),
+                          HostBmcSeen(w2, credentials="Secret site/w2-bmc is not bound")])  # fmt: skip
+    assert found == [
+        "BareMetalHost site/w1: spec.bmc.address: '..' in the path",
+        "BareMetalHost site/w2: Secret site/w2-bmc is not bound",
+    ]
 
 
 def test_an_object_twice_and_an_empty_namespace_list_are_refused() -> None:

@@ -157,3 +157,29 @@ class CredentialStore:
             # certificates of the operator's CA bundle (bmc/address.py check_trust).
             return dataclasses.replace(credentials, every_host=True)
         return credentials
+
+
+class _OneSecret:
+    """A cache holding one Secret read now (None: not found, or not labelled)."""
+
+    def __init__(self, key: str, secret: Any | None) -> None:
+        self.key, self.secret = key, secret
+
+    def get(self, key: str) -> Any | None:
+        return self.secret if key == self.key else None
+
+
+def lookup_read(
+    namespace: str, host: str, credentials_name: str | None, secret: Any | None
+) -> Credentials:
+    """``CredentialStore.lookup`` over one Secret read now rather than from a cache (for
+    ``metalmend serve``, which keeps none): the same checks, in the same words, as
+    host-power. ``secret`` is what a GET of the host's ``credentialsName`` found (None:
+    not found); an unlabelled Secret reads as not found, as it does in host-power's cache."""
+    labels = (secret.metadata.labels or {}) if secret is not None and secret.metadata else {}
+    if labels.get(SECRET_LABEL) != SECRET_LABEL_VALUE:
+        secret = None
+    key = f"{namespace}/{credentials_name}"
+    return CredentialStore({namespace: _OneSecret(key, secret)}).lookup(
+        namespace, host, credentials_name
+    )

@@ -2,17 +2,18 @@
 the cluster to the committed design revision, then tag it.
 
 Steps: ``validation`` (the revision's documents, ``policy.deploysite``; each host's BMC
-address and credentials Secret; no host held by a teardown or a power request; each
-design Node already registered is its design host's server; then every object applied
-as a server-side dry run as the caller, so that RBAC and the admission policies refuse
-before anything is written), ``apply`` (server-side apply of the BareMetalHosts, then
-the Machines, field manager ``metalmend-shipyard``, as the caller who created the action:
-docs/site-actions.md, "Whose permissions apply a design"; a refusal fails the step at
-once with the API server's message), ``wait`` (hosts on and provisioned, the design's
-Nodes Ready with their labels), and ``create_action_tag``, which runs even after a
-failure: the revision is tagged ``site-action-success``, or ``site-action-failure`` once
-validation had passed. The guard against intermediate commits ran when the action was
-created (``serve.shipyard``).
+address and credentials Secret as host-power would judge them, by the check
+redeploy_server makes too, ``redeploy.bmc_problems``; no host held by a teardown or a
+power request; each design Node already registered is its design host's server; then
+every object applied as a server-side dry run as the caller, so that RBAC and the
+admission policies refuse before anything is written), ``apply`` (server-side apply of
+the BareMetalHosts, then the Machines, field manager ``metalmend-shipyard``, as the
+caller who created the action: docs/site-actions.md, "Whose permissions apply a design";
+a refusal fails the step at once with the API server's message), ``wait`` (hosts on and
+provisioned, the design's Nodes Ready with their labels), and ``create_action_tag``,
+which runs even after a failure: the revision is tagged ``site-action-success``, or
+``site-action-failure`` once validation had passed. The guard against intermediate
+commits ran when the action was created (``serve.shipyard``).
 
 Every step is idempotent: apply again writes nothing new; the wait keeps its start in its
 record so its timeout survives restarts; tagging again replaces the tag's data.
@@ -24,14 +25,11 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from lightkube import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Node, Secret
+from lightkube.resources.core_v1 import Node
 
 from metalmend.api.resources import BareMetalHost, Machine
-from metalmend.bmc import address as bmc_address
 from metalmend.db.leased import in_thread
-from metalmend.kube import errors
 from metalmend.policy.interlock import TEARDOWN_ANNOTATION
 from metalmend.siteactions import redeploy
 from metalmend.siteactions.policy import actions as siteactions
@@ -73,8 +71,7 @@ async def validation(ctx: StepContext) -> str:
     design = await site_design(ctx)
     problems = list(design.problems)
     if not problems:
-        problems += _address_problems(design)
-        problems += await _secret_problems(ctx, design)
+        problems += await redeploy.bmc_problems(ctx, policy.bmc_hosts(design))
         problems += await _held_problems(ctx, design)
         problems += await _node_problems(ctx, design)
     etcd = await redeploy.etcd_design(ctx)  # a design that declares etcd must read
@@ -87,38 +84,6 @@ async def validation(ctx: StepContext) -> str:
         f" {len(design.objects) - len(design.hosts)} machine(s),"
         f" {len(design.node_labels)} node(s){clusters}"
     )
-
-
-def _address_problems(design: policy.SiteDesign) -> list[str]:
-    """Every BMC address must read as one metalmend drives (scheme, host, port, path):
-    host-power would refuse it later, with the host already applied."""
-    problems = []
-    for host in design.hosts:
-        raw = str(host.body["spec"]["bmc"]["address"])
-        try:
-            bmc_address.parse(raw)
-        except ValueError as error:
-            problems.append(f"{host.key}: spec.bmc.address: {error}")
-    return problems
-
-
-async def _secret_problems(ctx: StepContext, design: policy.SiteDesign) -> list[str]:
-    problems = []
-    for host in design.hosts:
-        name = str(host.body["spec"]["bmc"]["credentialsName"])
-        try:
-            await ctx.services.client.get(Secret, name, namespace=host.namespace)
-        except ApiError as error:
-            if errors.code(error) == 403:
-                problems.append(
-                    f"{host.key}: metalmend serve may not read Secrets in {host.namespace}"
-                    " (bind ClusterRole metalmend-serve-bmc-credentials there)"
-                )
-            elif errors.is_not_found(error):
-                problems.append(f"{host.key}: its BMC credentials Secret {name} does not exist")
-            else:
-                raise
-    return problems
 
 
 async def _held_problems(ctx: StepContext, design: policy.SiteDesign) -> list[str]:

@@ -26,9 +26,12 @@ from typing import Any
 
 from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Node, Secret
 
 from metalmend.api.resources import BareMetalHost, Machine
+from metalmend.bmc import address as bmc_address
+from metalmend.bmc import credentials as bmc_credentials
+from metalmend.bmc.errors import BadAddress, CredentialsError
 from metalmend.db.leased import in_thread
 from metalmend.destroy.model import DESTROY_NODES, Task
 from metalmend.destroy.policy.destroy import NodeState, ResultStatus, TaskStatus, task_result
@@ -216,6 +219,50 @@ async def node_host_problem(ctx: StepContext, node: Node, host: tuple[str, str])
     )
 
 
+async def bmc_problems(ctx: StepContext, hosts: tuple[deploysite.SiteObject, ...]) -> list[str]:
+    """The one check of the hosts' BMCs that deploy_site, update_site and redeploy_server
+    make at validation, before anything is written: each address parsed as host-power
+    parses it, each Secret read now and judged as host-power judges it
+    (``policy.deploysite.bmc_problems``)."""
+    seen = []
+    for host in hosts:
+        bmc = host.body["spec"]["bmc"]  # read_site: a mapping with the two strings
+        seen.append(
+            deploysite.HostBmcSeen(
+                host, _address_problem(str(bmc["address"])),
+                await _credentials_problem(ctx, host, str(bmc["credentialsName"])),
+            )
+        )  # fmt: skip
+    return deploysite.bmc_problems(seen)
+
+
+def _address_problem(raw: str) -> str:
+    try:
+        bmc_address.parse(raw)
+    except BadAddress as error:  # (not a ValueError: deploy_site's check once caught that)
+        return str(error)
+    return ""
+
+
+async def _credentials_problem(ctx: StepContext, host: deploysite.SiteObject, name: str) -> str:
+    try:
+        secret = await ctx.services.client.get(Secret, name, namespace=host.namespace)
+    except ApiError as error:
+        if errors.code(error) == 403:
+            return (
+                f"metalmend serve may not read Secrets in {host.namespace} (bind ClusterRole"
+                " metalmend-serve-bmc-credentials there)"
+            )
+        if not errors.is_not_found(error):
+            raise
+        secret = None
+    try:
+        bmc_credentials.lookup_read(host.namespace, host.name, name, secret)
+    except CredentialsError as error:
+        return str(error)
+    return ""
+
+
 # ---- preflight, design lookup, validation ---------------------------------------------------
 
 
@@ -272,7 +319,9 @@ def site_design(ctx: StepContext, docs: list[Any]) -> deploysite.SiteDesign:
 async def validation(ctx: StepContext) -> str:
     """The revision holds nothing deploy_site would refuse (``policy.deploysite``, the same
     rules); each target node has exactly one BareMetalHost in it, with an image; the Node
-    in the cluster is that host's server; the caller may write the host's documents (a
+    in the cluster is that host's server; the host's BMC address and Secret are ones
+    host-power would use (``bmc_problems``, deploy_site's check: the server is not wiped
+    to be deployed as a host nothing could power); the caller may write the host's documents (a
     server-side dry run as the caller: RBAC and admission policies, the ``spec.bmc`` one
     included, judge them before anything is written); the revision's EtcdClusters, if
     any, reads."""
@@ -283,6 +332,7 @@ async def validation(ctx: StepContext) -> str:
     if not problems:
         for node in wanted.target_nodes:
             problems += await _ownership(ctx, node, design)
+        problems += await bmc_problems(ctx, deploysite.bmc_hosts(design, wanted.target_nodes))
     if not problems:
         async with as_caller(ctx, dry_run=True) as client:
             for node in wanted.target_nodes:

@@ -25,7 +25,9 @@ only what a site deployment needs is accepted:
   name in the design; the step checks the Node in the cluster is that host's);
 - no ``status`` (the controllers' own), no two objects of one kind, namespace and name;
 - a BareMetalHost names its BMC credentials (``spec.bmc.credentialsName``): the Secret is
-  referenced, never carried in the design, and must exist (checked by the step).
+  referenced, never carried in the design; that it exists and host-power would use it
+  for that host (labelled, bound), and that the address parses, is checked by each
+  action's validation over what ``bmc_problems`` is given (one rule for all of them).
 
 Each problem names the document and the key. ``read_site`` is the one function
 deploy_site, update_site, redeploy_server and the configdocs commit check a design with.
@@ -422,6 +424,46 @@ def redeploy_problems(design: SiteDesign, nodes: Iterable[str]) -> list[str]:
             )
         elif not isinstance((named[0].body.get("spec") or {}).get("image"), Mapping):
             problems.append(f"{named[0].key} in the design has no spec.image to deploy")
+    return problems
+
+
+# ---- each action's hosts as the cluster would run them: their BMC address and Secret -------
+
+
+@dataclass(frozen=True)
+class HostBmcSeen:
+    """What serve found of a design host's BMC before anything is written: why its
+    ``spec.bmc.address`` is not one metalmend drives (``metalmend.bmc.address.parse``),
+    and why host-power would not use its credentials Secret (missing, not readable by
+    serve, not labelled, not bound to the host, without username or password: the checks
+    and words of ``metalmend.bmc.credentials``); "" for each that holds."""
+
+    host: SiteObject
+    address: str = ""
+    credentials: str = ""
+
+
+def bmc_hosts(design: SiteDesign, targets: Iterable[str] | None = None) -> tuple[SiteObject, ...]:
+    """The hosts whose BMC an action checks at validation: what it applies. deploy_site
+    and update_site (``targets`` None): every host of the design; redeploy_server: the
+    one host of each target node (``redeploy_problems`` found exactly one)."""
+    if targets is None:
+        return design.hosts
+    wanted = list(targets)
+    return tuple(h for h in design.hosts if h.name in wanted)
+
+
+def bmc_problems(seen: Iterable[HostBmcSeen]) -> list[str]:
+    """The one rule deploy_site, update_site and redeploy_server validate their hosts'
+    BMCs with: a host whose address or Secret host-power would refuse is not applied
+    (deploy_site would leave it in error; redeploy_server would first wipe the server it
+    then could not power). One line per problem, naming the host."""
+    problems = []
+    for host in seen:
+        if host.address:
+            problems.append(f"{host.host.key}: spec.bmc.address: {host.address}")
+        if host.credentials:
+            problems.append(f"{host.host.key}: {host.credentials}")
     return problems
 
 
