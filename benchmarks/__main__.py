@@ -2,6 +2,7 @@
 
 from benchmarks import (
     at_rest,
+    bmc_poll_cpu,
     body_memory,
     controlplane_start,
     design_store,
@@ -24,6 +25,7 @@ healthcheck_eval.main()
 runtime.main()
 reboot_latency.main()
 hostile_bmcs.main()
+bmc_poll_cpu.main()
 detection_latency.main()
 remediation_overhead.main()
 fencing_modes.main()
