@@ -1,6 +1,7 @@
 """What the lab's fencing tests share: a polling wait that names what it waited for, the
-out-of-service taint on a Node, the simulated server's own power, and the Node's history
-of taints from its watch, which orders a taint and a pod's move by resourceVersion."""
+workload that must move (a one-replica StatefulSet, db), the out-of-service taint on a
+Node, the simulated server's own power, and the Node's history of taints from its watch,
+which orders a taint and a pod's move by resourceVersion."""
 
 from __future__ import annotations
 
@@ -11,10 +12,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lightkube import Client
+from lightkube.models.apps_v1 import StatefulSetSpec
+from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Node, Pod
 
 from metalmend.api import names
 from metalmend_lab import lab
+from metalmend_lab.hosts import NAMESPACE
 from metalmend_lab.inventory import status_path
 
 
@@ -35,6 +42,36 @@ def wait(
             pass
         time.sleep(0.1)
     raise AssertionError(f"not within {within:.0f}s: {what}")
+
+
+def create_db(client: Client) -> dict[str, str]:
+    """The workload a fence must move: StatefulSet db, one replica (db-0), in the lab's
+    namespace; its pod's labels."""
+    labels = {"app": "db"}
+    client.create(
+        StatefulSet(
+            metadata=ObjectMeta(name="db"),
+            spec=StatefulSetSpec(
+                serviceName="db", replicas=1, selector=LabelSelector(matchLabels=labels),
+                template=PodTemplateSpec(
+                    metadata=ObjectMeta(labels=labels),
+                    spec=PodSpec(containers=[Container(name="db", image="example.org/db:1")]),
+                ),
+            ),
+        ),
+        namespace=NAMESPACE,
+    )  # fmt: skip
+    return labels
+
+
+def db_running(client: Client, labels: dict[str, str]) -> tuple[str, int] | None:
+    """The node db-0 runs on, and the version of the pod that says so."""
+    for pod in client.list(Pod, namespace=NAMESPACE, labels=labels):
+        if pod.status and pod.status.phase == "Running" and pod.spec and pod.spec.nodeName:
+            assert pod.metadata
+            assert pod.metadata.resourceVersion
+            return str(pod.spec.nodeName), int(pod.metadata.resourceVersion)
+    return None
 
 
 def tainted(node: Any) -> bool:

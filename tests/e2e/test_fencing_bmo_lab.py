@@ -30,11 +30,8 @@ from typing import Any
 
 import pytest
 from lightkube import ApiError, Client
-from lightkube.models.apps_v1 import StatefulSetSpec
-from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
-from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
-from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.core_v1 import Event, Node
 from lightkube.types import PatchType
 
 from metalmend.api import names
@@ -42,6 +39,7 @@ from metalmend.api.resources import BareMetalHost, Metal3Remediation
 from metalmend_lab import bmostandin, lab
 from metalmend_lab.hosts import NAMESPACE, fence_health_check
 from tests.e2e.conftest import Metalmend
+from tests.e2e.fencing import create_db, db_running
 from tests.e2e.fencing import wait as wait_for
 
 GRACE = 6.0
@@ -168,24 +166,6 @@ class History:
         raise AssertionError(f"never seen within {within:.0f}s: {what}; saw {versions}")
 
 
-def make_db(client: Client) -> dict[str, str]:
-    labels = {"app": "db"}
-    client.create(
-        StatefulSet(
-            metadata=ObjectMeta(name="db"),
-            spec=StatefulSetSpec(
-                serviceName="db", replicas=1, selector=LabelSelector(matchLabels=labels),
-                template=PodTemplateSpec(
-                    metadata=ObjectMeta(labels=labels),
-                    spec=PodSpec(containers=[Container(name="db", image="example.org/db:1")]),
-                ),
-            ),
-        ),
-        namespace=NAMESPACE,
-    )  # fmt: skip
-    return labels
-
-
 def test_fenced_through_the_stand_in_only_by_annotation_and_after_both_say_off(
     fleet: lab.RunningLab, metalmend: Metalmend
 ) -> None:
@@ -194,13 +174,10 @@ def test_fenced_through_the_stand_in_only_by_annotation_and_after_both_say_off(
     said = [line for line in metalmend.log_tail(400).splitlines() if "power owner" in line]
     assert said, "metalmend run did not say which power owner it found"
     assert "owner=baremetal-operator" in said[-1], said
-    labels = make_db(client)
+    labels = create_db(client)
 
     def running() -> tuple[str, int] | None:
-        for pod in client.list(Pod, namespace=NAMESPACE, labels=labels):
-            if pod.status and pod.status.phase == "Running" and pod.spec and pod.spec.nodeName:
-                return str(pod.spec.nodeName), int(pod.metadata.resourceVersion)
-        return None
+        return db_running(client, labels)
 
     wait(lambda: running() is not None, 60, "db-0 Running")
     first = running()

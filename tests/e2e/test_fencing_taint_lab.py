@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from lightkube import ApiError
-from lightkube.models.apps_v1 import StatefulSetSpec
-from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
-from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Node, Pod
 
 from metalmend_lab import lab
 from metalmend_lab.hosts import NAMESPACE, fence_health_check
 from tests.e2e.conftest import Metalmend
-from tests.e2e.fencing import TaintHistory, tainted, wait
+from tests.e2e.fencing import TaintHistory, create_db, db_running, tainted, wait
 
 GRACE = 6.0
 TAINT_SETTINGS = {
@@ -66,30 +62,11 @@ def test_taint_only_on_a_server_that_is_off_and_the_pod_moves_after_it(
 ) -> None:
     client = fleet.client()
     workdir = fleet.plane.workdir.parent
-    labels: dict[str, Any] = {"app": "db"}
     wait(lambda: all(h.ready == "True" for h in lab.status(workdir).hosts), 60, "Ready hosts")
-    client.create(
-        StatefulSet(
-            metadata=ObjectMeta(name="db"),
-            spec=StatefulSetSpec(
-                serviceName="db", replicas=1, selector=LabelSelector(matchLabels=labels),
-                template=PodTemplateSpec(
-                    metadata=ObjectMeta(labels=labels),
-                    spec=PodSpec(containers=[Container(name="db", image="example.org/db:1")]),
-                ),
-            ),
-        ),
-        namespace=NAMESPACE,
-    )  # fmt: skip
+    labels = create_db(client)
 
     def running() -> tuple[str, int] | None:
-        """The node db-0 runs on, and the version of the pod that says so."""
-        for pod in client.list(Pod, namespace=NAMESPACE, labels=labels):
-            if pod.status and pod.status.phase == "Running" and pod.spec and pod.spec.nodeName:
-                assert pod.metadata
-                assert pod.metadata.resourceVersion
-                return str(pod.spec.nodeName), int(pod.metadata.resourceVersion)
-        return None
+        return db_running(client, labels)
 
     def running_on() -> str | None:
         found = running()

@@ -27,9 +27,8 @@ from typing import Any
 
 import pytest
 from lightkube import ApiError, Client
-from lightkube.models.apps_v1 import StatefulSetSpec
-from lightkube.models.core_v1 import Container, NodeSpec, PodSpec, PodTemplateSpec
-from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.models.core_v1 import NodeSpec
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Event, Node, Pod
 
@@ -44,7 +43,7 @@ from metalmend.api.resources import (
 from metalmend_lab import lab
 from metalmend_lab.hosts import NAMESPACE
 from tests.e2e.conftest import Metalmend
-from tests.e2e.fencing import TaintHistory, power_of, tainted, wait
+from tests.e2e.fencing import TaintHistory, create_db, db_running, power_of, tainted, wait
 
 GRACE = 6.0
 PHASE = 240.0  # seconds any one step may take
@@ -151,7 +150,6 @@ def test_a_hung_node_is_fenced_by_taint_through_its_host_with_metalmend_killed_a
 ) -> None:
     client = fleet.client()
     workdir = fleet.plane.workdir.parent
-    labels: dict[str, Any] = {"app": "db"}
     wait(
         lambda: len(lab.status(workdir).hosts) == HOSTS
         and all(h.ready == "True" for h in lab.status(workdir).hosts),
@@ -160,28 +158,10 @@ def test_a_hung_node_is_fenced_by_taint_through_its_host_with_metalmend_killed_a
     # every Node but a control plane's (the lab labels none): the example's selector
     control_plane = {"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"}
     create_check(client, CHECK, {"matchExpressions": [control_plane]})
-    client.create(
-        StatefulSet(
-            metadata=ObjectMeta(name="db"),
-            spec=StatefulSetSpec(
-                serviceName="db", replicas=1, selector=LabelSelector(matchLabels=labels),
-                template=PodTemplateSpec(
-                    metadata=ObjectMeta(labels=labels),
-                    spec=PodSpec(containers=[Container(name="db", image="example.org/db:1")]),
-                ),
-            ),
-        ),
-        namespace=NAMESPACE,
-    )  # fmt: skip
+    labels = create_db(client)
 
     def running() -> tuple[str, int] | None:
-        """The node db-0 runs on, and the version of the pod that says so."""
-        for pod in client.list(Pod, namespace=NAMESPACE, labels=labels):
-            if pod.status and pod.status.phase == "Running" and pod.spec and pod.spec.nodeName:
-                assert pod.metadata
-                assert pod.metadata.resourceVersion
-                return str(pod.spec.nodeName), int(pod.metadata.resourceVersion)
-        return None
+        return db_running(client, labels)
 
     starting: list[threading.Thread] = []
     failed: list[BaseException] = []

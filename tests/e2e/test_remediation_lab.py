@@ -10,13 +10,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from lightkube import ApiError
-from lightkube.models.apps_v1 import StatefulSetSpec
-from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
-from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
@@ -32,7 +28,7 @@ from metalmend_lab import lab
 from metalmend_lab.hosts import NAMESPACE, fence_health_check
 from metalmend_lab.timeline import Recorder
 from tests.e2e.conftest import Metalmend
-from tests.e2e.fencing import wait
+from tests.e2e.fencing import create_db, wait
 
 GRACE = 6.0
 MHC_TIMEOUT = 2
@@ -96,20 +92,7 @@ def test_statefulset_pod_moves_only_after_its_node_is_fenced(
 ) -> None:
     client = fleet.client()
     wait(lambda: all_healthy(fleet), 60, "a healthy fleet")
-    labels: dict[str, Any] = {"app": "db"}
-    client.create(
-        StatefulSet(
-            metadata=ObjectMeta(name="db"),
-            spec=StatefulSetSpec(
-                serviceName="db", replicas=1, selector=LabelSelector(matchLabels=labels),
-                template=PodTemplateSpec(
-                    metadata=ObjectMeta(labels=labels),
-                    spec=PodSpec(containers=[Container(name="db", image="example.org/db:1")]),
-                ),
-            ),
-        ),
-        namespace=NAMESPACE,
-    )  # fmt: skip
+    labels = create_db(client)
     seen: dict[str, Sighting] = {}
 
     def look() -> None:

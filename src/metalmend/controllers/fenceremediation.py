@@ -133,15 +133,7 @@ def setup(
         key = object_key(host)
         found = controller.machines.store.by_index(indexes.MACHINES_BY_HOST.name, key)
         keys = set(remediating({object_key(m) for m in found}, set().union(*map(nodes_of, found))))
-        # Node targets without a Machine: the host they hold, or the one their Node names
-        for remediation in controller.remediations.store.values():
-            held = (remediation.get("status") or {}).get("host")
-            if held == key or (
-                controller.remediated_node(remediation)
-                and controller.node_target_host(remediation) == key
-            ):
-                keys.add(object_key(remediation))
-        return sorted(keys)
+        return sorted(keys | controller.node_targets_of_host(key))
 
     def by_node(old: Any, new: Any) -> list[str]:
         node = new if new is not None else old

@@ -159,6 +159,18 @@ class RemediationController:
         contract's Node target)."""
         return (remediation.metadata.annotations or {}).get(names.REMEDIATED_NODE) or None
 
+    def node_targets_of_host(self, key: str) -> set[str]:
+        """Remediations of Nodes without a Machine (the NodeHealthCheck's, a Node-targeted
+        FenceRemediation) that act on host ``key``: the host they recorded, or the one
+        their Node names. A host's report (off for our key) must wake them: a hung Node is
+        silent, so without it the fence waited for powerOffTimeoutSeconds."""
+        return {
+            object_key(remediation)
+            for remediation in self.remediations.store.values()
+            if (remediation.get("status") or {}).get("host") == key
+            or (self.remediated_node(remediation) and self.node_target_host(remediation) == key)
+        }
+
     def node_target_host(self, remediation: Any) -> str:
         """A remediation without a Machine, made for a Node (names.REMEDIATED_NODE, by the
         NodeHealthCheck): the host the Node itself names, if of this object's namespace
@@ -526,19 +538,7 @@ def setup(
         host = new if new is not None else old
         key = object_key(host)
         machines = controller.machines.store.by_index(indexes.MACHINES_BY_HOST.name, key)
-        keys = {object_key(m) for m in machines}
-        # Remediations of Nodes without a Machine (the NodeHealthCheck's): the host they
-        # recorded, or the one their Node names. Without them here, a host's report (off
-        # for our key) reached such a remediation only when its Node changed or a deadline
-        # came: a hung Node is silent, so the fence waited for powerOffTimeoutSeconds.
-        for remediation in controller.remediations.store.values():
-            held = (remediation.get("status") or {}).get("host")
-            if held == key or (
-                controller.remediated_node(remediation)
-                and controller.node_target_host(remediation) == key
-            ):
-                keys.add(object_key(remediation))
-        return sorted(keys)
+        return sorted({object_key(m) for m in machines} | controller.node_targets_of_host(key))
 
     def of_node(name: str) -> list[str]:
         found = controller.remediations.store.by_index(indexes.REMEDIATIONS_BY_NODE.name, name)
