@@ -113,8 +113,18 @@ def _shipyard(request: Request) -> Shipyard:
     return served
 
 
+def _query(request: Request, name: str) -> str | None:
+    """A query parameter given at most once (None: not given). Given twice it is refused,
+    as the Deckhand routes refuse theirs, rather than read as its last value."""
+    given = request.query_params.getlist(name)
+    if len(given) > 1:
+        text = f"query parameter {name!r} is given more than once"
+        raise StatusError(400, "BadRequest", text, errors(text))
+    return given[0] if given else None
+
+
 def _flag(request: Request, name: str) -> bool:
-    found = siteactions.boolean_parameter(name, request.query_params.get(name), False)
+    found = siteactions.boolean_parameter(name, _query(request, name), False)
     if isinstance(found, str):
         raise StatusError(400, "BadRequest", found, errors(found))
     return found
@@ -125,7 +135,7 @@ def _history(store: DesignStore) -> siteactions.History:
 
 
 def _version(request: Request, default: Version = Version.BUFFER) -> Version:
-    raw = request.query_params.get("version")
+    raw = _query(request, "version")
     found = siteactions.version_named(raw) if raw is not None else default
     if not isinstance(found, Version):  # a Version is a str too: ask for what it is
         raise StatusError(400, "BadRequest", found, errors(found))
@@ -248,7 +258,7 @@ def _site_problems(docs: Sequence[dict[str, Any]], served: Shipyard) -> list[str
 async def create_configdocs(collection: str, request: Request) -> JSONResponse:
     name = checked_name(collection, "collection")
     served = _shipyard(request)
-    mode = request.query_params.get("buffermode", "rejectoncontents").lower()
+    mode = (_query(request, "buffermode") or "rejectoncontents").lower()
     if mode not in BUFFER_MODES:
         text = f"buffermode must be one of {', '.join(BUFFER_MODES)}"
         raise StatusError(400, "BadRequest", text, errors(text))
@@ -321,7 +331,8 @@ async def configdocs_status(request: Request) -> JSONResponse:
         if raw:
             text = "give versions (Shipyard's) or base-version/diff-version (the spec's), not both"
             raise StatusError(400, "BadRequest", text, errors(text))
-        raw = [query.get("base-version", "committed"), query.get("diff-version", "buffer")]
+        raw = [_query(request, "base-version") or "committed",
+               _query(request, "diff-version") or "buffer"]  # fmt: skip
     wanted = siteactions.compared_versions(raw)
     if isinstance(wanted, siteactions.BadRequest):
         raise StatusError(400, "BadRequest", wanted.message, errors(wanted.message))
@@ -399,10 +410,21 @@ async def rendered_configdocs(request: Request) -> Response:
 # ---- actions --------------------------------------------------------------------------------
 
 
+ACTION_KEYS = ("name", "parameters")  # Shipyard's POST /actions body (its client sends these)
+
+
 async def _action_body(request: Request) -> tuple[ActionName, dict[str, Any]]:
     raw = await bodies.read_json(request)
     if not isinstance(raw, dict):
         raise StatusError(400, "BadRequest", "the body is not a JSON object")
+    unknown = [key for key in raw if key not in ACTION_KEYS]
+    if unknown:  # a misplaced parameter is refused, not ignored (the action not created)
+        shown = ", ".join(repr(str(k)[:64]) for k in unknown[:5])
+        text = (
+            f"unknown key {shown} in the action's body: it holds {' and '.join(ACTION_KEYS)}"
+            " only (an action's parameters go under parameters); nothing created"
+        )
+        raise StatusError(400, "BadRequest", text, errors(text))
     why = siteactions.UNSUPPORTED_ACTIONS.get(str(raw.get("name")))
     if why is not None:  # as Shipyard answers an action it does not have, saying why
         reason = f"Unsupported Action: {raw.get('name')}"
@@ -460,15 +482,14 @@ async def create_action(request: Request, credentials: auth.Credentials) -> JSON
         for node in targets:
             await gate.authorize(caller, REDEPLOY_NODE, node)
     committed, skipped = await run(request, lambda store: _admitted(store, name, allow))
-    running = await asyncio.to_thread(served.store.unfinished)
-    collides = siteactions.collision(name, targets, [_running(a) for a in running])
-    if collides:
-        raise StatusError(409, "Conflict", collides, errors(collides))
     action = _new_action(served, name, parameters, caller, committed, allow, request)
     if skipped:
-        log.warning(skipped, extra=fields(action=action.id))
         action = replace(action, notes=(model.Note(action.created, skipped),))
+    # the check that no action not finished is in its way (409 naming it) and the insert:
+    # one transaction, serialized across replicas (ActionStore.create)
     await asyncio.to_thread(served.store.create, action)
+    if skipped:
+        log.warning(skipped, extra=fields(action=action.id))
     served.worker.wake()
     log.info(
         "shipyard: action created",
@@ -496,11 +517,6 @@ def _admitted(store: DesignStore, name: ActionName, allow: bool) -> tuple[int | 
     if isinstance(verdict, siteactions.Refused):
         raise StatusError(409, verdict.title, verdict.message, errors(verdict.message))
     return committed, verdict.log
-
-
-def _running(action: model.Action) -> siteactions.Running:
-    targets = siteactions.action_targets(action.name, action.parameters)
-    return siteactions.Running(action.id, action.name, frozenset(targets))
 
 
 def _new_action(
@@ -614,12 +630,17 @@ async def control_action(action_id: str, verb: str, request: Request) -> JSONRes
     dependencies=[auth.Admit(GET_STEP_LOGS, "action_id", limit=64)],
 )
 async def step_logs(action_id: str, step: str, request: Request) -> PlainTextResponse:
+    # Shipyard's API and client name it `try`; `try_number` is what serve first read: one
+    # of them, once (checked before anything is read)
+    tries = [v for v in (_query(request, "try"), _query(request, "try_number")) if v is not None]
+    if len(tries) > 1:
+        text = "give the try as try or as try_number, not both"
+        raise StatusError(400, "BadRequest", text, errors(text))
+    raw = tries[0] if tries else None
     found = (await _found(request, action_id)).step(step)
     if found is None:
         text = f"action {action_id} has no step {step[:64]!r}"
         raise StatusError(404, "NotFound", text, errors(text))
-    # Shipyard's API and client name it `try`; `try_number` is what serve first read
-    raw = request.query_params.get("try", request.query_params.get("try_number"))
     if raw is not None and raw != str(found.try_number):
         text = (
             f"step {found.name} of action {action_id} has no log of try {raw[:16]!r}: serve"
