@@ -20,7 +20,10 @@ import pytest
 from sqlalchemy import text
 
 from metalmend.db import Database
-from metalmend.siteactions import model
+from metalmend.designs.documents import parse
+from metalmend.designs.store import DesignStore
+from metalmend.errors import Invalid
+from metalmend.siteactions import configdocs, model
 from metalmend.siteactions import store as action_store
 from metalmend.siteactions.policy.actions import (
     ActionLifecycle,
@@ -30,9 +33,22 @@ from metalmend.siteactions.policy.actions import (
     collision,
     new_action_id,
 )
+from metalmend.siteactions.steps import Planned, StepContext
 from metalmend.siteactions.store import ActionsCollide, ActionStore
 
 LEASE = dt.timedelta(seconds=30)
+
+
+async def _step(ctx: StepContext) -> str:
+    return "done"
+
+
+PLAN = (Planned("validation", _step), Planned("relabel", _step))
+NODE = (
+    "---\nschema: metalmend/KubernetesObject/v1\n"
+    "metadata: {schema: metadata/Document/v1, name: node..n1}\n"
+    "data: {apiVersion: v1, kind: Node, metadata: {name: n1, labels: {role: worker}}}\n"
+)
 WITHIN = 120.0  # seconds a wait here may take on a busy machine before it fails
 
 
@@ -231,3 +247,43 @@ def test_a_site_action_runs_alone(store: ActionStore) -> None:
     store.create(redeploy("n1"))
     with pytest.raises(ActionsCollide, match="deploy_site waits until it ends"):
         store.create(action("deploy_site"))
+
+
+class Fixed:
+    def __init__(self, at: dt.datetime) -> None:
+        self.at = at
+
+    def now(self) -> dt.datetime:
+        return self.at
+
+
+def test_admission_checks_the_design_store_then_stores_the_action_by_its_plan(
+    store: ActionStore,
+) -> None:
+    """configdocs.Admission, passed the action store, a clock and the plans (no router):
+    relabel_nodes needs a committed revision; once there is one the action is stored with
+    its plan's steps, its creator and the committed revision; a second of the same node
+    is refused by the store."""
+    designs = DesignStore(store.db)
+    at = dt.datetime(2026, 11, 23, 21, 0, tzinfo=dt.UTC)
+    admission = configdocs.Admission(store, {"relabel_nodes": PLAN}, Fixed(at))
+    asked = configdocs.ActionRequest(
+        ActionName.RELABEL_NODES, {"target_nodes": ["n1"]}, False, "alice",
+        {"username": "alice", "uid": "u-1", "groups": [], "extra": {}}, "marker",
+    )  # fmt: skip
+    with pytest.raises(Invalid, match="relabel_nodes needs committed configdocs"):
+        admission.create(designs, asked)
+    assert store.newest() == []
+    revision = configdocs.put_in_buffer(designs, "site", parse(NODE), "rejectoncontents")
+    designs.tag(revision, "committed", {})
+    action, skipped = admission.create(designs, asked)
+    assert skipped is None
+    found = store.get(action.id)
+    assert found is not None
+    assert (found.name, found.committed_rev_id, found.created, found.user) == (
+        "relabel_nodes", revision, at, "alice",
+    )  # fmt: skip
+    assert [s.name for s in found.steps] == [p.name for p in PLAN]
+    assert found.caller == asked.caller
+    with pytest.raises(ActionsCollide, match=f"action {action.id} \\(relabel_nodes\\)"):
+        admission.create(designs, asked)
