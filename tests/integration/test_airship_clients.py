@@ -61,6 +61,19 @@ def action_reader(control_plane: ControlPlane, kube: Client, namespace: str) -> 
     return token(control_plane, kube, namespace, "action-reader", role)
 
 
+def step_log_reader(control_plane: ControlPlane, kube: Client, namespace: str) -> str:
+    """A token that may read step logs (``get actions/logs``), and nothing else."""
+    role = f"{namespace}-step-log-reader"
+    kube.create(
+        ClusterRole(
+            metadata=ObjectMeta(name=role),
+            rules=[PolicyRule(apiGroups=["shipyard.metalmend.dev"], resources=["actions/logs"],
+                              verbs=["get"])],
+        )
+    )  # fmt: skip
+    return token(control_plane, kube, namespace, "step-log-reader", role)
+
+
 async def test_shipyards_client_reads_actions_notes_and_step_logs_with_its_own_header(
     service: Service, control_plane: ControlPlane, kube: Client, namespace: str
 ) -> None:
@@ -68,6 +81,7 @@ async def test_shipyards_client_reads_actions_notes_and_step_logs_with_its_own_h
         control_plane, kube, namespace, "site-redeployer", "metalmend-shipyard-redeployer"
     )
     reader = action_reader(control_plane, kube, namespace)
+    log_reader = step_log_reader(control_plane, kube, namespace)
     other = token(control_plane, kube, namespace, "site-viewer", "metalmend-shipyard-viewer")
     async with service.running() as http:
         create = {"name": "redeploy_server", "parameters": {"target_nodes": "n1"}}
@@ -127,6 +141,23 @@ async def test_shipyards_client_reads_actions_notes_and_step_logs_with_its_own_h
             headers=shipyard_client(redeployer), params={"try": "1"},
         )  # fmt: skip
         assert latest.text == logs.text
+        # the try given twice, or under both its names: refused, not read as the last
+        # (issue 36, point 8), from a role that may read step logs and nothing else
+        for twice, words in (
+            ([("try", "1"), ("try", "2")], "query parameter 'try' is given more than once"),
+            ([("try_number", "2"), ("try_number", "1")],
+             "query parameter 'try_number' is given more than once"),
+            ([("try", "1"), ("try_number", "1")], "try or as try_number, not both"),
+        ):  # fmt: skip
+            refused = await http.get(
+                f"/actions/{action_id}/steps/design_lookup/logs",
+                headers=shipyard_client(log_reader), params=twice,
+            )  # fmt: skip
+            assert words in status_of(refused, 400, "BadRequest")["message"], twice
+        alone = await http.get(
+            f"/actions/{action_id}/steps/design_lookup/logs", headers=shipyard_client(log_reader)
+        )
+        assert alone.text == logs.text  # the role reaches the log itself
         missing = await http.get(
             f"/actions/{action_id}/steps/nope/logs", headers=shipyard_client(redeployer)
         )

@@ -251,11 +251,26 @@ async def test_a_design_that_reaches_outside_its_namespaces_does_not_commit(
 
 
 async def test_actions_are_authorized_per_name_and_checked_before_they_are_stored(
-    service: Service, admin: dict[str, str], redeployer: dict[str, str], namespace: str
-) -> None:
+    service: Service, admin: dict[str, str], redeployer: dict[str, str], namespace: str,
+    control_plane: ControlPlane, kube: Client,
+) -> None:  # fmt: skip
+    nobody = bearer(token(control_plane, kube, namespace, "site-nobody", None))
     async with service.running() as http:
         unknown = await http.post("/actions", headers=admin, json={"name": "rm_rf_site"})
         assert "not a supported action" in status_of(unknown, 400, "BadRequest")["message"]
+        # a key beside name and parameters: refused naming it, not ignored (issue 36,
+        # point 8), before any permission is asked (any authenticated caller reaches it)
+        misplaced = {"name": "redeploy_server", "parameters": {"target_nodes": "n1"},
+                     "preserve-local-storage": False}  # fmt: skip
+        for who in (nobody, redeployer):
+            extra = status_of(
+                await http.post("/actions", headers=who, json=misplaced), 400, "BadRequest"
+            )
+            assert extra["message"] == (
+                "unknown key 'preserve-local-storage' in the action's body: it holds name and"
+                " parameters only (an action's parameters go under parameters); nothing created"
+            )
+        assert (await http.get("/actions", headers=admin)).json() == []
         site = await http.post("/actions", headers=redeployer, json={"name": "deploy_site"})
         assert "create actions" in status_of(site, 403, "Forbidden")["message"]
         nothing = await http.post("/actions", headers=admin, json={"name": "deploy_site"})
@@ -292,6 +307,79 @@ async def test_actions_are_authorized_per_name_and_checked_before_they_are_store
         stop = await http.post(f"/actions/{action['id']}/control/stop", headers=admin)
         assert "cannot be stopped" in status_of(stop, 409, "Conflict")["message"]
         assert (await http.get("/actions/NOTANID", headers=admin)).status_code == 404
+
+
+@contextlib.asynccontextmanager
+async def replica(
+    kubeconfig: Path, database: Database, namespace: str
+) -> AsyncIterator[httpx.AsyncClient]:
+    """One replica of the service with its own connections to ``database``, its action
+    worker not started (httpx's transport runs no lifespan): what it stores stays Pending."""
+    client = AsyncClient(KubeConfig.from_file(kubeconfig))
+    app = create_app(
+        client, database=database, drives=object(),  # type: ignore[arg-type]
+        redeploy=TIMING, site_namespaces=(namespace,),
+    )  # fmt: skip
+    transport = httpx.ASGITransport(app=app)
+    try:
+        base = f"http://serve{SHIPYARD}"
+        async with httpx.AsyncClient(transport=transport, base_url=base, timeout=60) as http:
+            yield http
+    finally:
+        await client.close()
+
+
+async def test_a_burst_of_actions_on_one_node_through_two_replicas_stores_one(
+    serve_kubeconfig: Path, database_url: str, admin: dict[str, str],
+    redeployer: dict[str, str], namespace: str,
+) -> None:  # fmt: skip
+    """Issue 36, point 2: four redeploy_server of one node, two with target-revision
+    committed, and two relabel_nodes of it, sent together through two replicas with their
+    own connections to one database (each from its narrowest role: the redeployer's, the
+    admin's for relabel_nodes): one 201, five 409 naming the action that holds the node
+    (the check and the insert are one transaction: ActionStore.create), one action
+    stored. Then a deploy_site is refused while it is not finished."""
+    node = f"{namespace[:40]}-w0"
+    redeploy = {"name": "redeploy_server", "parameters": {"target_nodes": [node]}}
+    committed = {
+        "name": "redeploy_server",
+        "parameters": {"target_nodes": [node], "target-revision": "committed"},
+    }
+    relabel = {"name": "relabel_nodes", "parameters": {"target_nodes": [node]}}
+    one_db, two_db = Database.open(database_url), Database.open(database_url)
+    one_db.upgrade()
+    try:
+        async with (
+            replica(serve_kubeconfig, one_db, namespace) as one,
+            replica(serve_kubeconfig, two_db, namespace) as two,
+        ):
+            await put(one, admin, "site", design(namespace, [node]))
+            status_of(await one.post("/commitconfigdocs", headers=admin), 200, "Success")
+            sent = [(one, redeployer, redeploy), (two, redeployer, committed),
+                    (one, admin, relabel), (two, redeployer, redeploy),
+                    (one, redeployer, committed), (two, admin, relabel)]  # fmt: skip
+            answers = await asyncio.gather(
+                *(http.post("/actions", headers=who, json=body) for http, who, body in sent)
+            )
+            listed = (await two.get("/actions", headers=admin)).json()
+            site = await one.post("/actions", headers=admin, json={"name": "deploy_site"})
+    finally:
+        one_db.dispose()
+        two_db.dispose()
+    codes = sorted(a.status_code for a in answers)
+    assert codes == [201, 409, 409, 409, 409, 409], [a.text for a in answers]
+    won = next(a.json() for a in answers if a.status_code == 201)
+    doing = "relabelling" if won["name"] == "relabel_nodes" else "redeploying"
+    for refused in (a for a in answers if a.status_code == 409):
+        document = status_of(refused, 409, "Conflict")
+        assert (
+            document["message"] == f"action {won['id']} ({won['name']}) is already {doing} {node}"
+        )
+    assert [a["id"] for a in listed] == [won["id"]]
+    waits = status_of(site, 409, "Conflict")["message"]
+    assert (
+        waits == f"action {won['id']} ({won['name']}) is running: deploy_site waits until it ends"
+    )
 
 
 async def wait_for(

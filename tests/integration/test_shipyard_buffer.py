@@ -1,4 +1,4 @@
-"""The configdocs buffer's writers are serialized (serve.shipyard.buffer_writer), on a
+"""The configdocs buffer's writers are serialized (metalmend.siteactions.configdocs.buffer_writer), on a
 SQLite file and on PostgreSQL: two operators putting at the same moment with the default
 buffermode=rejectoncontents never both find the buffer empty."""
 
@@ -13,7 +13,7 @@ from metalmend.db import Database
 from metalmend.designs.documents import parse
 from metalmend.designs.store import DesignStore
 from metalmend.errors import Conflict
-from metalmend.siteactions.routes import _put_in_buffer
+from metalmend.siteactions.configdocs import put_in_buffer
 
 ROUNDS = 5
 
@@ -46,7 +46,7 @@ def test_two_puts_at_once_one_wins_the_other_is_told_the_buffer_is_taken(
         ) -> None:
             start.wait()
             try:
-                _put_in_buffer(
+                put_in_buffer(
                     store, collection, parse(documents(collection, round_)), "rejectoncontents"
                 )
                 outcomes[collection] = "stored"

@@ -424,7 +424,7 @@ COMPONENT_INTERFACES = {
 # the component is domain code and raises metalmend.errors, never a Status.
 HTTP_MODULES = (
     "metalmend.teardown.routes", "metalmend.teardown.etcd.routes",
-    "metalmend.teardown.http", "metalmend.teardown.decommission",  # (the flow and its endpoint)
+    "metalmend.teardown.http",
     "metalmend.designs.routes", "metalmend.designs.access",
     "metalmend.destroy.routes", "metalmend.siteactions.routes",
 )  # fmt: skip
@@ -507,6 +507,25 @@ def test_domain_code_does_not_speak_http() -> None:
         and within(i.imported, HTTP_LAYER)
     ]
     assert not wrong, "raise metalmend.errors instead:\n" + show(wrong)
+
+
+def test_importing_the_domain_code_loads_no_http_layer() -> None:
+    """What the imports above cannot see, in a process of its own: loading every domain
+    module of the components (the site actions' steps, the teardown step machines they
+    run in-process) loads neither FastAPI nor a router, not even through another module."""
+    program = (
+        "import sys, pkgutil, importlib\n"
+        f"for name in {COMPONENTS!r}:\n"
+        "    p = importlib.import_module(name)\n"
+        "    for m in pkgutil.walk_packages(p.__path__, name + '.'):\n"
+        f"        if m.name not in {HTTP_MODULES!r}: importlib.import_module(m.name)\n"
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
+    )
+    loaded = [m for m in result.stdout.split() if within(m, (*HTTP_LAYER, *HTTP_MODULES))]
+    assert not loaded, "loaded by domain code:\n" + "\n".join(loaded)
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:

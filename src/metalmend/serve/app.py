@@ -41,7 +41,6 @@ from metalmend.siteactions.redeploy import FIELD_MANAGER
 from metalmend.siteactions.steps import SiteServices
 from metalmend.siteactions.store import ActionStore
 from metalmend.siteactions.worker import ActionWorker
-from metalmend.teardown import decommission
 from metalmend.teardown import routes as promenade
 from metalmend.teardown.drain import Drainer
 from metalmend.teardown.etcd import routes as etcd
@@ -138,7 +137,6 @@ def create_app(
     deps.provide(app, etcd.EtcdAccess, etcd_access or etcd.EtcdAccess())
     app.include_router(promenade.router, prefix=promenade.PREFIX)
     app.include_router(etcd.router, prefix=promenade.PREFIX)  # remove-etcd, etcd health
-    app.include_router(decommission.router, prefix=promenade.PREFIX)
     app.include_router(deckhand.router, prefix=deckhand.PREFIX)  # design revisions
     # destroy_nodes tasks: they need the database and the BMCs (their drives)
     interlock = app_services.interlock

@@ -1,7 +1,11 @@
 """Shipyard's API under ``/shipyard/api/v1.0`` (docs/site-actions.md): configdocs (a
 buffer over the design store, committed, read and compared by version) and actions
-(stored, run by ``shipyard.worker``). Shipyard's API reference:
+(stored, run by ``metalmend.siteactions.worker``). Shipyard's API reference:
 https://airship-shipyard.readthedocs.io/en/latest/API.html.
+
+The router reads requests, asks permissions and answers; what configdocs and the admission
+of an action are (the buffer and its writers, validation, the committed revision and the
+guard, the action as created) is ``metalmend.siteactions.configdocs``.
 
 Configdocs answer YAML as Shipyard does; everything else JSON; errors are Status bodies.
 Each endpoint's permission is a verb on a resource of ``shipyard.metalmend.dev``
@@ -16,12 +20,9 @@ that caller (docs/site-actions.md, "Whose permissions apply a design").
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -30,17 +31,16 @@ from lightkube import AsyncClient
 
 from metalmend.api.resources import BareMetalHost
 from metalmend.clock import SYSTEM_CLOCK, Clock
-from metalmend.db import Database
 from metalmend.designs import documents
 from metalmend.designs.access import checked_name, documents_answer, run
-from metalmend.designs.documents import Document, DocumentsRejected
+from metalmend.designs.documents import DocumentsRejected
 from metalmend.designs.store import DesignStore
-from metalmend.errors import Conflict, Invalid, NotFound, Refused, ValidationMessage
+from metalmend.errors import NotFound, Refused, ValidationMessage
 from metalmend.log import fields
-from metalmend.siteactions import model, redeploy
+from metalmend.siteactions import configdocs, model, redeploy
 from metalmend.siteactions.policy import actions as siteactions
-from metalmend.siteactions.policy import deploysite, statuses
-from metalmend.siteactions.policy.actions import ActionLifecycle, ActionName, Version
+from metalmend.siteactions.policy import statuses
+from metalmend.siteactions.policy.actions import ActionName, Version
 from metalmend.siteactions.store import ActionStore
 from metalmend.siteactions.worker import ActionWorker
 from metalmend.web import auth, bodies, context, conventions, deps, status
@@ -71,7 +71,6 @@ FORCE_COMMIT = auth.Permission("configdocs", "commit-force", "create", GROUP)
 REDEPLOY_NODE = redeploy.REDEPLOY_NODE
 
 VERSION_QUERY = "Query: version=buffer (default)|committed|last_site_action|successful_site_action."
-BUFFER_MODES = ("rejectoncontents", "append", "replace")
 router = APIRouter(tags=["shipyard"])
 
 
@@ -113,126 +112,32 @@ def _shipyard(request: Request) -> Shipyard:
     return served
 
 
+def _query(request: Request, name: str) -> str | None:
+    """A query parameter given at most once (None: not given). Given twice it is refused,
+    as the Deckhand routes refuse theirs, rather than read as its last value."""
+    given = request.query_params.getlist(name)
+    if len(given) > 1:
+        text = f"query parameter {name!r} is given more than once"
+        raise StatusError(400, "BadRequest", text, errors(text))
+    return given[0] if given else None
+
+
 def _flag(request: Request, name: str) -> bool:
-    found = siteactions.boolean_parameter(name, request.query_params.get(name), False)
+    found = siteactions.boolean_parameter(name, _query(request, name), False)
     if isinstance(found, str):
         raise StatusError(400, "BadRequest", found, errors(found))
     return found
 
 
-def _history(store: DesignStore) -> siteactions.History:
-    return siteactions.History.of((s.id, s.tags) for s in store.revisions())
-
-
 def _version(request: Request, default: Version = Version.BUFFER) -> Version:
-    raw = request.query_params.get("version")
+    raw = _query(request, "version")
     found = siteactions.version_named(raw) if raw is not None else default
     if not isinstance(found, Version):  # a Version is a str too: ask for what it is
         raise StatusError(400, "BadRequest", found, errors(found))
     return found
 
 
-def _revision_of(store: DesignStore, version: Version) -> int:
-    found = siteactions.locate(_history(store), version)
-    if isinstance(found, siteactions.Absent):
-        raise NotFound(f"no {version} version: {found.reason}")
-    return found
-
-
-def _wire(
-    store: DesignStore, revision: int, collection: str | None, *, status: bool = False
-) -> list[dict[str, Any]]:
-    """The documents of ``revision`` (one collection's, or all); with ``status`` as
-    Deckhand answers them, each with ``status: {bucket, revision}`` (its collection and
-    the revision read)."""
-    return [
-        {
-            "schema": e.document.schema,
-            "metadata": dict(e.document.metadata),
-            "data": e.document.data,
-        }
-        | ({"status": {"bucket": e.bucket, "revision": revision}} if status else {})
-        for e in store.entries(revision)
-        if collection is None or e.bucket == collection
-    ]
-
-
-def _buffer_changes(store: DesignStore, history: siteactions.History) -> dict[str, str]:
-    """The collections the buffer changes from the committed revision (empty: no buffer)."""
-    buffer = siteactions.locate(history, Version.BUFFER)
-    if isinstance(buffer, siteactions.Absent):
-        return {}
-    committed = siteactions.locate(history, Version.COMMITTED)
-    base = committed if isinstance(committed, int) else 0
-    diff = store.diff(base, buffer)
-    return {name: str(change) for name, change in diff.items() if str(change) != "unmodified"}
-
-
 # ---- configdocs -----------------------------------------------------------------------------
-
-
-_SQLITE_BUFFER = threading.Lock()
-
-
-@contextlib.contextmanager
-def buffer_writer(db: Database) -> Iterator[None]:
-    """Serialize the buffer's writers: a put looks at the buffer, then (replace) rolls it
-    back and puts; two operators putting at once must not both find it empty. On
-    PostgreSQL (replicas) a transaction-level advisory lock, held on a connection of its
-    own while the store's own transactions run; on SQLite (one replica) a lock in the
-    process, since a second write transaction would wait for the first."""
-    if db.dialect == "postgresql":
-        with db.begin() as conn:
-            db.lock(conn, "shipyard-configdocs-buffer")
-            yield
-    else:
-        with _SQLITE_BUFFER:
-            yield
-
-
-def _put_in_buffer(store: DesignStore, name: str, docs: Sequence[Document], mode: str) -> int:
-    with buffer_writer(store.database):
-        return _put_unlocked(store, name, docs, mode)
-
-
-def _put_unlocked(store: DesignStore, name: str, docs: Sequence[Document], mode: str) -> int:
-    history = _history(store)
-    changes = _buffer_changes(store, history)
-    if changes and mode == "rejectoncontents":
-        listed = ", ".join(f"{c} ({s})" for c, s in sorted(changes.items()))
-        raise Conflict(
-            f"the buffer already holds changes not committed: {listed}. Commit them first"
-            " (shipyard commit configdocs), or put again with --append (buffermode=append: add"
-            " to them) or --replace (buffermode=replace: discard them)"
-        )
-    if mode == "append" and name in changes:
-        raise Conflict(
-            f"collection {name} is already in the buffer ({changes[name]}): --append"
-            " (buffermode=append) adds a collection the buffer does not hold, as Shipyard"
-            " does; put it with --replace (buffermode=replace) to discard the buffer first,"
-            " or commit it (shipyard commit configdocs)"
-        )
-    if changes and mode == "replace":
-        committed = siteactions.locate(history, Version.COMMITTED)
-        store.rollback(committed if isinstance(committed, int) else 0)
-    result = store.put(name, docs)
-    if not result.created:
-        raise Invalid(f"collection {name}: the documents are those already stored; nothing changed")
-    return result.revision
-
-
-def _site_problems(docs: Sequence[dict[str, Any]], served: Shipyard) -> list[str]:
-    """What a site action would refuse in these documents (the design's own checks: the
-    cluster-side ones, Secrets and held hosts, wait for the action)."""
-    from metalmend.teardown.etcd import design as etcd_design
-
-    problems = list(deploysite.read_site(docs, served.namespaces, served.label_prefixes).problems)
-    try:
-        etcd_design.from_documents(docs, "the buffer")
-    except etcd_design.DesignError as error:
-        if not error.missing:
-            problems.append(error.message)
-    return problems
 
 
 @router.post(
@@ -248,9 +153,9 @@ def _site_problems(docs: Sequence[dict[str, Any]], served: Shipyard) -> list[str
 async def create_configdocs(collection: str, request: Request) -> JSONResponse:
     name = checked_name(collection, "collection")
     served = _shipyard(request)
-    mode = request.query_params.get("buffermode", "rejectoncontents").lower()
-    if mode not in BUFFER_MODES:
-        text = f"buffermode must be one of {', '.join(BUFFER_MODES)}"
+    mode = (_query(request, "buffermode") or "rejectoncontents").lower()
+    if mode not in configdocs.BUFFER_MODES:
+        text = f"buffermode must be one of {', '.join(configdocs.BUFFER_MODES)}"
         raise StatusError(400, "BadRequest", text, errors(text))
     empty = _flag(request, "empty-collection")
     text = await bodies.read_design(request)
@@ -273,9 +178,9 @@ async def _store_configdocs(
             else "no documents: send empty-collection=true to delete the collection"
         )
         raise StatusError(400, "BadRequest", problem, errors(problem))
-    revision = await run(request, lambda store: _put_in_buffer(store, name, parsed, mode))
-    buffer = await run(request, lambda store: _wire(store, revision, None))
-    problems = _site_problems(buffer, served)
+    revision = await run(request, lambda store: configdocs.put_in_buffer(store, name, parsed, mode))
+    buffer = await run(request, lambda store: configdocs.documents_of(store, revision, None))
+    problems = configdocs.site_problems(buffer, served.namespaces, served.label_prefixes)
     log.info("shipyard: configdocs put", extra=fields(collection=name, revision=revision))
     message = f"collection {name} is in the buffer (design revision {revision})"
     lines = [ValidationMessage(p, True) for p in problems]
@@ -295,8 +200,8 @@ async def get_configdocs(collection: str, request: Request) -> Response:
     version = _version(request)
 
     def read(store: DesignStore) -> list[dict[str, Any]]:
-        revision = _revision_of(store, version)
-        found = _wire(store, revision, name, status=True)
+        revision = configdocs.revision_of(store, version)
+        found = configdocs.documents_of(store, revision, name, status=True)
         if not found and name not in store.revision(revision).buckets:
             raise NotFound(
                 f"collection {name} is not in the {version} version (revision {revision})"
@@ -321,13 +226,14 @@ async def configdocs_status(request: Request) -> JSONResponse:
         if raw:
             text = "give versions (Shipyard's) or base-version/diff-version (the spec's), not both"
             raise StatusError(400, "BadRequest", text, errors(text))
-        raw = [query.get("base-version", "committed"), query.get("diff-version", "buffer")]
+        raw = [_query(request, "base-version") or "committed",
+               _query(request, "diff-version") or "buffer"]  # fmt: skip
     wanted = siteactions.compared_versions(raw)
     if isinstance(wanted, siteactions.BadRequest):
         raise StatusError(400, "BadRequest", wanted.message, errors(wanted.message))
 
     def compare(store: DesignStore) -> list[dict[str, Any]]:
-        found = siteactions.compare(_history(store), *wanted)
+        found = siteactions.compare(configdocs.history(store), *wanted)
         if isinstance(found, siteactions.NotFound):
             raise NotFound(found.message)
         diff = store.diff(found.base_revision, found.new_revision)
@@ -351,16 +257,8 @@ async def commit_configdocs(request: Request) -> JSONResponse:
         gate = deps.of(request, auth.Gate)
         await gate.authorize(request.state.caller, FORCE_COMMIT, "")
 
-    def buffered(store: DesignStore) -> tuple[int, list[dict[str, Any]]]:
-        history = _history(store)
-        if not _buffer_changes(store, history):
-            raise Conflict("There are no documents in the buffer to commit")
-        revision = siteactions.locate(history, Version.BUFFER)
-        assert isinstance(revision, int)
-        return revision, _wire(store, revision, None)
-
-    revision, docs = await run(request, buffered)
-    problems = _site_problems(docs, served)
+    revision, docs = await run(request, configdocs.buffered)
+    problems = configdocs.site_problems(docs, served.namespaces, served.label_prefixes)
     lines = [ValidationMessage(p, True) for p in problems]
     if dryrun and problems and not force:  # Shipyard: a dry run answers 200 with the problems
         text = f"dry run: the buffer (revision {revision}) does not validate; nothing committed"
@@ -391,7 +289,10 @@ async def rendered_configdocs(request: Request) -> Response:
     version = _version(request)
     return await documents_answer(
         await run(
-            request, lambda store: _wire(store, _revision_of(store, version), None, status=True)
+            request,
+            lambda store: configdocs.documents_of(
+                store, configdocs.revision_of(store, version), None, status=True
+            ),
         )
     )
 
@@ -399,10 +300,21 @@ async def rendered_configdocs(request: Request) -> Response:
 # ---- actions --------------------------------------------------------------------------------
 
 
+ACTION_KEYS = ("name", "parameters")  # Shipyard's POST /actions body (its client sends these)
+
+
 async def _action_body(request: Request) -> tuple[ActionName, dict[str, Any]]:
     raw = await bodies.read_json(request)
     if not isinstance(raw, dict):
         raise StatusError(400, "BadRequest", "the body is not a JSON object")
+    unknown = [key for key in raw if key not in ACTION_KEYS]
+    if unknown:  # a misplaced parameter is refused, not ignored (the action not created)
+        shown = ", ".join(repr(str(k)[:64]) for k in unknown[:5])
+        text = (
+            f"unknown key {shown} in the action's body: it holds {' and '.join(ACTION_KEYS)}"
+            " only (an action's parameters go under parameters); nothing created"
+        )
+        raise StatusError(400, "BadRequest", text, errors(text))
     why = siteactions.UNSUPPORTED_ACTIONS.get(str(raw.get("name")))
     if why is not None:  # as Shipyard answers an action it does not have, saying why
         reason = f"Unsupported Action: {raw.get('name')}"
@@ -459,70 +371,28 @@ async def create_action(request: Request, credentials: auth.Credentials) -> JSON
     if name is ActionName.REDEPLOY_SERVER:  # each target: nodes/redeploy (again at the start)
         for node in targets:
             await gate.authorize(caller, REDEPLOY_NODE, node)
-    committed, skipped = await run(request, lambda store: _admitted(store, name, allow))
-    running = await asyncio.to_thread(served.store.unfinished)
-    collides = siteactions.collision(name, targets, [_running(a) for a in running])
-    if collides:
-        raise StatusError(409, "Conflict", collides, errors(collides))
-    action = _new_action(served, name, parameters, caller, committed, allow, request)
+    asked = configdocs.ActionRequest(
+        name, parameters, allow, caller.username, caller.who().to_wire(), context.of(request.scope)
+    )
+    admission = configdocs.Admission(served.store, served.worker.plans, served.clock)
+    # the design store's checks, then the check that no action not finished is in its way
+    # (409 naming it) and the insert: one transaction, serialized across replicas
+    # (ActionStore.create)
+    action, skipped = await run(request, lambda store: admission.create(store, asked))
     if skipped:
         log.warning(skipped, extra=fields(action=action.id))
-        action = replace(action, notes=(model.Note(action.created, skipped),))
-    await asyncio.to_thread(served.store.create, action)
     served.worker.wake()
     log.info(
         "shipyard: action created",
-        extra=fields(action=action.id, name=str(name), by=caller.username, revision=committed),
+        extra=fields(
+            action=action.id,
+            name=str(name),
+            by=caller.username,
+            revision=action.committed_rev_id,
+        ),
     )
     headers = {"Location": _url(action.id)}
     return JSONResponse(action.to_wire(_url(action.id)), status_code=201, headers=headers)
-
-
-def _admitted(store: DesignStore, name: ActionName, allow: bool) -> tuple[int | None, str | None]:
-    """The committed revision, after the site actions' checks: one is committed, and the
-    intermediate-commit guard (before any validation, as the spec words it)."""
-    history = _history(store)
-    committed = siteactions.locate(history, Version.COMMITTED)
-    if name not in siteactions.COMMITTED_ACTIONS:
-        return (committed if isinstance(committed, int) else None), None
-    if isinstance(committed, siteactions.Absent):
-        raise Invalid(
-            f"{name} needs committed configdocs: {committed.reason}"
-            " (shipyard commit configdocs, or metalmend site commit configdocs)"
-        )
-    if name not in siteactions.SITE_ACTIONS:  # relabel_nodes: neither guarded nor tagged
-        return committed, None
-    verdict = siteactions.guard(name, history, committed, allow)
-    if isinstance(verdict, siteactions.Refused):
-        raise StatusError(409, verdict.title, verdict.message, errors(verdict.message))
-    return committed, verdict.log
-
-
-def _running(action: model.Action) -> siteactions.Running:
-    targets = siteactions.action_targets(action.name, action.parameters)
-    return siteactions.Running(action.id, action.name, frozenset(targets))
-
-
-def _new_action(
-    served: Shipyard,
-    name: ActionName,
-    parameters: dict[str, Any],
-    caller: auth.Caller,
-    committed: int | None,
-    allow: bool,
-    request: Request,
-) -> model.Action:
-    now = served.clock.now()
-    action_id = siteactions.new_action_id(now, os.urandom(10))
-    steps = tuple(model.Step(p.name, i) for i, p in enumerate(served.worker.plans[name]))
-    user = caller.username
-    audit = {"action_id": action_id, "datetime": model.iso(now), "user": user, "command": "invoke"}
-    return model.Action(
-        id=action_id, name=str(name), parameters=parameters, lifecycle=ActionLifecycle.PENDING,
-        created=now, updated=now, user=user, context_marker=context.of(request.scope),
-        committed_rev_id=committed, revision=None, allow_intermediate_commits=allow,
-        steps=steps, command_audit=(audit,), caller=caller.who().to_wire(),
-    )  # fmt: skip
 
 
 @router.get(
@@ -614,12 +484,17 @@ async def control_action(action_id: str, verb: str, request: Request) -> JSONRes
     dependencies=[auth.Admit(GET_STEP_LOGS, "action_id", limit=64)],
 )
 async def step_logs(action_id: str, step: str, request: Request) -> PlainTextResponse:
+    # Shipyard's API and client name it `try`; `try_number` is what serve first read: one
+    # of them, once (checked before anything is read)
+    tries = [v for v in (_query(request, "try"), _query(request, "try_number")) if v is not None]
+    if len(tries) > 1:
+        text = "give the try as try or as try_number, not both"
+        raise StatusError(400, "BadRequest", text, errors(text))
+    raw = tries[0] if tries else None
     found = (await _found(request, action_id)).step(step)
     if found is None:
         text = f"action {action_id} has no step {step[:64]!r}"
         raise StatusError(404, "NotFound", text, errors(text))
-    # Shipyard's API and client name it `try`; `try_number` is what serve first read
-    raw = request.query_params.get("try", request.query_params.get("try_number"))
     if raw is not None and raw != str(found.try_number):
         text = (
             f"step {found.name} of action {action_id} has no log of try {raw[:16]!r}: serve"

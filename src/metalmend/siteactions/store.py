@@ -6,6 +6,15 @@ step finished, the action finished) is conditional on the runner still holding t
 action's lease: a replica that lost it changes nothing more. Creating an action and asking
 it to stop are the callers' writes, not the runner's.
 
+Which actions may run side by side (``policy.actions.collision``: a site action alone;
+redeploy_server and relabel_nodes beside others that act on other nodes) is decided by
+``create`` in the transaction that stores the action, as Drydock's ``TaskStore.create``
+claims its nodes in its own: the check reads the actions not finished after taking the
+store's admission lock (``Database.lock``: a PostgreSQL advisory lock held to the end of
+the transaction, so every replica's creates are serialized; SQLite's ``BEGIN IMMEDIATE``),
+and refuses with ``ActionsCollide``, storing nothing. An action holds its nodes until it
+is Complete or Failed: nothing is left to release.
+
 Synchronous (SQLAlchemy Core); async code calls it through ``asyncio.to_thread``.
 """
 
@@ -19,11 +28,26 @@ from sqlalchemy import Connection, select, update
 
 from metalmend.db import Database
 from metalmend.db.lease import Leases, aware, naive
+from metalmend.errors import Conflict
 from metalmend.siteactions.model import MAX_NOTES, Action, Note, Step, StepState
-from metalmend.siteactions.policy.actions import ActionLifecycle
+from metalmend.siteactions.policy.actions import (
+    ActionLifecycle,
+    ActionName,
+    Running,
+    action_targets,
+    collision,
+)
 from metalmend.siteactions.tables import action_steps, actions
 
 LIST_LIMIT = 1000  # GET /actions: the newest this many
+# The name of the lock that serializes the creates of actions across replicas.
+ADMISSION_LOCK = "shipyard-actions-admission"
+
+
+class ActionsCollide(Conflict):
+    """The new action may not run beside an action not finished (its message names that
+    action, its name and the nodes they share, or that a site action runs alone). Nothing
+    was stored."""
 
 
 class ActionStore:
@@ -37,7 +61,17 @@ class ActionStore:
     # ---- the callers' writes ----------------------------------------------------------------
 
     def create(self, action: Action) -> None:
+        """Store the action and its steps, once no action not finished is in its way,
+        in one transaction; ActionsCollide (nothing stored) when one is."""
         with self.db.begin() as conn:
+            self.db.lock(conn, ADMISSION_LOCK)
+            why = collision(
+                ActionName(action.name),
+                action_targets(action.name, action.parameters),
+                _running(conn, self.leases),
+            )
+            if why is not None:
+                raise ActionsCollide(why, [why])
             conn.execute(
                 actions.insert().values(
                     action_id=action.id,
@@ -114,13 +148,6 @@ class ActionStore:
             steps = _steps(conn, [str(r["action_id"]) for r in rows])
         return [_action(r, steps.get(str(r["action_id"]), ())) for r in rows]
 
-    def unfinished(self) -> list[Action]:
-        """Actions pending or running (what a new action must not collide with)."""
-        with self.db.read() as conn:
-            query = select(actions).where(self.leases.unfinished).order_by(actions.c.action_id)
-            rows = [r._mapping for r in conn.execute(query)]
-        return [_action(r, ()) for r in rows]
-
     # ---- the runner's writes, under the lease -------------------------------------------------
 
     def set_lifecycle(
@@ -174,6 +201,20 @@ class ActionStore:
                     .values(**changes)
                 )
             return True
+
+
+def _running(conn: Connection, leases: Leases) -> list[Running]:
+    """The actions pending or running, each with the nodes it acts on (none: a site
+    action), oldest first: what a new action must not collide with."""
+    query = (
+        select(actions.c.action_id, actions.c.name, actions.c.parameters)
+        .where(leases.unfinished)
+        .order_by(actions.c.action_id)
+    )
+    return [
+        Running(str(r.action_id), str(r.name), frozenset(action_targets(r.name, r.parameters)))
+        for r in conn.execute(query)
+    ]
 
 
 def _step_notes(conn: Connection, action_id: str, step: str) -> list[Any]:

@@ -1,10 +1,13 @@
-"""decommission (docs/teardown.md): ``POST /promenade/api/v1.0/nodes/{node_id}/decommission``
-with the design reference as body: drain, clear labels, remove etcd members, wait for etcd
+"""decommission (docs/teardown.md): drain, clear labels, remove etcd members, wait for etcd
 to be stable, shut the kubelet down, each with the request's timeouts. Which step runs
-next and what the answer is are ``metalmend.teardown.policy.decommission``'s rules; each step is
-the very step its own endpoint runs. Nothing is remembered between requests: a
+next and what the answer is are ``metalmend.teardown.policy.decommission``'s rules; each
+step is the very step its own endpoint runs. Nothing is remembered between requests: a
 decommission interrupted anywhere is finished by asking again, every step finding its
 work done or continuing it.
+
+The step machine only: its endpoint, ``POST /promenade/api/v1.0/nodes/{node_id}/decommission``
+with the design reference as body, is in ``metalmend.teardown.routes`` beside the other
+steps' (and ``redeploy_server`` runs it in-process, ``metalmend.siteactions.redeploy``).
 """
 
 from __future__ import annotations
@@ -13,32 +16,23 @@ import asyncio
 import datetime as dt
 import logging
 from dataclasses import dataclass
-from typing import Annotated, Any
 
 import httpx2
-from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse
 from lightkube import ApiError, AsyncClient
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
-from metalmend.errors import Failed, Message, MetalmendError
+from metalmend.errors import Failed, MetalmendError
 from metalmend.kube import errors
 from metalmend.log import fields
 from metalmend.teardown import drain as nodes
-from metalmend.teardown import http, interlock, params, removal
+from metalmend.teardown import interlock, params, removal
 from metalmend.teardown.etcd import access, members
-from metalmend.teardown.etcd import routes as etcd
 from metalmend.teardown.etcd.design import Design
-from metalmend.teardown.interlock import Interlock
 from metalmend.teardown.policy import decommission as policy
 from metalmend.teardown.policy.settings import TeardownSettings
 from metalmend.teardown.shutdown import KubeletShutdown
-from metalmend.web import auth, deps
-from metalmend.web.status import body, documented
 
 log = logging.getLogger(__name__)
-
-router = APIRouter(tags=["promenade"])
 
 
 @dataclass
@@ -146,60 +140,3 @@ class Decommission:
                 raise Failed(ready.summary, reason="EtcdNotStable")
             assert ready.look_again_at is not None
             await asyncio.sleep(max(0.0, (ready.look_again_at - now).total_seconds()))
-
-
-def _seconds(description: str) -> Any:
-    return Query(description=f"Whole seconds: {description}")
-
-
-@router.post(
-    "/nodes/{node_id}/decommission",
-    summary="Disassociate a Node from Kubernetes and etcd, ready for its server to be destroyed",
-    description="Body: the design reference. Drain, clear labels, remove the Node's etcd"
-    " members, wait for the etcd clusters to be stable (not counting this Node), shut the"
-    " kubelet down. 500 DisassociateStepFailure with one message per step when a step"
-    " fails; a kubelet that is not seen stopped is reported but does not fail it.",
-    responses=documented((200, "Success"), (404, "NotFound"), (500, "DisassociateStepFailure")),
-    dependencies=[auth.Admit(auth.DECOMMISSION, "node_id")],
-)
-async def decommission(
-    request: Request,
-    node_id: str,
-    drain_node_timeout: Annotated[
-        str | None, Query(alias="drain-node-timeout", description="The drain's timeout (3600).")
-    ] = None,
-    drain_node_grace_period: Annotated[
-        str | None,
-        Query(alias="drain-node-grace-period", description="The drain's grace period (1800)."),
-    ] = None,
-    clear_labels_timeout: Annotated[
-        str | None, Query(alias="clear-labels-timeout", description="clear-labels' (1800).")
-    ] = None,
-    remove_etcd_timeout: Annotated[
-        str | None, Query(alias="remove-etcd-timeout", description="remove-etcd's (1800).")
-    ] = None,
-    etcd_ready_timeout: Annotated[
-        str | None,
-        Query(alias="etcd-ready-timeout", description="How long etcd may take to be stable (600)."),
-    ] = None,
-) -> JSONResponse:
-    # Documented above for OpenAPI; read with their checks from the query.
-    del drain_node_timeout, drain_node_grace_period, clear_labels_timeout
-    del remove_etcd_timeout, etcd_ready_timeout
-    name = params.node_name(node_id)
-    wanted = params.decommission(request.query_params.multi_items(), await etcd.read_body(request))
-    client = deps.of(request, AsyncClient)
-    drainer = deps.of(request, nodes.Drainer)
-    await nodes.get_node(client, name)
-    design = await etcd.load_design(request, wanted.design_ref, "DisassociateStepFailure")
-    await http.claim_for(request, name, "decommission")  # 409 before any step
-    secrets = access.secret_reader(client, etcd.access_of(request).etcd_credentials_secrets)
-    verdict = await Decommission(
-        client, drainer, deps.of(request, KubeletShutdown), drainer.settings,
-        design, name, wanted, claims=deps.of(request, Interlock), by=auth.caller_of(request),
-        secrets=secrets,
-    ).run()  # fmt: skip
-    messages = [Message(text, error) for text, error in verdict.lines]
-    return JSONResponse(
-        body(verdict.code, verdict.reason, verdict.message, messages), status_code=verdict.code
-    )

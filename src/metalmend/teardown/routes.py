@@ -1,9 +1,9 @@
 """Promenade's node-teardown endpoints (Airship's node teardown spec, airship-specs
 ``specs/approved/workflow_node-teardown.rst``), under ``/promenade/api/v1.0``.
 
-Mounted today: drain, clear-labels, shutdown-kubelet and remove-from-cluster here;
-remove-etcd and etcd-cluster-health-statuses in ``serve.etcd``. Decommission is not
-mounted until it works: it answers 404 like any unknown path (docs/teardown.md).
+Here: drain, clear-labels, shutdown-kubelet, remove-from-cluster and decommission (its
+steps in ``metalmend.teardown.decommission``); remove-etcd and etcd-cluster-health-statuses
+in ``metalmend.teardown.etcd.routes``.
 
 Each request is synchronous, as in the spec: the answer comes when the step has finished
 or failed. Order of checks: the token (401), the permission (403), the request (400), the
@@ -25,6 +25,10 @@ from metalmend.kube import errors
 from metalmend.teardown import drain as nodes
 from metalmend.teardown import http, params, removal
 from metalmend.teardown import shutdown as kubelet
+from metalmend.teardown.decommission import Decommission
+from metalmend.teardown.etcd import access
+from metalmend.teardown.etcd import routes as etcd
+from metalmend.teardown.interlock import Interlock
 from metalmend.web import auth, deps
 from metalmend.web.status import Message, StatusError, body, documented
 from metalmend.web.status import errors as error_lines
@@ -169,3 +173,56 @@ async def shutdown_kubelet(request: Request, node_id: str) -> JSONResponse:
         await http.claim_for(request, name, "shutdown-kubelet")
         messages = await shutdown.shutdown(name)
     return _success(f"Node {name} kubelet shut down", messages)
+
+
+@router.post(
+    "/nodes/{node_id}/decommission",
+    summary="Disassociate a Node from Kubernetes and etcd, ready for its server to be destroyed",
+    description="Body: the design reference. Drain, clear labels, remove the Node's etcd"
+    " members, wait for the etcd clusters to be stable (not counting this Node), shut the"
+    " kubelet down. 500 DisassociateStepFailure with one message per step when a step"
+    " fails; a kubelet that is not seen stopped is reported but does not fail it.",
+    responses=documented((200, "Success"), (404, "NotFound"), (500, "DisassociateStepFailure")),
+    dependencies=[auth.Admit(auth.DECOMMISSION, "node_id")],
+)
+async def decommission(
+    request: Request,
+    node_id: str,
+    drain_node_timeout: Annotated[
+        str | None, Query(alias="drain-node-timeout", description="The drain's timeout (3600).")
+    ] = None,
+    drain_node_grace_period: Annotated[
+        str | None,
+        Query(alias="drain-node-grace-period", description="The drain's grace period (1800)."),
+    ] = None,
+    clear_labels_timeout: Annotated[
+        str | None, Query(alias="clear-labels-timeout", description="clear-labels' (1800).")
+    ] = None,
+    remove_etcd_timeout: Annotated[
+        str | None, Query(alias="remove-etcd-timeout", description="remove-etcd's (1800).")
+    ] = None,
+    etcd_ready_timeout: Annotated[
+        str | None,
+        Query(alias="etcd-ready-timeout", description="How long etcd may take to be stable (600)."),
+    ] = None,
+) -> JSONResponse:
+    # Documented above for OpenAPI; read with their checks from the query.
+    del drain_node_timeout, drain_node_grace_period, clear_labels_timeout
+    del remove_etcd_timeout, etcd_ready_timeout
+    name = params.node_name(node_id)
+    wanted = params.decommission(request.query_params.multi_items(), await etcd.read_body(request))
+    client = deps.of(request, AsyncClient)
+    drainer = deps.of(request, nodes.Drainer)
+    await nodes.get_node(client, name)
+    design = await etcd.load_design(request, wanted.design_ref, "DisassociateStepFailure")
+    await http.claim_for(request, name, "decommission")  # 409 before any step
+    secrets = access.secret_reader(client, etcd.access_of(request).etcd_credentials_secrets)
+    verdict = await Decommission(
+        client, drainer, deps.of(request, kubelet.KubeletShutdown), drainer.settings,
+        design, name, wanted, claims=deps.of(request, Interlock), by=auth.caller_of(request),
+        secrets=secrets,
+    ).run()  # fmt: skip
+    messages = [Message(text, error) for text, error in verdict.lines]
+    return JSONResponse(
+        body(verdict.code, verdict.reason, verdict.message, messages), status_code=verdict.code
+    )
