@@ -228,8 +228,8 @@ def test_a_revoked_token_stops_working_once_its_review_expires(
             "is not a loopback address: give serve.tls_cert and serve.tls_key",
         ),
         (["--tls-cert", "/nonexistent.crt"], "serve.tls_cert and serve.tls_key go together"),
-        (["--port", "70000"], "serve.port must be at most 65535, not 70000"),
-        (["--max-body-bytes", "0"], "--max-body-bytes must be a positive whole number, not 0"),
+        (["--port", "70000"], "--port must be a whole number from 1 to 65535, not 70000"),
+        (["--max-body-bytes", "0"], "--max-body-bytes must be a whole number of bytes from 65536 to 1073741824, not 0"),
     ],
 )
 def test_serve_refuses_settings_that_would_expose_tokens_or_cannot_work(
