@@ -113,7 +113,10 @@ class Informer:
                     log.info("watch history gone, listing again", extra=fields(resource=self.name))
                     self.resource_version = None
                     continue
-                if errors.is_not_found(error) and await self._while_unserved():
+                if errors.is_not_found(error):
+                    if not await self._while_unserved():
+                        problem = f"{code} {error.status.message}"
+                        await self._retry_later(verb, problem, False, quiet=3)
                     continue
                 unreachable = errors.is_unavailable(error)  # (a 403 is an answer, not an outage)
                 await self._retry_later(verb, f"{code} {error.status.message}", unreachable)
@@ -126,9 +129,8 @@ class Informer:
                 )
                 if response is not None and response.status_code == 404:
                     metrics.INFORMER_ERRORS.labels(self.name, verb, "404").inc()
-                    if await self._while_unserved():
-                        continue
-                    await self._retry_later(verb, "404 not found", False)
+                    if not await self._while_unserved():
+                        await self._retry_later(verb, "404 not found", False, quiet=3)
                     continue
                 metrics.INFORMER_ERRORS.labels(self.name, verb, "transport").inc()
                 text = " ".join(str(error).split()) or repr(error.__cause__ or error.__context__)
@@ -162,14 +164,21 @@ class Informer:
         """The API server answered: it is reachable (whatever the backoff still counts)."""
         self.failing_since = None
 
-    async def _retry_later(self, verb: str, problem: str, unreachable: bool) -> None:
+    async def _retry_later(
+        self, verb: str, problem: str, unreachable: bool, quiet: int = 0
+    ) -> None:
+        """Log (the first failures, then every tenth) and wait before trying again;
+        ``quiet``: the first that many only at debug level (a 404 while discovery still
+        serves the kind: its CustomResourceDefinition is being deleted, and the next
+        attempt says so in one line)."""
         # Failures count up until a list succeeds or a watch event arrives.
         self._failures += 1
         if unreachable and self.failing_since is None:
             self.failing_since = time.monotonic()
         failures = self._failures
         self.last_error = f"{verb} {self.name}: {problem}"
-        level = logging.WARNING if failures <= 3 or failures % 10 == 0 else logging.DEBUG
+        loud = failures > quiet and (failures <= quiet + 3 or failures % 10 == 0)
+        level = logging.WARNING if loud else logging.DEBUG
         log.log(
             level,
             "cannot %s %s, retrying",
