@@ -17,8 +17,9 @@ The same values come from four places, the first that sets a field winning: a co
 flag of ``metalmend run``, an environment variable ``METALMEND_<SECTION>_<FIELD>``
 (``METALMEND_POWER_SOFT_TIMEOUT=240``; lists comma-separated, an empty value for "none"),
 a YAML file given with ``--config`` (``power: {soft_timeout: 240}``), and the defaults
-below. Every value is checked the same way whichever place it came from; a bad one is one
-line naming that place (``SettingsError``). The Helm chart renders the file from its
+below. Every value is checked the same way whichever place it came from, every number
+against its range (``RANGES``); a bad one is one line naming that place, and for a number
+its range (``SettingsError``). The Helm chart renders the file from its
 values into a ConfigMap and may set single fields by environment.
 
 ``metalmend serve`` reads ``serve`` (``metalmend.web.settings.ServeSettings``: bind
@@ -29,9 +30,10 @@ Drydock's destroy_nodes, docs/destroy.md) and ``redeploy``
 docs/site-actions.md), besides ``runtime.kubeconfig``.
 
 A new section joins the tree the same way, a frozen dataclass with a documented default
-per field, added to ``Settings`` with a default instance (so a file or environment written
-before it keeps loading). A section that a policy reads is defined next to that policy, as
-``power`` is (docs/architecture.md maps each section to its package).
+per field (and a range in ``RANGES`` per numeric field), added to ``Settings`` with a
+default instance (so a file or environment written before it keeps loading). A section
+that a policy reads is defined next to that policy, as ``power`` is (docs/architecture.md
+maps each section to its package).
 """
 
 from __future__ import annotations
