@@ -17,8 +17,9 @@ The same values come from four places, the first that sets a field winning: a co
 flag of ``metalmend run``, an environment variable ``METALMEND_<SECTION>_<FIELD>``
 (``METALMEND_POWER_SOFT_TIMEOUT=240``; lists comma-separated, an empty value for "none"),
 a YAML file given with ``--config`` (``power: {soft_timeout: 240}``), and the defaults
-below. Every value is checked the same way whichever place it came from; a bad one is one
-line naming that place (``SettingsError``). The Helm chart renders the file from its
+below. Every value is checked the same way whichever place it came from, every number
+against its range (``RANGES``); a bad one is one line naming that place, and for a number
+its range (``SettingsError``). The Helm chart renders the file from its
 values into a ConfigMap and may set single fields by environment.
 
 ``metalmend serve`` reads ``serve`` (``metalmend.web.settings.ServeSettings``: bind
@@ -29,9 +30,10 @@ Drydock's destroy_nodes, docs/destroy.md) and ``redeploy``
 docs/site-actions.md), besides ``runtime.kubeconfig``.
 
 A new section joins the tree the same way, a frozen dataclass with a documented default
-per field, added to ``Settings`` with a default instance (so a file or environment written
-before it keeps loading). A section that a policy reads is defined next to that policy, as
-``power`` is (docs/architecture.md maps each section to its package).
+per field (and a range in ``RANGES`` per numeric field), added to ``Settings`` with a
+default instance (so a file or environment written before it keeps loading). A section
+that a policy reads is defined next to that policy, as ``power`` is (docs/architecture.md
+maps each section to its package).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ import yaml
 from metalmend.bmc.settings import BmcSettings
 from metalmend.destroy.policy.destroy import DestroySettings
 from metalmend.policy import healthcheck as healthcheck_policy
-from metalmend.policy.hostpower import PowerSettings, RetrySettings
+from metalmend.policy.hostpower import POLL_EVERY_MAX, PowerSettings, RetrySettings
 from metalmend.policy.remediation import FenceMethod
 from metalmend.policy.remediation import Settings as RemediationSettings
 from metalmend.siteactions.policy.redeploy import RedeploySettings
@@ -171,24 +173,109 @@ class Settings:
 
 DEFAULTS = Settings()
 
-# Numbers are durations, counts or factors: each must be finite and positive (zero would
-# spin a loop or time out at once), except these, where zero has a meaning.
-MAY_BE_ZERO = frozenset(
-    {
-        ("power", "soft_timeout"),  # hard power-off at once
-        ("power", "first_poll"),  # read the BMC again right after a command
-        ("power", "poll_budget"),  # no limit on routine reads a second
-        ("power_retry", "jitter"),  # no jitter
-    }
-)
-# ... and floats are seconds, except these.
-NOT_SECONDS = frozenset(
-    {
-        ("power_retry", "jitter"),
-        ("power_retry", "authentication_factor"),
-        ("power", "poll_budget"),  # reads a second
-    }
-)
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+MINUTE, HOUR, DAY, WEEK = 60.0, 3600.0, 86400.0, 7 * 86400.0
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting may take: from ``low`` to ``high`` (both included),
+    or 0 where zero has a meaning of its own (``zero``, said in the refusal). Checked at
+    start, whichever place the value came from (flag, environment, file, chart values):
+    a value outside it is one line naming the setting and this range, and exit code 2.
+
+    Why bounds at all: every number here ends up as a loop's wait, a deadline or a count,
+    and one that makes no sense breaks something far from where it was typed (a poll
+    budget of 1e-300 overflowed the datetime arithmetic of every host-power reconcile;
+    one of 0.001 made a host read every 3,000 s). The bounds are wide (the lab runs at the
+    low end, the largest sites we know of well inside the high end); they exclude only
+    values no deployment means."""
+
+    low: float
+    high: float
+    unit: str = "seconds"  # "" for counts, factors and fractions
+    zero: str = ""  # what 0 means where 0 is allowed below ``low``; "": not allowed
+
+    def allows(self, number: float) -> bool:
+        if not math.isfinite(number):
+            return False
+        return self.low <= number <= self.high or (bool(self.zero) and number == 0)
+
+    def describe(self, kind: type[float] | type[int]) -> str:
+        """``a number of seconds from 0.1 to 3600``, as the refusal says it."""
+        what = "whole number" if kind is int else "number"
+        unit = f" of {self.unit}" if self.unit else ""
+        span = f"a {what}{unit} from {_shown(self.low)} to {_shown(self.high)}"
+        return f"0 ({self.zero}) or {span}" if self.zero else span
+
+
+def _shown(bound: float) -> str:
+    return str(int(bound)) if bound == int(bound) else f"{bound:g}"
+
+
+# Every numeric setting (int or float) of the tree, and its range; a test holds that none
+# is missing. Seconds unless said otherwise.
+RANGES: dict[tuple[str, str], Range] = {
+    # ---- bmc (metalmend.bmc.settings) --------------------------------------------------
+    ("bmc", "timeout"): Range(0.1, HOUR),
+    ("bmc", "max_in_flight"): Range(1, 10_000, ""),
+    ("bmc", "max_in_flight_per_namespace"): Range(1, 10_000, ""),
+    ("bmc", "max_response_bytes"): Range(4 * KIB, GIB, "bytes"),
+    ("bmc", "max_message_chars"): Range(40, 100_000, "characters"),
+    # ---- power (metalmend.policy.hostpower.PowerSettings) ------------------------------
+    ("power", "soft_timeout"): Range(0, DAY),  # 0: hard power-off at once
+    # at most POLL_EVERY_MAX: the budget never stretches an idle poll beyond it either
+    ("power", "poll_interval"): Range(0.1, POLL_EVERY_MAX),
+    # at least 1 read a second: with fewer, a few hosts are read hours apart
+    ("power", "poll_budget"): Range(1, 100_000, "BMC reads a second", zero="no limit"),
+    ("power", "transition_poll"): Range(0.01, MINUTE),
+    ("power", "first_poll"): Range(0, MINUTE),  # 0: read again right after a command
+    ("power", "command_retry"): Range(0.1, HOUR),
+    # ---- power_retry (metalmend.policy.hostpower.RetrySettings) -------------------------
+    ("power_retry", "base"): Range(0.01, HOUR),
+    ("power_retry", "cap"): Range(0.01, DAY),
+    ("power_retry", "authentication_first"): Range(1, DAY),
+    ("power_retry", "authentication_factor"): Range(1, 100, ""),
+    ("power_retry", "authentication_cap"): Range(1, WEEK),
+    ("power_retry", "jitter"): Range(0, 1, ""),  # a fraction of the delay, added
+    # ---- health_checks ------------------------------------------------------------------
+    ("health_checks", "template_retry"): Range(0.1, DAY),
+    # ---- remediation (metalmend.policy.remediation.Settings) ----------------------------
+    ("remediation", "confirm_window"): Range(0.1, HOUR),
+    ("remediation", "confirm_reads"): Range(1, 100, ""),
+    ("remediation", "evacuation_poll"): Range(0.1, HOUR),
+    ("remediation", "retry_base"): Range(0.1, DAY),
+    ("remediation", "retry_cap"): Range(1, WEEK),
+    # ---- serve (metalmend.web.settings.ServeSettings) -----------------------------------
+    ("serve", "port"): Range(1, 65_535, ""),
+    ("serve", "token_cache_seconds"): Range(0.1, HOUR),
+    ("serve", "token_cache_size"): Range(1, 10_000_000, "answers"),
+    ("serve", "auth_failures_burst"): Range(1, 100_000, "failures"),
+    ("serve", "auth_failure_interval"): Range(0.001, HOUR),
+    ("serve", "max_body_bytes"): Range(64 * KIB, GIB, "bytes"),
+    ("serve", "max_design_documents"): Range(1, 10_000_000, "documents"),
+    ("serve", "max_design_values"): Range(1, 1_000_000_000, "values"),
+    # ---- teardown (metalmend.teardown.policy.settings.TeardownSettings) -----------------
+    ("teardown", "eviction_retry"): Range(0.1, HOUR),
+    ("teardown", "kubelet_stopped_after"): Range(1, HOUR),
+    ("teardown", "shutdown_kubelet_timeout"): Range(1, DAY),
+    ("teardown", "etcd_poll_interval"): Range(0.1, HOUR),
+    # ---- destroy (metalmend.destroy.policy.destroy.DestroySettings) ---------------------
+    ("destroy", "power_off_timeout"): Range(1, DAY),
+    ("destroy", "erase_timeout"): Range(1, WEEK),
+    ("destroy", "poll_interval"): Range(0.1, HOUR),
+    ("destroy", "bmc_retry"): Range(0.1, HOUR),
+    ("destroy", "bmc_timeout"): Range(1, DAY),
+    ("destroy", "release_timeout"): Range(1, DAY),
+    ("destroy", "lease_seconds"): Range(1, HOUR),
+    # ---- redeploy (metalmend.siteactions.policy.redeploy.RedeploySettings) --------------
+    ("redeploy", "destroy_timeout"): Range(1, WEEK),
+    ("redeploy", "provision_timeout"): Range(1, WEEK),
+    ("redeploy", "node_ready_timeout"): Range(1, WEEK),
+    ("redeploy", "etcd_timeout"): Range(1, WEEK),
+    ("redeploy", "poll_interval"): Range(0.1, HOUR),
+}
+HEALTH_PORT = Range(0, 65_535, "")  # runtime.health_bind's port; 0: any free port
 
 
 class SettingsError(ValueError):
@@ -328,21 +415,19 @@ def _boolean(value: Any, source: str) -> bool:
 
 
 def _number(kind: type[float] | type[int], value: Any, source: str, path: Path_) -> float | int:
-    what = "whole number" if kind is int else "number"
-    unit = " of seconds" if kind is float and path not in NOT_SECONDS else ""
-    sign = "non-negative" if path in MAY_BE_ZERO else "positive"
+    allowed = RANGES[path]  # a new numeric field needs its range (tests/unit/test_settings.py)
+    refusal = f"{source} must be {allowed.describe(kind)}, not "
     try:
         if isinstance(value, bool):
             raise ValueError
         number = kind(value.strip() if isinstance(value, str) else value)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{source} must be a {sign} {what}{unit}, not {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise SettingsError(f"{refusal}{value!r}") from None
     if kind is int and isinstance(value, float) and value != number:
-        raise SettingsError(f"{source} must be a {sign} {what}{unit}, not {value!r}")
-    # Zero or negative waits would spin the loops (a poll every instant, a call that times
-    # out at once); nan and inf parse as floats too, and never compare as intended.
-    if not math.isfinite(number) or number < 0 or (number == 0 and path not in MAY_BE_ZERO):
-        raise SettingsError(f"{source} must be a {sign} {what}{unit}, not {number:g}")
+        raise SettingsError(f"{refusal}{value!r}")
+    # nan and inf parse as floats too, and never compare as intended.
+    if not allowed.allows(number):
+        raise SettingsError(f"{refusal}{number:g}")
     return number
 
 
@@ -354,6 +439,11 @@ def _check_runtime(runtime: RuntimeSettings, raw: Mapping[Path_, tuple[str, Any]
     if not host or not port.isdigit():
         raise SettingsError(
             f"{source('health_bind')} must be host:port, not {runtime.health_bind!r}"
+        )
+    if not HEALTH_PORT.allows(int(port)):
+        raise SettingsError(
+            f"{source('health_bind')} must be host:port with a port from 0 to 65535,"
+            f" not {runtime.health_bind!r}"
         )
     named = [c for c in runtime.controllers if c != ALL_CONTROLLERS]
     if unknown := [c for c in named if c not in CONTROLLER_NAMES]:

@@ -12,10 +12,13 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from lightkube import ApiError, AsyncClient, Client, KubeConfig, codecs
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Event
 
+from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.health import serving
 from metalmend.kube.manager import Manager
 from metalmend.kube.workqueue import Backoff
@@ -65,6 +68,46 @@ def test_unreachable_server_is_one_line_and_exit_2(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("metalmend: cannot reach the API server")
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "file", "says"),
+    [
+        (["--power-poll-budget", "1e-300"], {}, None,
+         "--power-poll-budget must be 0 (no limit) or a number of BMC reads a second from 1 to 100000, not 1e-300"),
+        (["--power-poll-budget", "0.001"], {}, None,
+         "--power-poll-budget must be 0 (no limit) or a number of BMC reads a second from 1 to 100000, not 0.001"),
+        (["--power-poll-interval", "86400"], {}, None,
+         "--power-poll-interval must be a number of seconds from 0.1 to 3600, not 86400"),
+        ([], {"METALMEND_BMC_MAX_IN_FLIGHT": "0"}, None,
+         "METALMEND_BMC_MAX_IN_FLIGHT must be a whole number from 1 to 10000, not 0"),
+        ([], {}, "power_retry: {jitter: 5}\n",
+         "{file}: power_retry.jitter must be a number from 0 to 1, not 5"),
+        ([], {}, "remediation: {retry_cap: 1e300}\n",
+         "{file}: remediation.retry_cap must be a number of seconds from 1 to 604800, not 1e+300"),
+    ],
+)  # fmt: skip
+def test_a_number_out_of_its_range_is_one_line_and_exit_2_before_any_cluster(
+    tmp_path: Path, args: list[str], env: dict[str, str], file: str | None, says: str
+) -> None:
+    """Issue 36, point 6: ``--power-poll-budget 1e-300`` was accepted and broke every
+    host-power reconcile. Every number is checked at start, wherever it came from: one
+    line naming the setting and its range, exit code 2, before the kubeconfig (absent
+    here) is read."""
+    config = tmp_path / "metalmend.yaml"
+    if file is not None:
+        config.write_text(file)
+        args = [*args, "--config", str(config)]
+    result = subprocess.run(
+        [sys.executable, "-m", "metalmend", "run", "--kubeconfig", str(tmp_path / "absent"),
+         *args],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, **env},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [f"metalmend: {says.format(file=config)}"], (
+        result.stderr
+    )
 
 
 def test_unknown_controller_is_refused(control_plane: ControlPlane) -> None:
@@ -312,6 +355,58 @@ async def test_readyz_turns_false_while_the_api_server_is_frozen(
             await until(lambda: answers(200), within=30)
     finally:
         os.kill(pid, signal.SIGCONT)  # whatever failed: the session's API server runs on
+        run_task.cancel()
+        await asyncio.gather(run_task, return_exceptions=True)
+        await client.close()
+
+
+async def test_readyz_names_a_controller_whose_reconciles_all_raise_until_they_succeed(
+    control_plane: ControlPlane, kube: Client, namespace: str
+) -> None:
+    """Issue 36, point 6: every host-power reconcile raised (63 tracebacks in 90 s) while
+    /readyz said ok. A controller watching the real API server whose reconciles all raise
+    makes /readyz name it, the error type and since when; fixed (the object changes and
+    the reconcile succeeds), /readyz is ok again. /healthz stays ok: a restart would not
+    fix a bug. (The thresholds are shortened; that one error does not flap readiness is
+    tests/unit/test_controller_failing.py.)"""
+    client = AsyncClient(KubeConfig.from_file(control_plane.kubeconfig))
+    manager = Manager(client)
+    informer = manager.informer(ConfigMap, namespace=namespace)
+
+    async def reconcile(key: str) -> Result:
+        obj = informer.store.get(key)
+        if obj is not None and (obj.data or {}).get("state") == "broken":
+            raise OverflowError("date value out of range")
+        return DONE
+
+    controller = manager.add(Controller("breaking", reconcile, backoff=Backoff(0.05, 0.2)))
+    controller.watch(informer)
+    controller.failing_after, controller.failing_count = 1.0, 3
+    run_task = asyncio.create_task(manager.run())
+    try:
+        async with (
+            serving(manager, "127.0.0.1", 0) as health,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{health}") as http,
+        ):
+
+            async def answers(code: int) -> bool:
+                return (await http.get("/readyz")).status_code == code
+
+            await until(lambda: answers(200))
+            kube.create(ConfigMap(metadata=ObjectMeta(name="victim", namespace=namespace),
+                                  data={"state": "broken"}))  # fmt: skip
+            await until(lambda: answers(503))
+            text = (await http.get("/readyz")).text
+            assert re.search(
+                r"controller breaking: every reconcile has raised since \d{4}-\d\d-\d\dT"
+                r"\d\d:\d\d:\d\dZ \(\d+ in a row over \d+s\); the last: OverflowError:"
+                r" date value out of range",
+                text,
+            ), text
+            assert (await http.get("/healthz")).text == "ok"
+            kube.patch(ConfigMap, "victim", {"data": {"state": "fixed"}}, namespace=namespace)
+            await until(lambda: answers(200))
+    finally:
         run_task.cancel()
         await asyncio.gather(run_task, return_exceptions=True)
         await client.close()

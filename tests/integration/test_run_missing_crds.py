@@ -2,7 +2,9 @@
 upgrade, which never installs a chart's new CRDs): it refuses at start, in one line naming
 each kind that is not served, which controller needs it and the command that installs it,
 instead of informers retrying forever behind a 503 /readyz. Controllers whose kinds are
-served start as before. The real API server, with every CRD but the two newest."""
+served start as before. A CRD deleted while run runs is named in /readyz and said once in
+the log, and watched again once reinstalled. The real API server, with every CRD but the
+two newest."""
 
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 from lightkube import Client, KubeConfig
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
 from metalmend.api.resources import CRD_DIR
 from metalmend.kube.crds import install_crds
@@ -82,3 +87,51 @@ def test_controllers_whose_kinds_are_served_start(older_plane: ControlPlane) -> 
         process.terminate()
         _, stderr = process.communicate(timeout=30)
     assert "Traceback" not in stderr
+
+
+GONE = "cluster.x-k8s.io_machinehealthchecks.yaml"  # machine-health-check's own kind
+
+
+def test_a_crd_deleted_under_a_running_run_is_named_in_readyz_and_said_once(
+    older_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """Issue 36, point 8: after a CRD was deleted mid-run /readyz said "API server out of
+    reach ... 404". Now it names the kind and the fix, the log says it in one line (no
+    retry loop), /healthz stays ok (a restart would only refuse to start), and once the
+    CRD is back the replica watches it again and is ready without a restart."""
+    kube = Client(KubeConfig.from_file(older_plane.kubeconfig))
+    port = free_port()
+    process = run(older_plane, "node-link,machine-health-check", port)
+    readyz, healthz = f"http://127.0.0.1:{port}/readyz", f"http://127.0.0.1:{port}/healthz"
+    try:
+        started(answers(readyz), f"metalmend run to answer 200 on {readyz}", process)
+        kube.delete(CustomResourceDefinition, "machinehealthchecks.cluster.x-k8s.io")
+        started(
+            answers(readyz, ok=lambda code: code == 503),
+            f"{readyz} to answer 503 once machinehealthchecks are not served",
+            process,
+        )
+        text = httpx.get(readyz, timeout=5).text
+        assert (
+            "the API server no longer serves machinehealthchecks.cluster.x-k8s.io/v1beta1" in text
+        ), text
+        assert f"kubectl apply --server-side -f deploy/crds/{GONE}" in text, text
+        assert "out of reach" not in text, text
+        assert httpx.get(healthz, timeout=5).status_code == 200
+        back = tmp_path / "crds"
+        back.mkdir()
+        shutil.copy(CRD_DIR / GONE, back)
+        install_crds(kube, back)
+        started(answers(readyz), f"{readyz} to answer 200 again once the CRD is back", process)
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=30)
+        if "machinehealthchecks.cluster.x-k8s.io" not in [
+            c.metadata.name for c in kube.list(CustomResourceDefinition) if c.metadata
+        ]:
+            install_crds(kube, CRD_DIR)  # the module's other tests need it
+    assert "Traceback" not in stderr, stderr
+    said = [line for line in stderr.splitlines() if "machinehealthchecks" in line]
+    gone = [line for line in said if "no longer serves" in line]
+    assert len(gone) == 1, stderr
+    assert [line for line in said if line not in gone and "served again" not in line] == [], said

@@ -228,8 +228,11 @@ def test_a_revoked_token_stops_working_once_its_review_expires(
             "is not a loopback address: give serve.tls_cert and serve.tls_key",
         ),
         (["--tls-cert", "/nonexistent.crt"], "serve.tls_cert and serve.tls_key go together"),
-        (["--port", "70000"], "serve.port must be at most 65535, not 70000"),
-        (["--max-body-bytes", "0"], "--max-body-bytes must be a positive whole number, not 0"),
+        (["--port", "70000"], "--port must be a whole number from 1 to 65535, not 70000"),
+        (
+            ["--max-body-bytes", "0"],
+            "--max-body-bytes must be a whole number of bytes from 65536 to 1073741824, not 0",
+        ),
     ],
 )
 def test_serve_refuses_settings_that_would_expose_tokens_or_cannot_work(
@@ -240,6 +243,41 @@ def test_serve_refuses_settings_that_would_expose_tokens_or_cannot_work(
     assert process.returncode == 2
     assert message in stderr
     assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "file", "says"),
+    [
+        (["--max-body-bytes", "70"], {}, None,
+         "--max-body-bytes must be a whole number of bytes from 65536 to 1073741824, not 70"),
+        ([], {"METALMEND_SERVE_TOKEN_CACHE_SIZE": "0"}, None,
+         "METALMEND_SERVE_TOKEN_CACHE_SIZE must be a whole number of answers from 1 to 10000000, not 0"),
+        ([], {"METALMEND_SERVE_AUTH_FAILURE_INTERVAL": "1e300"}, None,
+         "METALMEND_SERVE_AUTH_FAILURE_INTERVAL must be a number of seconds from 0.001 to 3600, not 1e+300"),
+        ([], {}, "destroy: {lease_seconds: 0.001}\n",
+         "{file}: destroy.lease_seconds must be a number of seconds from 1 to 3600, not 0.001"),
+        ([], {}, "redeploy: {poll_interval: -1}\n",
+         "{file}: redeploy.poll_interval must be a number of seconds from 0.1 to 3600, not -1"),
+    ],
+)  # fmt: skip
+def test_serve_refuses_a_number_out_of_its_range_in_one_line_before_anything(
+    tmp_path: Path, args: list[str], env: dict[str, str], file: str | None, says: str
+) -> None:
+    """Issue 36, point 6, for serve's settings: one line naming the setting and its range,
+    exit code 2, before the kubeconfig (absent here) or the database is touched."""
+    config = tmp_path / "metalmend.yaml"
+    if file is not None:
+        config.write_text(file)
+        args = [*args, "--config", str(config)]
+    database = tmp_path / "serve.sqlite"
+    result = subprocess.run(
+        [sys.executable, "-m", "metalmend", "serve", "--kubeconfig", str(tmp_path / "absent"),
+         "--database-url", f"sqlite:///{database}", *args],
+        capture_output=True, text=True, timeout=60, check=False, env={**os.environ, **env},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [f"metalmend: {says.format(file=config)}"]
+    assert not database.exists()
 
 
 def test_serve_on_a_port_already_taken_says_so_in_one_line(

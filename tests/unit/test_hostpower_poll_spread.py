@@ -10,9 +10,13 @@ import itertools
 from collections import Counter
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from metalmend.api.power import PowerAction, PowerState
 from metalmend.policy.hostpower import (
+    POLL_EVERY_MAX,
+    POLL_EVERY_MIN,
     POLL_SPREAD_MIN,
     Host,
     LastCommand,
@@ -118,6 +122,19 @@ def test_decide_spreads_the_idle_poll_only() -> None:
         pytest.param(20.0, 0.0, 5000, 20.0, id="no budget: the interval at any size"),
         pytest.param(60.0, 150.0, 5000, 60.0, id="a longer interval within the budget"),
         pytest.param(20.0, 0.1, 3, 30.0, id="a small budget"),
+        # Below the settings' ranges (policy does not rely on them): never past an hour,
+        # never an overflow (issue 36: 1e-300 raised OverflowError in every reconcile).
+        pytest.param(20.0, 0.001, 3, 3000.0, id="0.001: 3,000 s (the loader refuses it)"),
+        pytest.param(20.0, 0.001, 30, POLL_EVERY_MAX, id="0.001: an hour, not 30,000 s"),
+        pytest.param(20.0, 1e-300, 3, POLL_EVERY_MAX, id="1e-300: an hour, no overflow"),
+        pytest.param(20.0, 5e-324, 10**9, POLL_EVERY_MAX, id="the smallest float"),
+        pytest.param(20.0, 1.0, 10**6, POLL_EVERY_MAX, id="a million hosts at 1 a second"),
+        pytest.param(20.0, float("nan"), 5000, 20.0, id="nan budget: no limit"),
+        pytest.param(20.0, float("inf"), 5000, 20.0, id="infinite budget: no limit"),
+        pytest.param(20.0, -5.0, 5000, 20.0, id="negative budget: no limit"),
+        pytest.param(1e300, 150.0, 5, POLL_EVERY_MAX, id="a huge interval: an hour"),
+        pytest.param(float("nan"), 150.0, 5, POLL_EVERY_MAX, id="nan interval: an hour"),
+        pytest.param(0.0, 150.0, 0, POLL_EVERY_MIN, id="zero interval: the shortest"),
     ],
 )
 def test_the_poll_budget_stretches_the_idle_interval(
@@ -157,3 +174,72 @@ def test_decide_spreads_the_idle_poll_over_the_budgeted_interval() -> None:
     decision = decide(landing, at(0.0), SETTINGS)
     assert decision.requeue_at is not None
     assert (decision.requeue_at - at(0.0)).total_seconds() <= SETTINGS.transition_poll
+
+
+# ---- extreme inputs: spread_poll and poll_every are total (issue 36) -------------------
+
+EXTREME_FLOATS = [0.0, -0.0, 5e-324, 1e-300, 1e-9, 0.001, 1.0, 20.0, 3600.0, 3601.0, 1e9,
+                  1e300, 1.7976931348623157e308, -1.0, -1e300, float("inf"), float("-inf"),
+                  float("nan")]  # fmt: skip
+FAR_MOMENTS = [
+    dt.datetime.min.replace(tzinfo=dt.UTC),
+    dt.datetime(1970, 1, 1, tzinfo=dt.UTC),
+    EPOCH_SLOT,
+    dt.datetime.max.replace(tzinfo=dt.UTC) - dt.timedelta(hours=2),
+    dt.datetime.max.replace(tzinfo=dt.UTC),
+]
+
+
+def assert_a_sane_slot(now: dt.datetime, interval: float, phase: float) -> None:
+    slot = spread_poll(now, interval, phase)
+    ahead = (slot - now).total_seconds()
+    if slot == dt.datetime.max.replace(tzinfo=dt.UTC):  # no later moment to give
+        assert 0 <= ahead <= (1 + POLL_SPREAD_MIN) * POLL_EVERY_MAX
+        return
+    bounded = (
+        min(max(interval, POLL_EVERY_MIN), POLL_EVERY_MAX)
+        if interval == interval
+        else POLL_EVERY_MAX
+    )
+    # a microsecond of slack: a datetime holds whole microseconds
+    assert POLL_SPREAD_MIN * bounded - 1e-6 <= ahead <= (1 + POLL_SPREAD_MIN) * bounded + 1e-6
+
+
+@pytest.mark.parametrize("now", FAR_MOMENTS, ids=str)
+@pytest.mark.parametrize("interval", EXTREME_FLOATS, ids=repr)
+@pytest.mark.parametrize(
+    "phase", [0.0, 0.5, 0.999999, 1.0, 7.25, -0.25, 1e300, float("nan"), float("inf")], ids=repr
+)
+def test_spread_poll_never_raises_and_stays_within_its_bounds(
+    now: dt.datetime, interval: float, phase: float
+) -> None:
+    assert_a_sane_slot(now, interval, phase)
+
+
+@given(
+    now=st.datetimes(timezones=st.just(dt.UTC)),
+    interval=st.floats(allow_nan=True, allow_infinity=True),
+    phase=st.floats(allow_nan=True, allow_infinity=True),
+)
+def test_spread_poll_is_total(now: dt.datetime, interval: float, phase: float) -> None:
+    assert_a_sane_slot(now, interval, phase)
+
+
+@given(
+    interval=st.floats(allow_nan=True, allow_infinity=True),
+    budget=st.floats(allow_nan=True, allow_infinity=True),
+    hosts=st.integers(min_value=0, max_value=10**12),
+)
+def test_poll_every_is_total(interval: float, budget: float, hosts: int) -> None:
+    every = poll_every(PowerSettings(poll_interval=interval, poll_budget=budget), hosts)
+    assert POLL_EVERY_MIN <= every <= POLL_EVERY_MAX
+
+
+def test_decide_with_a_budget_of_1e_300_requeues_within_the_hour() -> None:
+    """The probe's setting, past the loader: the reconcile still decides (no
+    OverflowError) and reads the host again within POLL_EVERY_MAX."""
+    settings = PowerSettings(poll_interval=INTERVAL, poll_budget=1e-300)
+    host = dataclasses.replace(IDLE, poll_phase=0.5, poll_every=poll_every(settings, 3))
+    decision = decide(host, at(0.0), settings)
+    assert decision.requeue_at is not None
+    assert (decision.requeue_at - at(0.0)).total_seconds() <= (1 + POLL_SPREAD_MIN) * POLL_EVERY_MAX

@@ -264,8 +264,12 @@ def test_the_power_owner_and_the_confirmation_are_settings() -> None:
             "bmo",
             "must be one of auto, metalmend, baremetal-operator",
         ),
-        ("METALMEND_REMEDIATION_CONFIRM_READS", "0", "must be a positive whole number"),
-        ("METALMEND_REMEDIATION_CONFIRM_WINDOW", "-1", "must be a positive number of seconds"),
+        ("METALMEND_REMEDIATION_CONFIRM_READS", "0", "must be a whole number from 1 to 100"),
+        (
+            "METALMEND_REMEDIATION_CONFIRM_WINDOW",
+            "-1",
+            "must be a number of seconds from 0.1 to 3600",
+        ),
     ],
 )
 def test_bad_power_owner_or_confirmation_settings_are_refused(

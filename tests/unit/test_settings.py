@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import itertools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +150,11 @@ def test_a_flag_beats_the_environment_which_beats_the_file(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("text", "environ", "says"),
     [
-        ("power: {poll_interval: 0}\n", {}, "{file}: power.poll_interval must be a positive number of seconds, not 0"),
-        ("power: {soft_timeout: -1}\n", {}, "{file}: power.soft_timeout must be a non-negative number of seconds, not -1"),
-        ("power: {poll_budget: -5}\n", {}, "{file}: power.poll_budget must be a non-negative number, not -5"),
-        ("bmc: {timeout: soon}\n", {}, "{file}: bmc.timeout must be a positive number of seconds, not 'soon'"),
-        ("bmc: {max_in_flight: 2.5}\n", {}, "{file}: bmc.max_in_flight must be a positive whole number, not 2.5"),
+        ("power: {poll_interval: 0}\n", {}, "{file}: power.poll_interval must be a number of seconds from 0.1 to 3600, not 0"),
+        ("power: {soft_timeout: -1}\n", {}, "{file}: power.soft_timeout must be a number of seconds from 0 to 86400, not -1"),
+        ("power: {poll_budget: -5}\n", {}, "{file}: power.poll_budget must be 0 (no limit) or a number of BMC reads a second from 1 to 100000, not -5"),
+        ("bmc: {timeout: soon}\n", {}, "{file}: bmc.timeout must be a number of seconds from 0.1 to 3600, not 'soon'"),
+        ("bmc: {max_in_flight: 2.5}\n", {}, "{file}: bmc.max_in_flight must be a whole number from 1 to 10000, not 2.5"),
         ("bmc: {allowed_networks: [10.0.0.0/99]}\n", {}, "{file}: bmc.allowed_networks must be a CIDR such as 10.20.0.0/16, not '10.0.0.0/99'"),
         ("remediation: {fence: reboot}\n", {}, "{file}: remediation.fence must be one of delete-node, out-of-service-taint, not 'reboot'"),
         ("runtime: {leader_elect: maybe}\n", {}, "{file}: runtime.leader_elect must be true or false, not 'maybe'"),
@@ -164,9 +165,9 @@ def test_a_flag_beats_the_environment_which_beats_the_file(tmp_path: Path) -> No
         ("- power\n", {}, "settings file {file} must be a mapping of sections"),
         ("power: [1, 2]\n", {}, "{file}: power must be a mapping of settings"),
         ("power: {soft_timeout: 1\n", {}, "settings file {file} is not YAML at line 2"),
-        ("", {"METALMEND_POWER_POLL_INTERVAL": "nan"}, "METALMEND_POWER_POLL_INTERVAL must be a positive number of seconds, not nan"),
-        ("", {"METALMEND_BMC_TIMEOUT": "inf"}, "METALMEND_BMC_TIMEOUT must be a positive number of seconds, not inf"),
-        ("", {"METALMEND_POWER_RETRY_JITTER": "-0.5"}, "METALMEND_POWER_RETRY_JITTER must be a non-negative number, not -0.5"),
+        ("", {"METALMEND_POWER_POLL_INTERVAL": "nan"}, "METALMEND_POWER_POLL_INTERVAL must be a number of seconds from 0.1 to 3600, not nan"),
+        ("", {"METALMEND_BMC_TIMEOUT": "inf"}, "METALMEND_BMC_TIMEOUT must be a number of seconds from 0.1 to 3600, not inf"),
+        ("", {"METALMEND_POWER_RETRY_JITTER": "-0.5"}, "METALMEND_POWER_RETRY_JITTER must be a number from 0 to 1, not -0.5"),
         ("", {"METALMEND_RUNTIME_LOG_LEVEL": "loud"}, "METALMEND_RUNTIME_LOG_LEVEL must be one of debug, info, warning, error, not 'loud'"),
     ],
 )  # fmt: skip
@@ -197,3 +198,120 @@ def test_all_controllers_is_the_registry_in_order() -> None:
     assert DEFAULTS.runtime.controller_names == list(registry.CONTROLLERS)
     none: Any = load(None, {"METALMEND_RUNTIME_CONTROLLERS": ""}, {})
     assert none.runtime.controller_names == []
+
+
+# ---- every numeric setting has a range, checked at start (issue 36) --------------------
+
+
+def numeric_paths() -> list[tuple[str, str]]:
+    """Every (section, field) of the tree whose type is int or float (alone or optional)."""
+    import typing
+
+    found = []
+    for section in dataclasses.fields(Settings):
+        hints = typing.get_type_hints(type(getattr(DEFAULTS, section.name)))
+        for name, kind in hints.items():
+            kinds = set(typing.get_args(kind)) or {kind}
+            if kinds & {int, float}:
+                found.append((section.name, name))
+    return found
+
+
+def test_every_numeric_setting_has_a_range_and_only_those() -> None:
+    assert sorted(settings.RANGES) == sorted(numeric_paths())
+
+
+@pytest.mark.parametrize("path", sorted(settings.RANGES), ids=".".join)
+def test_every_default_lies_in_its_range(path: tuple[str, str]) -> None:
+    section, name = path
+    assert settings.RANGES[path].allows(getattr(getattr(DEFAULTS, section), name))
+
+
+def kind_of(path: tuple[str, str]) -> type:
+    return type(getattr(getattr(DEFAULTS, path[0]), path[1]))
+
+
+def outside(path: tuple[str, str]) -> list[str]:
+    """Values (as typed in the environment) just outside the range of ``path``, and ones no
+    range allows: each must be refused."""
+    allowed, kind = settings.RANGES[path], kind_of(path)
+    step = allowed.low / 2 if kind is float and allowed.low > 0 else 1
+    candidates = [allowed.low - step, allowed.high + 1, allowed.high * 2, -1, 1e300, -1e300]
+    typed = [repr(kind(v)) for v in candidates] + ["1e-300", "nan", "inf", "-inf", "many"]
+
+    def refused(text: str) -> bool:
+        try:
+            return not allowed.allows(kind(text))
+        except ValueError:
+            return True
+
+    return [t for t in typed if refused(t)]
+
+
+@pytest.mark.parametrize("path", sorted(settings.RANGES), ids=".".join)
+def test_each_numeric_setting_takes_both_ends_of_its_range(path: tuple[str, str]) -> None:
+    section, name = path
+    allowed = settings.RANGES[path]
+    kind = kind_of(path)
+    ends = [allowed.low, allowed.high] + ([0] if allowed.zero else [])
+    for end in ends:
+        loaded = load(None, {env_name(section, name): repr(kind(end))}, {})
+        assert getattr(getattr(loaded, section), name) == end
+
+
+@pytest.mark.parametrize("path", sorted(settings.RANGES), ids=".".join)
+def test_a_number_outside_its_range_is_one_line_naming_the_setting_and_the_range(
+    path: tuple[str, str], tmp_path: Path
+) -> None:
+    section, name = path
+    allowed = settings.RANGES[path]
+    described = allowed.describe(kind_of(path))
+    assert len(outside(path)) >= 6
+    for value in outside(path):
+        variable = env_name(section, name)
+        with pytest.raises(SettingsError) as raised:
+            load(None, {variable: value}, {})
+        message = str(raised.value)
+        assert "\n" not in message
+        assert message.startswith(f"{variable} must be {described}, not "), message
+        # ... and the same from the file, naming section.field
+        file = write(tmp_path, f"{section}: {{{name}: {value}}}\n")
+        with pytest.raises(SettingsError) as raised:
+            load(file, {}, {})
+        assert str(raised.value).startswith(f"{file}: {section}.{name} must be {described}"), (
+            raised.value
+        )
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        (("power", "poll_budget"), "0 (no limit) or a number of BMC reads a second from 1 to 100000"),
+        (("power", "poll_interval"), "a number of seconds from 0.1 to 3600"),
+        (("power", "soft_timeout"), "a number of seconds from 0 to 86400"),
+        (("power_retry", "jitter"), "a number from 0 to 1"),
+        (("bmc", "max_in_flight"), "a whole number from 1 to 10000"),
+        (("serve", "port"), "a whole number from 1 to 65535"),
+        (("serve", "max_body_bytes"), "a whole number of bytes from 65536 to 1073741824"),
+    ],
+)  # fmt: skip
+def test_ranges_read_plainly(path: tuple[str, str], says: str) -> None:
+    assert settings.RANGES[path].describe(kind_of(path)) == says
+
+
+def test_the_probes_poll_budget_is_refused() -> None:
+    """Issue 36: --power-poll-budget 1e-300 broke every host-power reconcile; 0.001 made a
+    host read every 3,000 s."""
+    for value in ("1e-300", "0.001", "0.5"):
+        with pytest.raises(
+            SettingsError, match=re.escape("power.poll_budget must be 0 (no limit) or")
+        ):
+            load(None, {}, {("power", "poll_budget"): ("power.poll_budget", float(value))})
+    assert load(None, {"METALMEND_POWER_POLL_BUDGET": "0"}, {}).power.poll_budget == 0
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1:65536", "127.0.0.1:99999999999999999999"])
+def test_the_health_port_is_in_range(bind: str) -> None:
+    with pytest.raises(SettingsError, match="with a port from 0 to 65535"):
+        load(None, {"METALMEND_RUNTIME_HEALTH_BIND": bind}, {})
+    assert load(None, {"METALMEND_RUNTIME_HEALTH_BIND": "127.0.0.1:0"}, {}).runtime.health_bind

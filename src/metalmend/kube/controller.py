@@ -20,6 +20,15 @@ Outcomes:
   per-key exponential backoff (milliseconds growing to minutes), so a broken object never
   hot-loops.
 
+A controller whose reconciles all raise is not doing its work, and /readyz says so
+(``Controller.failing``, read by the manager): once at least ``FAILING_COUNT`` reconciles
+in a row have raised over at least ``FAILING_AFTER`` seconds, with no reconcile in
+between that ended otherwise (``FailureStreak``). One error, or a burst that a retry
+absorbs, never shows; a broken object among healthy ones neither (their reconciles end
+the streak), since restarting the replica would not fix it. A passing API server problem
+(``transient``) neither counts nor ends a streak: the informers and the API probe report
+those themselves.
+
 A reconcile may name its outcome (``Result.outcome``) for /metrics: a reconcile that ended
 in a BMC error returned normally (it reported the error on the object) but is counted as
 ``bmc_error``, not ``success``.
@@ -49,6 +58,13 @@ from metalmend.kube.workqueue import Backoff, WorkQueue
 from metalmend.log import fields
 
 log = logging.getLogger(__name__)
+
+FAILING_AFTER = 30.0
+"""Seconds a controller's reconciles must keep raising before /readyz says so: longer
+than a retry of a passing failure (milliseconds to seconds), shorter than anyone would
+wait on a reboot that never comes."""
+FAILING_COUNT = 5  # ... and at least this many in a row
+_SHOWN_CHARS = 200  # of an exception's message in /readyz
 
 _TERMINAL_REMEMBERED = 4096  # keys whose TerminalError was logged (a deleted key's stays)
 BACKGROUND_AFTER = 5.0
@@ -91,6 +107,49 @@ KeyMapper = Callable[[Any | None, Any | None], Iterable[str]]
 Predicate = Callable[[Any | None, Any | None], bool]
 
 
+@dataclass
+class FailureStreak:
+    """The reconciles of one controller that raised since the last one that did not: the
+    pure rule behind a controller's line in /readyz (see the module docstring)."""
+
+    since: dt.datetime | None = None  # the first of the streak (wall clock, for people)
+    count: int = 0
+    last: str = ""  # "OverflowError: date value out of range"
+
+    def failed(self, now: dt.datetime, error: BaseException) -> None:
+        if self.since is None:
+            self.since = now
+        self.count += 1
+        text = " ".join(str(error).split())
+        if len(text) > _SHOWN_CHARS:
+            text = text[: _SHOWN_CHARS - 3] + "..."
+        self.last = f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+    def ended(self) -> None:
+        """A reconcile ended otherwise (success, conflict, not found, a terminal error)."""
+        self.since, self.count, self.last = None, 0, ""
+
+    def problem(
+        self,
+        controller: str,
+        now: dt.datetime,
+        after: float = FAILING_AFTER,
+        count: int = FAILING_COUNT,
+    ) -> str | None:
+        """One line for /readyz when the streak is long enough, else None."""
+        if self.since is None or self.count < count:
+            return None
+        lasted = (now - self.since).total_seconds()
+        if lasted < after:
+            return None
+        since = self.since.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return (
+            f"controller {controller}: every reconcile has raised since {since}"
+            f" ({self.count} in a row over {lasted:.0f}s); the last: {self.last}"
+            " (its log has each one with its object and traceback)"
+        )
+
+
 def own_key(old: Any | None, new: Any | None) -> Iterable[str]:
     obj = new if new is not None else old
     return [object_key(obj)] if obj is not None else []
@@ -117,7 +176,16 @@ class Controller:
         # key -> the TerminalError last logged for it: said once, not on every change that
         # leaves the object as wrong as before (a status write, a relist)
         self._terminal: dict[str, str] = {}
+        self.streak = FailureStreak()
+        self.failing_after = FAILING_AFTER
+        self.failing_count = FAILING_COUNT
         metrics.QUEUE_DEPTH.labels(name).set_function(lambda: len(self.queue))
+
+    def failing(self) -> str | None:
+        """Why /readyz should say this controller does not do its work (None: it does)."""
+        return self.streak.problem(
+            self.name, self.clock.now(), self.failing_after, self.failing_count
+        )
 
     def watch(
         self, informer: Informer, keys: KeyMapper = own_key, predicate: Predicate | None = None
@@ -207,6 +275,8 @@ class Controller:
                 )
                 self.queue.add_after(key, delay, background=background)
         finally:
+            if outcome != "error":
+                self.streak.ended()
             metrics.RECONCILE_SECONDS.labels(self.name).observe(time.perf_counter() - started)
             metrics.RECONCILE_TOTAL.labels(self.name, outcome).inc()
 
@@ -231,6 +301,7 @@ class Controller:
             # one line with the cause; a traceback would only bury it.
             log.warning("reconcile failed: %s", cause, extra=where)
         else:
+            self.streak.failed(self.clock.now(), error)
             log.error("reconcile failed", exc_info=error, extra=where)
 
 

@@ -83,3 +83,18 @@ def unserved_refusal(missing: Mapping[tuple[str, str, str], Sequence[str]]) -> s
         else "run only the controllers this cluster has kinds for"
     )
     return f"the API server does not serve {kinds}: {fix}"
+
+
+def gone_line(group: str, version: str, plural: str) -> str:
+    """One line for /readyz and the log when a kind a running informer watches is no
+    longer served (its CustomResourceDefinition deleted): which kind, and the fix."""
+    kind = f"{plural}.{group}/{version}" if group else f"{plural}/{version}"
+    fix = (
+        f"reinstall it: kubectl apply --server-side -f deploy/crds/{group}_{plural}.yaml"
+        if group
+        else "a core kind: check the API server's --runtime-config"
+    )
+    return (
+        f"the API server no longer serves {kind} (its CustomResourceDefinition was deleted?):"
+        f" {fix}; metalmend watches it again by itself once it is served"
+    )

@@ -11,6 +11,11 @@ Store true and telling handlers what changed.
 - ``failing_since`` tells health checks how long the API server has been out of reach for
   this informer: set at the first transport error or 5xx, cleared by a successful list,
   an accepted watch request (the server answered 200) or any watch event.
+- A 404 on the list or watch of a kind that discovery says is no longer served (its
+  CustomResourceDefinition deleted under a running process) is not an outage: the
+  informer says so once (``unserved``, one log line, naming the kind and the fix), empties
+  its store (no object of an unserved kind exists), asks discovery quietly until the kind
+  is served again, then lists it again and says so.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from lightkube.core import resource as lkres
 from lightkube.core.generic_client import WatchDriver, transform_exception
 from lightkube.core.selector import build_selector
 
-from metalmend.kube import errors, metrics
+from metalmend.kube import discovery, errors, metrics
 from metalmend.kube.store import IndexFunc, Store, object_key
 from metalmend.kube.workqueue import Backoff
 from metalmend.log import fields
@@ -39,6 +44,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Any | None, Any | None], None]
 
 LIST_CHUNK = 500
+UNSERVED_POLL = 10.0  # at most this many seconds between discovery looks at a gone kind
 
 
 def resource_name(resource: Any) -> str:
@@ -75,6 +81,7 @@ class Informer:
         self.last_error: str | None = None
         self._failures = 0
         self.failing_since: float | None = None  # time.monotonic(): API out of reach since
+        self.unserved: str | None = None  # why: the kind is not served (discovery.gone_line)
         self._handlers: list[Handler] = []
 
     def add_handler(self, handler: Handler) -> None:
@@ -106,25 +113,72 @@ class Informer:
                     log.info("watch history gone, listing again", extra=fields(resource=self.name))
                     self.resource_version = None
                     continue
+                if errors.is_not_found(error):
+                    if not await self._while_unserved():
+                        problem = f"{code} {error.status.message}"
+                        await self._retry_later(verb, problem, False, quiet=3)
+                    continue
                 unreachable = errors.is_unavailable(error)  # (a 403 is an answer, not an outage)
                 await self._retry_later(verb, f"{code} {error.status.message}", unreachable)
             except (httpx2.HTTPError, OSError) as error:
+                # A watch answered "404 page not found" in plain text: no Status to read.
+                response = (
+                    getattr(error, "response", None)
+                    if isinstance(error, httpx2.HTTPStatusError)
+                    else None
+                )
+                if response is not None and response.status_code == 404:
+                    metrics.INFORMER_ERRORS.labels(self.name, verb, "404").inc()
+                    if not await self._while_unserved():
+                        await self._retry_later(verb, "404 not found", False, quiet=3)
+                    continue
                 metrics.INFORMER_ERRORS.labels(self.name, verb, "transport").inc()
                 text = " ".join(str(error).split()) or repr(error.__cause__ or error.__context__)
                 await self._retry_later(verb, f"{type(error).__name__}: {text}", True)
+
+    async def _while_unserved(self) -> bool:
+        """After a 404 on our list or watch: False when discovery does not say the kind is
+        gone (an ordinary error: the caller retries). Else: say so once, empty the store,
+        wait quietly until the kind is served again, and return True (list again)."""
+        group, version, plural = discovery.kind_of(self.resource)
+        group_version = f"{group}/{version}" if group else version
+        if await discovery.serves(self.client, group_version, plural) is not False:
+            return False
+        self.unserved = discovery.gone_line(group, version, plural)
+        self._contact()  # the API server answered: not out of reach
+        log.warning("%s", self.unserved, extra=fields(resource=self.name))
+        self._replace([])
+        looks = 0
+        while True:
+            looks += 1
+            await asyncio.sleep(min(self.backoff.delay(looks), UNSERVED_POLL))
+            if await discovery.serves(self.client, group_version, plural):
+                break
+        log.info("%s is served again, listing it", self.name, extra=fields(resource=self.name))
+        self.unserved = None
+        self.resource_version = None
+        self._failures = 0
+        return True
 
     def _contact(self) -> None:
         """The API server answered: it is reachable (whatever the backoff still counts)."""
         self.failing_since = None
 
-    async def _retry_later(self, verb: str, problem: str, unreachable: bool) -> None:
+    async def _retry_later(
+        self, verb: str, problem: str, unreachable: bool, quiet: int = 0
+    ) -> None:
+        """Log (the first failures, then every tenth) and wait before trying again;
+        ``quiet``: the first that many only at debug level (a 404 while discovery still
+        serves the kind: its CustomResourceDefinition is being deleted, and the next
+        attempt says so in one line)."""
         # Failures count up until a list succeeds or a watch event arrives.
         self._failures += 1
         if unreachable and self.failing_since is None:
             self.failing_since = time.monotonic()
         failures = self._failures
         self.last_error = f"{verb} {self.name}: {problem}"
-        level = logging.WARNING if failures <= 3 or failures % 10 == 0 else logging.DEBUG
+        loud = failures > quiet and (failures <= quiet + 3 or failures % 10 == 0)
+        level = logging.WARNING if loud else logging.DEBUG
         log.log(
             level,
             "cannot %s %s, retrying",
@@ -143,22 +197,26 @@ class Informer:
             chunk_size=LIST_CHUNK,
         )
         objects = [without_managed_fields(obj) async for obj in listing]
-        previous = {object_key(o): o for o in self.store.values()}
-        self.store.replace(objects)
         self.resource_version = str(listing.resourceVersion)
         self.lists += 1
         self.last_error = None
         self._failures = 0
         self._contact()
         metrics.INFORMER_RELISTS.labels(self.name).inc()
+        self._replace(objects)
+        self.synced.set()
+        log.debug("listed", extra=fields(resource=self.name, objects=len(objects)))
+
+    def _replace(self, objects: list[Any]) -> None:
+        """The store holds ``objects`` and nothing else; handlers hear the differences."""
+        previous = {object_key(o): o for o in self.store.values()}
+        self.store.replace(objects)
         for obj in objects:
             old = previous.pop(object_key(obj), None)
             if old is None or old.metadata.resourceVersion != obj.metadata.resourceVersion:
                 self._notify(old, obj)
         for gone in previous.values():
             self._notify(gone, None)
-        self.synced.set()
-        log.debug("listed", extra=fields(resource=self.name, objects=len(objects)))
 
     async def _watch(self) -> None:
         # lightkube's public watch() cannot ask for bookmarks; its request builder can.

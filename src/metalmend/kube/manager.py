@@ -7,11 +7,15 @@ controllers start.
 What the health endpoints mean (kube/health.py serves them):
 
 - ready (/readyz): this replica is doing metalmend's work right now: its caches are
-  synced, its controllers run (it holds the lease, or leader election is off) and the API
-  server answers its watches. A standby is *not* ready: it does no work, and a Service or
-  an operator reading "2/2 ready" would otherwise believe two replicas reconcile. (A
-  Deployment with a standby therefore shows 1/2 ready; roll it out with maxUnavailable of
-  at least 1, or surge, so a rollout does not wait for a standby to become ready.)
+  synced, its controllers run (it holds the lease, or leader election is off), the API
+  server answers its watches and serves every kind they watch (a CRD deleted under a
+  running replica is named, with the fix: Informer.unserved), and no controller's
+  reconciles have all raised for a while (``Controller.failing``: a controller that only
+  raises does no work, whatever else is fine; one error does not flap readiness). A
+  standby is *not* ready: it does no work, and a Service or an operator reading "2/2
+  ready" would otherwise believe two replicas reconcile. (A Deployment with a standby
+  therefore shows 1/2 ready; roll it out with maxUnavailable of at least 1, or surge, so
+  a rollout does not wait for a standby to become ready.)
 - live (/healthz): the process can still do its work if it leads: no controller worker
   died, and the API server has not been out of reach (or silent) for longer than
   ``api_lost_after``
@@ -124,11 +128,14 @@ class Manager:
     def not_ready(self) -> list[str]:
         """Why this replica is not ready (empty: ready). See the module docstring."""
         problems = self.unsynced()
+        problems += [i.unserved for i in self.informers.values() if i.unserved]
         problems += [
             f"API server out of reach: {i.last_error or i.name}"
             for i in self.informers.values()
             if i.failing_since is not None
         ]
+        if self.controllers_running:
+            problems += [p for c in self.controllers if (p := c.failing())]
         if self.api_silent_since is not None:
             problems.append(f"API server not answering: {self.api_silence}")
         if not problems and not self.controllers_running:

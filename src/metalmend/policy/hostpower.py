@@ -387,18 +387,40 @@ def _next_poll(host: Host, after: float, now: dt.datetime, settings: PowerSettin
     return spread_poll(now, host.poll_every or settings.poll_interval, host.poll_phase)
 
 
+POLL_EVERY_MAX = 3600.0
+"""The longest interval between two idle reads of a host's power, whatever the settings
+and the number of hosts: a host switched off behind our back is noticed within the hour.
+The settings loader bounds ``poll_interval`` by it; ``poll_every`` never stretches past it
+(beyond poll_budget x POLL_EVERY_MAX hosts the process reads more than poll_budget a
+second rather than less than once an hour)."""
+
+
 def poll_every(settings: PowerSettings, hosts: int) -> float:
     """The interval the idle polls of ``hosts`` hosts keep: poll_interval, unless reading
     each of them that often would exceed poll_budget reads a second; then hosts /
     poll_budget, rounded up to a whole second (hosts coming and going then move the
-    polls' slots only when a whole second is crossed). The polls stay spread evenly over
-    it (``spread_poll``), so the process reads at most poll_budget BMCs a second at rest.
+    polls' slots only when a whole second is crossed), at most POLL_EVERY_MAX. The polls
+    stay spread evenly over it (``spread_poll``), so the process reads at most poll_budget
+    BMCs a second at rest.
 
     Only idle polls: a reboot, a power change landing, a fence's evidence or a failing
-    BMC's retries are read on their own schedule."""
-    if settings.poll_budget <= 0 or hosts <= settings.poll_budget * settings.poll_interval:
-        return settings.poll_interval
-    return float(math.ceil(hosts / settings.poll_budget))
+    BMC's retries are read on their own schedule. Total for any settings (the loader's
+    ranges are not relied on here): never raises, always finite and positive."""
+    interval = _poll_interval(settings.poll_interval)
+    budget = settings.poll_budget
+    if not budget > 0 or not math.isfinite(budget) or hosts <= budget * interval:
+        return interval
+    return float(min(POLL_EVERY_MAX, math.ceil(min(hosts / budget, POLL_EVERY_MAX))))
+
+
+POLL_EVERY_MIN = 0.001  # the shortest interval spread_poll spreads over
+
+
+def _poll_interval(interval: float) -> float:
+    """``interval`` within [POLL_EVERY_MIN, POLL_EVERY_MAX]; nan: the longest."""
+    if not interval >= POLL_EVERY_MIN:  # nan too
+        return POLL_EVERY_MAX if math.isnan(interval) else POLL_EVERY_MIN
+    return min(interval, POLL_EVERY_MAX)
 
 
 POLL_SPREAD_MIN = 0.25
@@ -421,11 +443,25 @@ def spread_poll(now: dt.datetime, interval: float, phase: float) -> dt.datetime:
     together, or all reconciled at once after a restart, read their BMCs in step forever:
     5,000 reads in the same second, then nothing. With it their reads spread evenly over
     the interval whatever happened before, and each host still reads its BMC exactly once
-    per interval once it is on its slot (at most 1 + POLL_SPREAD_MIN intervals apart)."""
-    wait = (phase * interval - now.timestamp()) % interval
+    per interval once it is on its slot (at most 1 + POLL_SPREAD_MIN intervals apart).
+
+    Total: any interval and phase (an interval outside [POLL_EVERY_MIN, POLL_EVERY_MAX] is
+    taken as the nearest bound, a phase modulo 1, nan as 0) give a moment from
+    POLL_SPREAD_MIN to 1 + POLL_SPREAD_MIN intervals ahead, never past the latest moment a
+    datetime can hold; it never raises."""
+    interval = _poll_interval(interval)
+    phase = phase % 1.0 if math.isfinite(phase) else 0.0
+    try:
+        clock = now.timestamp()
+    except (OverflowError, ValueError, OSError):  # a naive moment the local zone cannot map
+        clock = 0.0
+    wait = (phase * interval - clock) % interval
     if wait < POLL_SPREAD_MIN * interval:
         wait += interval
-    return now + dt.timedelta(seconds=wait)
+    try:
+        return now + dt.timedelta(seconds=wait)
+    except OverflowError:  # within an hour of year 9999
+        return dt.datetime.max.replace(tzinfo=now.tzinfo)
 
 
 def _draft(host: Host, now: dt.datetime, settings: PowerSettings) -> _Draft:

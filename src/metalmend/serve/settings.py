@@ -13,8 +13,7 @@ class ServeSettingsError(ValueError):
 
 def check(settings: ServeSettings) -> None:
     """Raise ServeSettingsError for combinations the settings loader cannot see alone."""
-    if settings.port > 65535:
-        raise ServeSettingsError(f"serve.port must be at most 65535, not {settings.port}")
+    # serve.port's range, like every number's, is the loader's (metalmend.settings.RANGES)
     if settings.metrics_bind and not _host_port(settings.metrics_bind):
         raise ServeSettingsError(
             f"serve.metrics_bind must be host:port, not {settings.metrics_bind[:100]!r}"
