@@ -83,7 +83,8 @@ async def test_serve_records_its_store_and_refuses_another_until_an_operator_nam
     assert await guard(serve_client, first, ServeSettings(), SERVE_SA) == served  # restarted
     first.dispose()
 
-    (tmp_path / "first.sqlite").unlink()  # lost: the next start creates an empty store
+    (tmp_path / "first.sqlite").unlink()  # lost, and another store made in its place
+    opened(tmp_path / "first.sqlite").dispose()  # (a start on a missing file: below)
     second = opened(tmp_path / "first.sqlite")
     with pytest.raises(StoreRefused) as refused:
         await guard(serve_client, second, ServeSettings(), SERVE_SA)
