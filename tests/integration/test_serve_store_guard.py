@@ -83,7 +83,8 @@ async def test_serve_records_its_store_and_refuses_another_until_an_operator_nam
     assert await guard(serve_client, first, ServeSettings(), SERVE_SA) == served  # restarted
     first.dispose()
 
-    (tmp_path / "first.sqlite").unlink()  # lost: the next start creates an empty store
+    (tmp_path / "first.sqlite").unlink()  # lost, and another store made in its place
+    opened(tmp_path / "first.sqlite").dispose()  # (a start on a missing file: below)
     second = opened(tmp_path / "first.sqlite")
     with pytest.raises(StoreRefused) as refused:
         await guard(serve_client, second, ServeSettings(), SERVE_SA)
@@ -163,16 +164,34 @@ def test_the_command_refuses_to_start_on_another_store_in_one_line_and_starts_on
     runs(serve())
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     runs(serve())  # restarted on its own store
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
-    refused = serve()
-    _, stderr = refused.communicate(timeout=60)
-    assert refused.returncode == 2, stderr
-    assert "Traceback" not in stderr
-    lines = [line for line in stderr.splitlines() if line.startswith("metalmend: ")]
-    assert len(lines) == 1, stderr  # the refusal; the rest is the log at info level
-    assert "that metalmend serve served before" in lines[0]
-    new = re.search(r"--accept-store ([0-9a-f]{32})", lines[0])
-    assert new is not None, lines[0]
+
+    def refusal() -> str:
+        refused = serve()
+        _, stderr = refused.communicate(timeout=60)
+        assert refused.returncode == 2, stderr
+        assert "Traceback" not in stderr
+        lines = [line for line in stderr.splitlines() if line.startswith("metalmend: ")]
+        assert len(lines) == 1, stderr  # the refusal; the rest is the log at info level
+        return lines[0]
+
+    other = tmp_path / "other.sqlite"
+    opened(other).dispose()
+    swap(path, other)  # another store behind the file name
+    line = refusal()
+    assert "that metalmend serve served before" in line
+    new = re.search(r"--accept-store ([0-9a-f]{32})", line)
+    assert new is not None, line
     runs(serve("--accept-store", new[1]))
     runs(serve())  # the new store is the recorded one now
+
+    # Issue 36, point 8: the file removed, the refusal left an empty store behind (a new
+    # file, which the next start would have offered to accept). Now it leaves nothing.
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    line = refusal()
+    assert "the database file does not exist" in line
+    assert "nothing was created" in line
+    assert f"delete ConfigMap {NAMESPACE}/{CONFIGMAP}" in line
+    assert not list(tmp_path.glob("serve.sqlite*")), list(tmp_path.glob("serve.sqlite*"))
+    assert "nothing was created" in refusal(), "a second refusal: still nothing created"
+    assert not list(tmp_path.glob("serve.sqlite*"))

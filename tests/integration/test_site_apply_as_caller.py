@@ -88,6 +88,7 @@ def host_document(namespace: str, name: str, address: str, **extra: Any) -> str:
     meta = extra.pop("meta", "")
     bmc_extra = extra.pop("bmc", "")
     document = extra.pop("doc", "bmh-doc")
+    spec_extra = extra.pop("spec", "")
     return f"""---
 schema: metalmend/KubernetesObject/v1
 metadata: {{schema: metadata/Document/v1, name: {document}}}
@@ -98,7 +99,7 @@ data:
   spec:
     online: true
     bmc: {{address: "{address}", credentialsName: {name}-bmc{bmc_extra}}}
-    image: {image}
+    image: {image}{spec_extra}
 """
 
 
@@ -362,6 +363,37 @@ async def test_keys_that_would_act_on_a_server_are_refused_naming_document_and_k
         assert "promenade-decomission" not in (node.metadata.labels or {})
         assert not list(kube.list(BareMetalHost, namespace=namespace))
         await until(lambda: _none(kube, Machine, namespace), 30)
+
+
+async def test_a_hosts_consumer_in_another_namespace_is_refused_naming_document_and_key(
+    service: Service, deployer: dict[str, str], control_plane: ControlPlane, kube: Client,
+    namespace: str,
+) -> None:  # fmt: skip
+    """Issue 36, point 7: a design pointed a host's consumerRef at Machine worker-1 of
+    another namespace; deploy_site completed and that Machine lost its nodeRef. Refused
+    at commit naming the document and the key, and again by a forced commit's
+    validation; nothing is written. The deployer may write the design's objects."""
+    name = f"{namespace[:40]}-c"
+    bmc_secret(kube, namespace, name)
+    consumer = (
+        "\n    consumerRef: {apiVersion: cluster.x-k8s.io/v1beta1, kind: Machine,"
+        " namespace: metalmend-lab, name: worker-1}"
+    )
+    design = host_document(namespace, name, ADDRESS.format(name), spec=consumer)
+    expected = (
+        "document 'bmh-doc': spec.consumerRef.namespace 'metalmend-lab' is not the"
+        f" BareMetalHost's namespace {namespace!r}"
+    )
+    async with service.running() as http:
+        refused = await put_and_commit(http, deployer, design)
+        found = lines(status_of(refused, 400, "BadRequest"))
+        assert any(expected in line for line in found), (expected, found)
+        also(kube, namespace, "deployer", "metalmend-shipyard-force-committer")
+        forced = await http.post("/commitconfigdocs", headers=deployer, params={"force": "true"})
+        assert forced.status_code == 200, forced.text
+        done = await action(http, deployer, "deploy_site")
+    assert expected in refusal(done, "validation")
+    assert not list(kube.list(BareMetalHost, namespace=namespace))
 
 
 async def test_a_design_cannot_label_or_redeploy_another_servers_node(

@@ -95,6 +95,27 @@ def test_a_good_design_applies_hosts_before_machines_and_keeps_node_labels() -> 
                           "spec": {"unschedulable": True}}),
                      "may carry only its labels, not spec", id="a Node's spec"),
         pytest.param(node(labels={"a": 1}), "labels must map strings", id="a number label"),
+        pytest.param(host(spec={"bmc": {"address": "x", "credentialsName": "c"},
+                                "consumerRef": {"apiVersion": "cluster.x-k8s.io/v1beta1",
+                                                "kind": "Machine", "namespace": "tenant-b",
+                                                "name": "worker-1"}}),
+                     "spec.consumerRef.namespace 'tenant-b' is not the BareMetalHost's"
+                     " namespace 'site'", id="another namespace's Machine as consumer"),
+        pytest.param(host(spec={"bmc": {"address": "x", "credentialsName": "c"},
+                                "consumerRef": "worker-1"}),
+                     "spec.consumerRef must be an object reference", id="a consumer by name"),
+        pytest.param(obj({"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine",
+                          "metadata": {"name": "m1", "namespace": "site"},
+                          "spec": {"clusterName": "c", "infrastructureRef": {
+                              "kind": "Metal3Machine", "namespace": "tenant-b", "name": "m"}}}),
+                     "spec.infrastructureRef.namespace 'tenant-b' is not the Machine's",
+                     id="a Machine's infrastructure elsewhere"),
+        pytest.param(obj({"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine",
+                          "metadata": {"name": "m1", "namespace": "site"},
+                          "spec": {"clusterName": "c", "bootstrap": {"configRef": {
+                              "kind": "KubeadmConfig", "namespace": "tenant-b", "name": "m"}}}}),
+                     "spec.bootstrap.configRef.namespace 'tenant-b' is not the Machine's",
+                     id="a Machine's bootstrap elsewhere"),
         pytest.param(obj(["not", "an", "object"]), "data must be a Kubernetes object",
                      id="a list"),
     ],
@@ -326,3 +347,10 @@ def test_relabel_nodes_takes_target_nodes_only_and_each_action_names_its_targets
     assert action_targets("redeploy_server", {"target_nodes": ["n2"]}) == ("n2",)
     assert action_targets("deploy_site", {}) == ()
     assert action_targets("relabel_nodes", {"bad": 1}) == ()
+
+
+def test_references_of_the_objects_own_namespace_or_none_are_accepted() -> None:
+    own = {"kind": "Machine", "namespace": "site", "name": "m1"}
+    found = read_site([host(spec={"consumerRef": own}), host("w2", spec={"consumerRef": {
+        "kind": "Machine", "name": "m2"}})], NS)  # fmt: skip
+    assert found.problems == ()

@@ -45,3 +45,16 @@ def test_a_refusal_names_both_stores_where_the_record_is_and_how_to_confirm() ->
     assert WHERE in message
     assert f"serve.accept_store={B.id}" in message
     assert "\n" not in message
+
+
+def test_a_refusal_of_a_store_this_start_created_offers_no_id_that_will_be_removed() -> None:
+    """Issue 36, point 8: the file this start created is removed when it refuses, so the
+    refusal cannot name it to accept; it says to restore the file or delete the record."""
+    decision = decide_store(A, B, "", WHERE, created=True)
+    assert decision.verdict is Verdict.REFUSE
+    assert "the database file does not exist" in decision.message
+    assert "nothing was created" in decision.message
+    assert f"Restore the file of store {A.id}" in decision.message
+    assert f"delete {WHERE}" in decision.message
+    assert B.id not in decision.message
+    assert decide_store(A, B, "", WHERE, True, created=True).verdict is Verdict.RECORD

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from metalmend.web.auth import Caller, FailureLimit, ReviewCache
+from metalmend.web.auth import Caller, FailureLimit, Known, ReviewCache
 
 ALICE = Caller("alice", "u1", ("ops",), {})
 
@@ -83,3 +83,27 @@ def test_the_limit_remembers_at_most_so_many_addresses() -> None:
     for address in ("a", "b", "c"):
         limit.failed(address)
     assert [limit.wait(a) > 0 for a in ("a", "b", "c")] == [False, True, True]
+
+
+def test_a_review_claims_its_budget_before_it_is_sent_and_a_valid_token_gives_it_back() -> None:
+    """Issue 36, point 5: the claim is one synchronous step, so a hundred requests
+    arriving together cannot all pass one check; a claim comes back when the token proved
+    valid, so valid callers never spend an address's budget."""
+    clock = Clock()
+    limit = FailureLimit(burst=3, interval=600.0, addresses=100, now=clock)
+    claims = [limit.claim("192.0.2.1") for _ in range(100)]
+    assert claims[:3] == [0.0, 0.0, 0.0]
+    assert all(wait > 0 for wait in claims[3:]), "only the burst is claimed"
+    limit.refund("192.0.2.1")
+    assert limit.claim("192.0.2.1") == 0.0, "a refunded claim can be claimed again"
+    for _ in range(10):
+        limit.refund("192.0.2.2")
+    assert limit.claim("192.0.2.2") == 0.0, "refunds never fill a bucket beyond its burst"
+    assert limit.wait("192.0.2.2") == 0.0
+
+
+def test_what_reviews_said_is_kept_for_the_last_tokens_by_hash() -> None:
+    known = Known(size=2)
+    for n, valid in enumerate((True, False, True)):
+        known.put(ReviewCache.key(f"t{n}"), valid)
+    assert [known.get(ReviewCache.key(f"t{n}")) for n in range(3)] == [None, False, True]

@@ -95,6 +95,7 @@ class Database:
         self._expected: str | None = None  # the store served (``expect``)
         self._replaced: str | None = None  # why it is not the one served any more
         self._next_check = 0.0
+        self.created: Path | None = None  # the SQLite file this open created (it was missing)
 
     @property
     def dialect(self) -> str:
@@ -119,7 +120,10 @@ class Database:
                 " sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
             )
         if parsed.get_backend_name() == "sqlite":
-            return cls(_sqlite(parsed.database), f"sqlite:///{parsed.database}")
+            engine, created = _sqlite(parsed.database)
+            database = cls(engine, f"sqlite:///{parsed.database}")
+            database.created = created
+            return database
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")  # the driver we ship
         try:
@@ -236,13 +240,22 @@ class Database:
     def dispose(self) -> None:
         self.engine.dispose()
 
+    def discard(self) -> None:
+        """Closed, and the SQLite file removed if this open created it (with its WAL
+        files): a start that refuses leaves no new empty store behind."""
+        self.dispose()
+        if self.created is not None:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                self.created.with_name(self.created.name + suffix).unlink(missing_ok=True)
+
 
 def _first_line(error: SQLAlchemyError) -> str:
     cause = getattr(error, "orig", None) or error
     return str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
 
 
-def _sqlite(database: str | None) -> Engine:
+def _sqlite(database: str | None) -> tuple[Engine, Path | None]:
+    """The engine, and the file's path when this call created it."""
     if not database or database == ":memory:":
         # Each connection would see its own empty database: nothing would be kept.
         raise DatabaseError("a SQLite database must be a file: sqlite:///PATH")
@@ -251,6 +264,7 @@ def _sqlite(database: str | None) -> Engine:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise DatabaseError(f"cannot create the directory of {path}: {error}") from None
+    created = None if path.exists() else path
     create_private(path)
     # The file is created here and only here: every connection opens it read-write, never
     # creating it, so a file removed while serve runs is a fault (503), not a new empty
@@ -265,7 +279,7 @@ def _sqlite(database: str | None) -> Engine:
     )
     event.listen(engine, "connect", _sqlite_connected)
     event.listen(engine, "begin", _sqlite_begin)
-    return engine
+    return engine, created
 
 
 def create_private(path: Path) -> None:

@@ -12,6 +12,7 @@ serve's namespace, ``metalmend.serve.storeguard``), which outlives the database.
 | store A | store B, and ``serve.accept_store`` is B | records B, serves |
 | store A | store B, and ``serve.store_loss_accepted`` (an emptyDir) | records B, serves, warns |
 | store A | store B otherwise | refuses to start, saying both and how to confirm |
+| store A | none: its SQLite file missing | refuses, leaves no file, says how to confirm |
 
 Store B behind serve's URL means the records of A (design revisions and their
 ``committed``/``site-action-*`` tags, Drydock tasks, Shipyard actions) are not there: a
@@ -58,10 +59,12 @@ def decide_store(
     accepted: str,
     where: str,
     loss_accepted: bool = False,
+    created: bool = False,
 ) -> StoreDecision:
     """``recorded``: what the cluster remembers (``where`` names it); ``current``: what
     the database holds; ``accepted``: ``serve.accept_store`` ("" unset);
-    ``loss_accepted``: ``serve.store_loss_accepted``."""
+    ``loss_accepted``: ``serve.store_loss_accepted``; ``created``: this start created the
+    database (its SQLite file was missing), and removes it again when refused."""
     if recorded is None:
         return StoreDecision(
             Verdict.RECORD, f"serving {current.describe()}; recorded in {where} (none was)"
@@ -80,6 +83,16 @@ def decide_store(
             f"serving {current.describe()} in place of {recorded.describe()}: the records of"
             f" the latter are lost (serve.store_loss_accepted); recorded in {where}",
             warn=True,
+        )
+    if created:
+        return StoreDecision(
+            Verdict.REFUSE,
+            f"the database file does not exist, and metalmend serve served"
+            f" {recorded.describe()} before ({where}): its records (design revisions and"
+            " tags, tasks, actions) were in that file (removed, or lost with its volume);"
+            f" nothing was created. Restore the file of store {recorded.id}, or, to start"
+            f" an empty store in its place, delete {where} (the next start records the new"
+            " store)",
         )
     return StoreDecision(
         Verdict.REFUSE,

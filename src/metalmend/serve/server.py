@@ -20,7 +20,7 @@ from metalmend.designs import designref
 from metalmend.kube.client import async_client, load_config, whoami
 from metalmend.serve.app import create_app
 from metalmend.serve.settings import check
-from metalmend.serve.storeguard import guard
+from metalmend.serve.storeguard import StoreRefused, guard
 from metalmend.settings import Settings
 from metalmend.teardown.etcd.routes import EtcdAccess
 from metalmend.web import auth
@@ -89,7 +89,11 @@ async def serve(settings: Settings) -> None:
         current = config.get()
         identity = await whoami(client, current.cluster.server if current else "?")
         log.info("serving as %s", identity.username)
-        await guard(client, database, options, identity.username)  # the store it served
+        try:
+            await guard(client, database, options, identity.username)  # the store it served
+        except StoreRefused:
+            database.discard()  # a SQLite file this start created: removed, nothing left
+            raise
         app = create_app(
             client,
             settings.teardown,

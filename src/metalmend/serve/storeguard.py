@@ -90,7 +90,7 @@ async def guard(
         found = await _read(client, namespace, where)
         decision = decide_store(
             _recorded(found, where), current, settings.accept_store, where,
-            settings.store_loss_accepted,
+            settings.store_loss_accepted, database.created is not None,
         )  # fmt: skip
         if decision.verdict is Verdict.REFUSE:
             raise StoreRefused(decision.message)

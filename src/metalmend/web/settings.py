@@ -86,13 +86,15 @@ class ServeSettings:
     an answer)."""
 
     auth_failures_burst: int = 10
-    """Failed authentications one client address may make at once before it gets 429 and
-    costs no TokenReview: a person retyping a token, or a CLI with a stale one, fails a few
-    times; a client sending hundreds is guessing or broken."""
+    """TokenReviews of unproven tokens (neither proved valid by an earlier review nor
+    signed by the cluster's ServiceAccount issuer) one client address may cost at once
+    before it gets 429 and costs no TokenReview: a person retyping a token, or a CLI with
+    a stale one, fails a few times; a client sending hundreds is guessing or broken. Each
+    review claims one before it is sent; a token that proves valid gives it back."""
 
     auth_failure_interval: float = 1.0
-    """Seconds for one failed authentication to come back to an address: a steady garbage
-    sender costs at most one TokenReview a second per address."""
+    """Seconds for one of them to come back to an address: a steady garbage sender costs at
+    most one TokenReview a second per address, however many connections it opens."""
 
     # -- design references and etcd credentials (docs/security.md) --------------------------
 

@@ -24,6 +24,9 @@ only what a site deployment needs is accepted:
 - a Node document only for a Node of the design's own hosts (a BareMetalHost of that
   name in the design; the step checks the Node in the cluster is that host's);
 - no ``status`` (the controllers' own), no two objects of one kind, namespace and name;
+- object references only in the object's own namespace: a host's ``spec.consumerRef``
+  (pointed at another namespace's Machine, it took that Machine's nodeRef away), a
+  Machine's ``spec.infrastructureRef`` and ``spec.bootstrap.configRef``;
 - a BareMetalHost names its BMC credentials (``spec.bmc.credentialsName``): the Secret is
   referenced, never carried in the design; that it exists and host-power would use it
   for that host (labelled, bound), and that the address parses, is checked by each
@@ -236,6 +239,8 @@ def _namespaced_problems(
     _key_problems(where, "annotation", meta.get("annotations"), keys, problems)
     if kind == "BareMetalHost":
         _host_problems(where, data.get("spec"), problems)
+    if isinstance(namespace, str) and namespace:
+        _reference_problems(where, kind, data.get("spec"), namespace, problems)
 
 
 def _domain(key: str) -> str:
@@ -305,6 +310,38 @@ def _host_problems(where: str, spec: object, problems: list[str]) -> None:
             f"{where}: spec.bmc.credentialsName must name the Secret of the BMC's"
             " credentials (the design references it; it never carries it)"
         )
+
+
+# The object references of each kind that a controller follows: a host's consumer (its
+# Machine, whose nodeRef baremetal-operator's and CAPM3's controllers then keep), a
+# Machine's infrastructure and bootstrap objects. Each only in the object's own namespace.
+_REFERENCES: Mapping[str, tuple[tuple[str, ...], ...]] = {
+    "BareMetalHost": (("consumerRef",),),
+    "Machine": (("infrastructureRef",), ("bootstrap", "configRef")),
+}
+
+
+def _reference_problems(
+    where: str, kind: str, spec: object, namespace: str, problems: list[str]
+) -> None:
+    """A reference of ``spec`` into another namespace: a design would tie a server to
+    another tenant's Machine (its nodeRef lost), or a Machine to another's objects."""
+    for path in _REFERENCES.get(kind, ()):
+        found: object = spec
+        for step in path:
+            found = found.get(step) if isinstance(found, Mapping) else None
+        if found is None:
+            continue
+        key = "spec." + ".".join(path)
+        if not isinstance(found, Mapping):
+            problems.append(f"{where}: {key} must be an object reference")
+            continue
+        other = found.get("namespace")
+        if other is not None and other != namespace:
+            problems.append(
+                f"{where}: {key}.namespace {_shown(other)} is not the {kind}'s namespace"
+                f" {_shown(namespace)}: a design refers only to objects of the same namespace"
+            )
 
 
 def _shown(raw: object) -> str:
