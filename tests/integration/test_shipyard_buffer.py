@@ -1,4 +1,4 @@
-"""The configdocs buffer's writers are serialized (serve.shipyard.buffer_writer), on a
+"""The configdocs buffer's writers are serialized (siteactions.routes.buffer_writer), on a
 SQLite file and on PostgreSQL: two operators putting at the same moment with the default
 buffermode=rejectoncontents never both find the buffer empty."""
 

@@ -70,7 +70,7 @@ class Services:
     # Design revisions, tasks (docs/design-store.md), upgraded before serving; None only
     # in tests of other endpoints: the store's endpoints then answer 503 (serve.database).
     database: Database | None = None
-    bodies: BodyLimits = field(default_factory=BodyLimits)  # serve.bodies
+    bodies: BodyLimits = field(default_factory=BodyLimits)  # web.bodies
     design_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
 
 
@@ -279,7 +279,7 @@ def _shipyard(
     namespaces: tuple[str, ...],
     label_prefixes: tuple[str, ...],
 ) -> shipyard.Shipyard | None:
-    """The action store and worker, and what the steps are given (``shipyard.steps``)."""
+    """The action store and worker, and what the steps are given (``siteactions.steps``)."""
     tasks = deps.find(app, drydock.Drydock)
     if services.database is None or tasks is None:
         return None

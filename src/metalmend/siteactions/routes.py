@@ -1,6 +1,6 @@
 """Shipyard's API under ``/shipyard/api/v1.0`` (docs/site-actions.md): configdocs (a
 buffer over the design store, committed, read and compared by version) and actions
-(stored, run by ``shipyard.worker``). Shipyard's API reference:
+(stored, run by ``siteactions.worker``). Shipyard's API reference:
 https://airship-shipyard.readthedocs.io/en/latest/API.html.
 
 Configdocs answer YAML as Shipyard does; everything else JSON; errors are Status bodies.
@@ -67,7 +67,7 @@ GET_SITE_STATUSES = auth.Permission("sitestatuses", "", "get", GROUP)
 FORCE_COMMIT = auth.Permission("configdocs", "commit-force", "create", GROUP)
 # redeploy_server wipes the target's drives (destroy) and stops its kubelet (decommission):
 # per node, as Drydock's nodes/destroy and Promenade's per-node permissions are
-# (shipyard.redeploy asks it again when the action starts).
+# (siteactions.redeploy asks it again when the action starts).
 REDEPLOY_NODE = redeploy.REDEPLOY_NODE
 
 VERSION_QUERY = "Query: version=buffer (default)|committed|last_site_action|successful_site_action."
