@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from lightkube import Client, codecs
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
@@ -105,7 +106,7 @@ def configdocs_role(kube: Client, names: list[str] | None = None) -> str:
 
 def refused(answer: httpx.Response, code: int, *expected: str) -> dict[str, Any]:
     assert answer.status_code == code, answer.text
-    status: dict[str, Any] = answer.json()
+    status: dict[str, Any] = yaml.safe_load(answer.text)  # JSON, or YAML on Deckhand's API
     text = " ".join([status["message"], *(m["message"] for m in status["details"]["messageList"])])
     for part in expected:
         assert part in text, text

@@ -83,10 +83,11 @@ def response(
     path: str = "",
 ) -> JSONResponse:
     """A Status body, as the route's family writes it (``web.conventions.shaped``:
-    Shipyard's ``code`` string and error fields, Drydock's), the Status fields kept."""
+    Shipyard's ``code`` string and error fields, Drydock's), the Status fields kept; YAML
+    on Deckhand's API, as Deckhand's errors (``web.conventions.status_answer``)."""
     sent = dict(headers or {}) | ({"WWW-Authenticate": "Bearer"} if code == 401 else {})
     answer = conventions.shaped(path, body(code, reason, message, messages))
-    return JSONResponse(answer, status_code=code, headers=sent)
+    return conventions.status_answer(path, answer, code, sent)
 
 
 def create_app(

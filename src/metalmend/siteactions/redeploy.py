@@ -374,7 +374,8 @@ async def _ownership(ctx: StepContext, node: str, design: deploysite.SiteDesign)
 
 
 def _secrets(ctx: StepContext) -> access.SecretReader:
-    """teardown.etcd.access's reader: labelled Secrets bound to the cluster, or named in the settings."""
+    """teardown.etcd.access's reader: labelled Secrets bound to the cluster, or named in
+    the settings."""
     named = getattr(ctx.services, "etcd_credentials_secrets", ())
     return access.secret_reader(ctx.services.client, tuple(named))
 
