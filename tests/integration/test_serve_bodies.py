@@ -7,7 +7,6 @@ docs/security.md, "Request bodies and YAML")."""
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
@@ -130,7 +129,7 @@ def raw(serve: Serve, head: str, parts: list[bytes]) -> tuple[int, dict[str, Any
             data = sock.recv(65536)
             assert data, f"the connection closed before the answer was whole: {answer!r}"
             answer += data
-    return int(header.split()[1]), json.loads(content)
+    return int(header.split()[1]), yaml.safe_load(content)  # JSON, or YAML on Deckhand's API
 
 
 def put(serve: Serve, who: dict[str, str], body: str, bucket: str = "site") -> httpx.Response:
