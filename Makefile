@@ -97,11 +97,15 @@ tools:
 	@bash tools/postgres/install.sh  # PostgreSQL for the design store's tests (tests/postgres.py)
 
 # The import contract is a test (docs/architecture.md): the layers, the components meeting
-# through named interfaces, policy without I/O, the lab kept out, no cycle.
+# through named interfaces, policy without I/O, the lab kept out, no cycle; and every
+# module or setting the prose names exists (tests/unit/test_doc_references.py). Last, the
+# duplicate report (pylint's symilar, pinned): where code repeats, printed with its count,
+# never a failure.
 lint: venv
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_import_contract.py
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_import_contract.py tests/unit/test_doc_references.py
+	@$(BIN)/python tools/lint/duplicates.py || true
 
 bench: venv k8s kwok
 	$(BIN)/python -m benchmarks

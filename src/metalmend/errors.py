@@ -1,8 +1,8 @@
 """The domain's error vocabulary: what went wrong, in the operator's words, without HTTP.
 
 Domain code (the teardown steps, the stores, the site actions, Drydock's destroy) raises
-these; only the HTTP layer (``metalmend.web.failures``) turns them into Status bodies, each
-kind to one HTTP status, in one exception handler. A caller in the same process (a site
+these; only the HTTP layer turns them into Status bodies (``metalmend.web.status.status_of``),
+each kind to one HTTP status, in one exception handler. A caller in the same process (a site
 action running a teardown step, Drydock's destroy claiming a host) catches the kind it can
 act on (``except NotFound``) instead of comparing HTTP codes.
 

@@ -40,17 +40,26 @@ GRACE = 8.0  # seconds of silence before the node-lifecycle controller marks a N
 MHC_TIMEOUT = 3.0  # seconds a Node must stay Unknown before it is remediated
 POWER_OFF_TIMEOUT = 60
 POWER_ON_TIMEOUT = 120
+HOSTS = 3  # the lab's servers: one hangs, the others take its workload
+NUMBERS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def counted(n: int, noun: str) -> str:
+    """``counted(3, "server")``: "three servers", as the demo's text says a number."""
+    return f"{NUMBERS[n] if 0 <= n < len(NUMBERS) else n} {noun}{'' if n == 1 else 's'}"
 
 
 def run_demo(lab_dir: Path, out: Console, keep: bool = False) -> None:
     out.rule("[bold]metalmend demo")
     out.print("Starting the lab on 127.0.0.1: etcd, kube-apiserver and kube-controller-manager")
     out.print("built from upstream (once, on first use), a Redfish BMC emulator (sushy-tools),")
-    out.print("IPMI BMCs (pyghmi), three servers with kubelets, and `metalmend run`...")
+    out.print(
+        f"IPMI BMCs (pyghmi), {counted(HOSTS, 'server')} with kubelets, and `metalmend run`..."
+    )
     options = lab.LabOptions(
         lab_dir=lab_dir,
         node_monitor_grace_period=GRACE,
-        hosts=3,
+        hosts=HOSTS,
         bmc="mixed",
         boot_delay=2.0,
     )
@@ -61,7 +70,7 @@ def run_demo(lab_dir: Path, out: Console, keep: bool = False) -> None:
         )
         client = running.client()
         show_crds(out)
-        show_hosts(running, out)
+        show_hosts(running, options.hosts, out)
         show_validation(client, out)
         show_rbac(running, out)
         asyncio.run(show_bmcs(running, out))
@@ -91,8 +100,14 @@ def show_crds(out: Console) -> None:
     out.print(table)
 
 
-def show_hosts(running: lab.RunningLab, out: Console) -> None:
-    step(out, "2. Two bare-metal hosts: BMC, kubelet, Node, BareMetalHost and Machine each")
+def hosts_step(hosts: int) -> str:
+    """Step 2's title, counting the hosts the lab was started with."""
+    each = "BMC, kubelet, Node, BareMetalHost and Machine each"
+    return f"2. {counted(hosts, 'bare-metal host').capitalize()}: {each}"
+
+
+def show_hosts(running: lab.RunningLab, hosts: int, out: Console) -> None:
+    step(out, hosts_step(hosts))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         report = lab.status(running.plane.workdir.parent).hosts

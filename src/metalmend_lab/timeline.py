@@ -235,6 +235,17 @@ PATH = [
     Segment("registered", "ready", "hardware", "kubelet reports Ready"),
     Segment("ready", "removed", "metalmend", "Node back noticed, object removed"),
 ]
+# Off the critical path: Kubernetes moves the workload while the host powers on.
+POD_MOVE = Segment("fenced", "pod_moved", "kubernetes", "pod started elsewhere")
+
+
+def took(timeline: Timeline, segment: Segment) -> float:
+    """A segment's seconds as drawn and counted (``breakdown``): never below 0. The power
+    commands carry metalmend's own send time while the other milestones are when the
+    recorder saw them, so a command can predate, by the watch's lag, the milestone it
+    follows (power-on sent as the key's removal is still on its way to the recorder): it
+    took no time on the critical path."""
+    return max(0.0, timeline.at[segment.end] - timeline.at[segment.start])
 
 
 def breakdown(timeline: Timeline, settings: Settings) -> dict[str, float]:
@@ -244,19 +255,19 @@ def breakdown(timeline: Timeline, settings: Settings) -> dict[str, float]:
     for segment in PATH:
         if segment.start not in at or segment.end not in at:
             continue
-        took = max(0.0, at[segment.end] - at[segment.start])
+        seconds = took(timeline, segment)
         if segment.start == "unknown":  # the timeout is configured; the rest is detection
-            configured = min(took, settings.mhc_timeout)
+            configured = min(seconds, settings.mhc_timeout)
             totals["configured"] += configured
-            totals["metalmend"] += took - configured
+            totals["metalmend"] += seconds - configured
         elif segment.end == "registered":  # the lab's boot delay is configured
-            configured = min(took, settings.boot_delay)
+            configured = min(seconds, settings.boot_delay)
             totals["configured"] += configured
-            totals["hardware"] += took - configured
+            totals["hardware"] += seconds - configured
         else:
-            totals[segment.who] += took
-    if "pod_moved" in at and "fenced" in at:
-        totals["kubernetes"] = at["pod_moved"] - at["fenced"]  # off the critical path
+            totals[segment.who] += seconds
+    if "pod_moved" in at and "fenced" in at:  # off the critical path
+        totals["kubernetes"] = took(timeline, POD_MOVE)
     return totals
 
 
@@ -275,15 +286,33 @@ COLOURS = {
 }
 
 
+CHAR_WIDTH = 7.0  # px: a generous average of a 12 px sans-serif character
+TITLE_CHAR_WIDTH = 10.0  # px: the same for the 16 px bold title
+PLOT = 660  # px of the time axis
+RIGHT = 80  # px after the time axis: the duration drawn past the last bar ("123.45s")
+
+
 def svg(timeline: Timeline, settings: Settings, title: str) -> str:
-    """The critical path as a Gantt strip, the pod move below it, and a legend."""
+    """The critical path as a Gantt strip, the pod move below it, and a legend. The left
+    column is as wide as its longest label, the right margin holds the duration drawn past
+    the last bar, and the picture is as wide as its title and legend, so no text is cut at
+    an edge; no segment is drawn shorter than 0 (``took``)."""
     at = timeline.at
     start = at.get("hang", min(at.values(), default=0.0))
     end = max(at.values(), default=start + 1.0)
     span = max(end - start, 1.0)
-    width, left, row = 980, 300, 26
-    scale = (width - left - 20) / span
     rows = [s for s in PATH if s.start in at and s.end in at]
+    segments = [*rows, *([POD_MOVE] if "pod_moved" in at and "fenced" in at else [])]
+    parts = breakdown(timeline, settings)
+    legend = [
+        (colour, f"{who} {parts[who]:.2f}s" + (" (parallel)" if who == "kubernetes" else ""))
+        for who, colour in COLOURS.items()
+    ]
+    left = 10 + int(CHAR_WIDTH * max((len(s.what) for s in segments), default=10)) + 20
+    legend_end = 10 + sum(16 + int(CHAR_WIDTH * len(label)) + 30 for _, label in legend)
+    width = max(left + PLOT + RIGHT, legend_end, 10 + int(TITLE_CHAR_WIDTH * len(title)) + 10)
+    scale = PLOT / span
+    row = 26
     height = 90 + row * (len(rows) + 2) + 40
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
@@ -298,28 +327,23 @@ def svg(timeline: Timeline, settings: Settings, title: str) -> str:
             f'<line x1="{x:.1f}" y1="{y - 8}" x2="{x:.1f}" y2="{height - 50}" stroke="#eee"/>'
         )
         out.append(f'<text x="{x:.1f}" y="{y - 12}" text-anchor="middle">{tick}s</text>')
-    segments = [*rows]
-    if "pod_moved" in at and "fenced" in at:
-        segments.append(Segment("fenced", "pod_moved", "kubernetes", "pod started elsewhere"))
     for segment in segments:
+        seconds = took(timeline, segment)
         x0 = left + (at[segment.start] - start) * scale
-        x1 = left + (at[segment.end] - start) * scale
-        took = at[segment.end] - at[segment.start]
+        x1 = x0 + seconds * scale
         colour = COLOURS[segment.who]
         out.append(f'<text x="10" y="{y + 15}">{escape(segment.what)}</text>')
         out.append(
             f'<rect x="{x0:.1f}" y="{y + 3}" width="{max(x1 - x0, 1.5):.1f}" height="{row - 8}"'
-            f' fill="{colour}"><title>{took:.3f}s</title></rect>'
+            f' fill="{colour}"><title>{seconds:.3f}s</title></rect>'
         )
-        out.append(f'<text x="{x1 + 4:.1f}" y="{y + 15}" fill="#555">{took:.2f}s</text>')
+        out.append(f'<text x="{x1 + 4:.1f}" y="{y + 15}" fill="#555">{seconds:.2f}s</text>')
         y += row
-    parts = breakdown(timeline, settings)
     x = 10
     y += 20
-    for who, colour in COLOURS.items():
+    for colour, label in legend:
         out.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{colour}"/>')
-        label = f"{who} {parts[who]:.2f}s" + (" (parallel)" if who == "kubernetes" else "")
         out.append(f'<text x="{x + 16}" y="{y + 11}">{escape(label)}</text>')
-        x += 230
+        x += 16 + int(CHAR_WIDTH * len(label)) + 30
     out.append("</svg>")
     return "\n".join(out)

@@ -375,3 +375,120 @@ async def test_a_database_that_is_down_is_503_without_its_password(
     document = status_of(answer, 503, "ServiceUnavailable")
     assert "hunter2" not in answer.text
     assert "is unavailable" in document["message"]
+
+
+# ---- Deckhand's own functional tests (airshipit/deckhand, deckhand/tests/functional/gabbits)
+# The last differences from them (issue 39, point 7): each test names its gabbit.
+
+THREE_LAYERS = """\
+---
+schema: deckhand/LayeringPolicy/v1
+metadata: {schema: metadata/Control/v1, name: layering-policy}
+data: {layerOrder: [global, region, site]}
+---
+schema: example/Kind/v1
+metadata:
+  schema: metadata/Document/v1
+  name: global-1234
+  storagePolicy: cleartext
+  labels: {key1: value1}
+  layeringDefinition: {abstract: true, layer: global}
+data: {a: {x: 1, y: 2}}
+---
+schema: example/Kind/v1
+metadata:
+  schema: metadata/Document/v1
+  name: region-1234
+  storagePolicy: cleartext
+  labels: {key1: value1}
+  layeringDefinition: {abstract: true, layer: region, parentSelector: {key1: value1}}
+data: {a: {z: 3}}
+---
+schema: example/Kind/v1
+metadata:
+  schema: metadata/Document/v1
+  name: site-1234
+  labels: {foo: bar, baz: qux}
+  layeringDefinition: {layer: site, parentSelector: {key1: value1}}
+data: {b: 4}
+"""  # the sample design-doc-layering-sample-3-layers.yaml, site-1234's storagePolicy left out
+
+
+async def test_refusals_are_yaml_as_deckhands(
+    http: httpx.AsyncClient, admin: dict[str, str]
+) -> None:
+    """document-crud-error-bucket-conflict (409 on a put) and
+    revision-documents-filters-negative (``limit=illegal``, 400): ``application/x-yaml``,
+    a Status body written as YAML (Deckhand's ``format_error_resp``)."""
+    assert documents_of(await put(http, admin, "a", THREE_LAYERS))
+    conflict = await put(http, admin, "b", THREE_LAYERS)
+    assert conflict.headers["content-type"] == "application/x-yaml"
+    assert not conflict.text.startswith("{")
+    assert "already exists in bucket: a" in status_of(conflict, 409, "Conflict")["message"]
+    illegal = await http.get("/revisions/1/documents", params={"limit": "illegal"}, headers=admin)
+    assert illegal.headers["content-type"] == "application/x-yaml"
+    assert "'illegal'" in lines(status_of(illegal, 400, "BadRequest"))[0]
+
+
+async def test_documents_are_answered_with_deckhands_metadata_defaults(
+    http: httpx.AsyncClient, admin: dict[str, str]
+) -> None:
+    """revision-documents-multiple-filters: different filters all apply (layer=site and
+    abstract=false is site-1234 alone), one repeated matches any of its values, labels
+    repeated must all match; and site-1234, put without ``abstract`` or
+    ``storagePolicy``, is stored and answered with Deckhand's defaults (``abstract: false``,
+    ``storagePolicy: cleartext``), as Deckhand stores every document."""
+    revision = documents_of(await put(http, admin, "mop", THREE_LAYERS))[0]["status"]["revision"]
+
+    async def found(params: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        answer = await http.get(f"/revisions/{revision}/documents", params=params, headers=admin)
+        return documents_of(answer)
+
+    layer, abstract = "metadata.layeringDefinition.layer", "metadata.layeringDefinition.abstract"
+    site = await found([(layer, "site"), (abstract, "false")])
+    assert [d["metadata"]["name"] for d in site] == ["site-1234"]
+    assert site[0]["metadata"]["layeringDefinition"] == {
+        "layer": "site", "parentSelector": {"key1": "value1"}, "abstract": False,
+    }  # fmt: skip
+    assert site[0]["metadata"]["storagePolicy"] == "cleartext"
+    region = await found([(layer, "region"), (abstract, "True")])  # gabbi writes True
+    assert [d["metadata"]["name"] for d in region] == ["region-1234"]
+    both = await found([(layer, "site"), (layer, "region")])
+    assert sorted(d["metadata"]["name"] for d in both) == ["region-1234", "site-1234"]
+    labelled = await found([("metadata.label", "foo=bar"), ("metadata.label", "baz=qux")])
+    assert [d["metadata"]["name"] for d in labelled] == ["site-1234"]
+    policy = (await found([("schema", "deckhand/LayeringPolicy")]))[0]["metadata"]
+    assert (policy["storagePolicy"], policy["layeringDefinition"]) == (
+        "cleartext",
+        {"abstract": False},
+    )
+    # Filled in at the put, as Deckhand: the same put again, or its answer put back,
+    # changes nothing.
+    again = await put(http, admin, "mop", THREE_LAYERS)
+    assert again.headers["X-Revision-Created"] == "false"
+    echoed = await put(http, admin, "mop", again.text)
+    assert echoed.headers["X-Revision-Created"] == "false"
+    rendered = await http.get(f"/revisions/{revision}/rendered-documents", headers=admin)
+    names = {d["metadata"]["name"]: d["metadata"] for d in documents_of(rendered)}
+    assert set(names) == {"layering-policy", "site-1234"}
+    assert names["site-1234"]["layeringDefinition"]["abstract"] is False
+
+
+async def test_revision_numbers_go_on_after_deleting_every_revision(
+    http: httpx.AsyncClient, admin: dict[str, str]
+) -> None:
+    """revision-filters (sort by id) expects 1, 2, 3 after ``DELETE /revisions``:
+    Deckhand restarts its numbering (``TRUNCATE ... RESTART IDENTITY``). Here numbers are
+    never reused (docs/design-store.md, "Deviations"): a design reference to revision 2
+    taken before the purge, held by a Drydock task, a Shipyard action or a caller, must
+    not name other documents after it. It answers 404; the next put is 4."""
+    for bucket in ("bucket_a", "bucket_b", "bucket_c"):
+        await put(http, admin, bucket, doc(bucket))
+    assert (await http.delete("/revisions", headers=admin)).status_code == 204
+    for bucket in ("bucket_a", "bucket_b", "bucket_c"):
+        await put(http, admin, bucket, doc(f"{bucket}-2"))
+    listed = yaml.safe_load(
+        (await http.get("/revisions", params={"sort": "id"}, headers=admin)).text
+    )
+    assert [r["id"] for r in listed["results"]] == [4, 5, 6]
+    status_of(await http.get("/revisions/2/documents", headers=admin), 404, "NotFound")

@@ -7,7 +7,6 @@ docs/security.md, "Request bodies and YAML")."""
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from lightkube import Client, codecs
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
@@ -105,7 +105,7 @@ def configdocs_role(kube: Client, names: list[str] | None = None) -> str:
 
 def refused(answer: httpx.Response, code: int, *expected: str) -> dict[str, Any]:
     assert answer.status_code == code, answer.text
-    status: dict[str, Any] = answer.json()
+    status: dict[str, Any] = yaml.safe_load(answer.text)  # JSON, or YAML on Deckhand's API
     text = " ".join([status["message"], *(m["message"] for m in status["details"]["messageList"])])
     for part in expected:
         assert part in text, text
@@ -129,7 +129,7 @@ def raw(serve: Serve, head: str, parts: list[bytes]) -> tuple[int, dict[str, Any
             data = sock.recv(65536)
             assert data, f"the connection closed before the answer was whole: {answer!r}"
             answer += data
-    return int(header.split()[1]), json.loads(content)
+    return int(header.split()[1]), yaml.safe_load(content)  # JSON, or YAML on Deckhand's API
 
 
 def put(serve: Serve, who: dict[str, str], body: str, bucket: str = "site") -> httpx.Response:

@@ -83,7 +83,14 @@ def bearer(value: str) -> dict[str, str]:
 
 
 def status_of(answer: httpx.Response, code: int, reason: str) -> dict[str, Any]:
-    document: dict[str, Any] = answer.json()
+    """The Status body of ``answer``: YAML on Deckhand's API, as Deckhand's errors; JSON on
+    every other."""
+    document: dict[str, Any]
+    if answer.request.url.path.startswith("/deckhand/"):
+        assert answer.headers["content-type"] == "application/x-yaml", answer.text
+        document = yaml.safe_load(answer.text)
+    else:
+        document = answer.json()
     # Shipyard writes code as its status line ("409 Conflict"); every other API, a number.
     written = status_line(code) if answer.request.url.path.startswith("/shipyard/") else code
     assert (answer.status_code, document["code"], document["reason"]) == (code, written, reason), (

@@ -1,4 +1,4 @@
-"""The configdocs buffer's writers are serialized (metalmend.siteactions.configdocs.buffer_writer), on a
+"""The configdocs buffer's writers are serialized (siteactions.configdocs.buffer_writer), on a
 SQLite file and on PostgreSQL: two operators putting at the same moment with the default
 buffermode=rejectoncontents never both find the buffer empty."""
 

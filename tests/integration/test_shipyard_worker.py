@@ -1,4 +1,4 @@
-"""The action worker (shipyard.worker) over the action store, on a SQLite file and on
+"""The action worker (siteactions.worker) over the action store, on a SQLite file and on
 PostgreSQL: steps in order, records kept across a kill, a failure's remaining steps not
 run but the final one, a stop between steps, and two replicas running each action once.
 

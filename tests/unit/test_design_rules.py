@@ -388,3 +388,50 @@ def test_revision_queries() -> None:
     for bad in ([("tags", "a")], [("sort", "name")], [("order", "up")], [("order", "a")] * 2):
         with pytest.raises(DocumentsRejected):
             rules.revision_query(bad)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "answered"),
+    [
+        (
+            {"name": "a"},
+            {"name": "a", "storagePolicy": "cleartext", "layeringDefinition": {"abstract": False}},
+        ),
+        (
+            {"name": "a", "storagePolicy": "cleartext", "layeringDefinition": {"layer": "site"}},
+            {
+                "name": "a",
+                "storagePolicy": "cleartext",
+                "layeringDefinition": {"layer": "site", "abstract": False},
+            },
+        ),
+        (
+            {"name": "a", "storagePolicy": "cleartext", "layeringDefinition": {"abstract": True}},
+            {"name": "a", "storagePolicy": "cleartext", "layeringDefinition": {"abstract": True}},
+        ),
+        (
+            {"name": "a", "storagePolicy": "", "layeringDefinition": {"abstract": False}},
+            {"name": "a", "storagePolicy": "cleartext", "layeringDefinition": {"abstract": False}},
+        ),
+    ],
+    ids=["neither", "layer-only", "abstract-kept", "empty-policy"],
+)
+def test_documents_are_answered_with_deckhands_metadata_defaults(
+    metadata: dict[str, object], answered: dict[str, object]
+) -> None:
+    """Deckhand's ``_fill_in_metadata_defaults``: on the way out for a document stored
+    before they were filled in at the put (``make`` stores what it is given)."""
+    document = documents.make("a/B/v1", metadata, {})
+    assert document.to_wire("site", 3)["metadata"] == answered
+    assert dict(document.metadata) == metadata
+
+
+def test_a_put_fills_in_deckhands_defaults_so_either_spelling_is_one_document() -> None:
+    (bare,) = parse(doc("a"))
+    (spelt,) = parse(
+        "schema: promenade/Node/v1\nmetadata: {schema: metadata/Document/v1, name: a,"
+        " storagePolicy: cleartext, layeringDefinition: {abstract: false}}\ndata: {value: 1}"
+    )
+    assert bare.metadata["storagePolicy"] == "cleartext"
+    assert bare.metadata["layeringDefinition"] == {"abstract": False}
+    assert bare.digest == spelt.digest

@@ -1,5 +1,5 @@
 """What deploy_site and update_site accept from a design, what they wait for, and which
-actions may run side by side (policy.deploysite, policy.siteactions.collision): tables,
+actions may run side by side (policy.deploysite, policy.actions.collision): tables,
 no I/O."""
 
 from __future__ import annotations

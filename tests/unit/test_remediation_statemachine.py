@@ -40,7 +40,7 @@ Invariants:
 4. Never two remediation reboot keys on one host.
 7. (docs/design.md, invariant 7) Teardown and remediation never act on one host at once: a
    teardown (``metalmend serve``'s claim: ``policy.interlock.decide_claims`` on the host as
-   read, the claim written conditional on that version, as ``serve.interlock`` does) and
+   read, the claim written conditional on that version, as ``teardown.interlock`` does) and
    the remediations decide and write interleaved; no remediation key or escalation marker
    is added while a teardown claim is on the host, no claim is written while a remediation
    key or an escalation marker is, no Node is fenced and no Machine deleted by escalation
@@ -1218,10 +1218,10 @@ class RemediationWorld(RuleBasedStateMachine):
         elif reason == names.REASON_WAITING_FOR_HOST:
             note("metal3-remediation waits: another remediation holds the host")
 
-    # ---- teardown: serve.interlock's claim, by policy.interlock's rule ----------------------
+    # ---- teardown: teardown.interlock's claim, by policy.interlock's rule -------------------
 
     def plan_teardown(self, h: str) -> list[Step]:
-        """As ``serve.interlock.Interlock.claim``: the host read, then what could hold it
+        """As ``teardown.interlock.Interlock.claim``: the host read, then what could hold it
         (the remediations of its Machines, their requests), ``decide_claims``, and the claim
         written conditional on the host as read (a step of its own: anything may come
         between)."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from fastapi import FastAPI
 from lightkube import AsyncClient, KubeConfig
 
@@ -37,9 +38,17 @@ async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 
 def assert_status(answer: httpx.Response, code: int, reason: str) -> dict[str, Any]:
+    """The Status body of ``answer``: YAML on Deckhand's API (as Deckhand's errors), JSON
+    on every other."""
     assert answer.status_code == code
-    assert answer.headers["content-type"] == "application/json"
-    document: dict[str, Any] = answer.json()
+    document: dict[str, Any]
+    if answer.request.url.path.startswith("/deckhand/"):
+        assert answer.headers["content-type"] == "application/x-yaml"
+        assert not answer.text.lstrip().startswith("{")  # YAML's block style, as Deckhand's
+        document = yaml.safe_load(answer.text)
+    else:
+        assert answer.headers["content-type"] == "application/json"
+        document = answer.json()
     assert set(document) == {
         "kind",
         "apiVersion",
@@ -58,6 +67,37 @@ def assert_status(answer: httpx.Response, code: int, reason: str) -> dict[str, A
     details = document["details"]
     assert details["errorCount"] == sum(1 for m in details["messageList"] if m["error"])
     return document
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "code", "reason"),
+    [
+        ("GET", "/deckhand/api/v1.0/nowhere", {}, 404, "NotFound"),
+        ("GET", "/deckhand/api/v1.0/revisions", {}, 401, "Unauthorized"),
+        ("DELETE", "/deckhand/api/v1.0/buckets/a/documents", {}, 405, "MethodNotAllowed"),
+        ("GET", "/deckhand/api/v1.0/revisions", {"X-Context-Marker": "x"}, 400, "BadRequest"),
+        ("GET", "/deckhand/versions", {"X-Context-Marker": "x"}, 400, "BadRequest"),
+    ],
+    ids=["unknown-path", "no-token", "wrong-method", "bad-marker", "bad-marker-versions"],
+)
+async def test_deckhands_refusals_are_yaml_as_deckhands(
+    http: httpx.AsyncClient,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    code: int,
+    reason: str,
+) -> None:
+    """Issue 39, point 7: Deckhand answers its errors as YAML (``application/x-yaml``,
+    its ``format_error_resp``); so does serve on Deckhand's API, whatever refused."""
+    answer = await http.request(method, path, headers=headers)
+    assert_status(answer, code, reason)
+
+
+async def test_the_other_apis_refusals_stay_json(http: httpx.AsyncClient) -> None:
+    for path in ("/shipyard/api/v1.0/nowhere", "/drydock/api/v1.0/nowhere", "/nowhere"):
+        answer = await http.get(path)
+        assert (answer.status_code, answer.headers["content-type"]) == (404, "application/json")
 
 
 async def test_an_unknown_path_is_a_status_404(http: httpx.AsyncClient) -> None:

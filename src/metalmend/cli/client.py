@@ -252,7 +252,7 @@ def request(
 
 def refused(answer: httpx.Response, url: str) -> None:
     try:
-        document = yaml.safe_load(answer.text)  # a Status body: JSON, which is YAML
+        document = yaml.safe_load(answer.text)  # a Status body: YAML, or JSON (YAML too)
     except yaml.YAMLError:
         document = None
     if not isinstance(document, dict) or "status" not in document:

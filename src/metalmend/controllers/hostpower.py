@@ -126,7 +126,7 @@ class HostPowerController:
         )
 
     def poll_every(self) -> float:
-        """The interval idle polls keep now (``policy.poll_every`` over the hosts cached).
+        """The interval idle polls keep now (``policy.hostpower.poll_every`` over the hosts cached).
         The log says when the poll budget starts or stops stretching it."""
         every = policy.poll_every(self.settings, len(self.hosts.store))
         stretched, was = every > self.settings.poll_interval, self._poll_every

@@ -79,12 +79,34 @@ class Document:
         return self.layering.get("abstract") is True
 
     def to_wire(self, bucket: str, revision: int) -> dict[str, Any]:
+        """The document as Deckhand answers it: with ``status``, and with Deckhand's
+        metadata defaults (``with_defaults``: a document put since they are filled in at
+        the put has them already; one stored before gets them here)."""
         return {
             "schema": self.schema,
-            "metadata": dict(self.metadata),
+            "metadata": with_defaults(self.metadata),
             "data": self.data,
             "status": {"bucket": bucket, "revision": revision},
         }
+
+
+def with_defaults(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """``metadata`` with Deckhand's defaults filled in where absent, as Deckhand stores
+    every document (airshipit/deckhand ``deckhand/db/sqlalchemy/api.py``,
+    ``_fill_in_metadata_defaults``): ``storagePolicy: cleartext`` and
+    ``layeringDefinition.abstract: false``. Filled in when a document is put (``check``),
+    so that a document read back and put again, or put with the defaults spelt out, is
+    unchanged, as in Deckhand; and on the way out (``Document.to_wire``) for documents
+    stored before (docs/design-store.md, "Migrations")."""
+    filled = dict(metadata)
+    if not filled.get("storagePolicy"):
+        filled["storagePolicy"] = "cleartext"
+    layering = filled.get("layeringDefinition")
+    if layering is None:
+        filled["layeringDefinition"] = {"abstract": False}
+    elif isinstance(layering, Mapping) and "abstract" not in layering:
+        filled["layeringDefinition"] = {**layering, "abstract": False}
+    return filled
 
 
 class DocumentsRejected(ValueError):
@@ -182,7 +204,7 @@ def check(raw: Any, where: str) -> Document:
     if problems:
         raise DocumentsRejected(problems)
     content = {k: raw[k] for k in TOP_LEVEL}
-    return make(content["schema"], content["metadata"], content["data"])
+    return make(content["schema"], with_defaults(content["metadata"]), content["data"])
 
 
 def _problems(raw: dict[Any, Any]) -> Iterator[str]:

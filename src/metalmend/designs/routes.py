@@ -1,9 +1,10 @@
 """Deckhand's design revisions (docs/design-store.md), under ``/deckhand/api/v1.0``.
 
 YAML in and out (``application/x-yaml``) as Deckhand's API reference has it
-(https://airship-deckhand.readthedocs.io); errors are Status bodies, in JSON, which is
-YAML too. Documents are stored and answered as they were put: no layering, no
-substitution (``rendered-documents`` leaves out only abstract documents).
+(https://airship-deckhand.readthedocs.io), errors too: Status bodies written as YAML, as
+Deckhand's (``web.conventions.status_answer``). Documents are stored and answered as
+they were put but for Deckhand's metadata defaults (``documents.with_defaults``): no
+layering, no substitution (``rendered-documents`` leaves out only abstract documents).
 
 Each endpoint's permission is a verb on a resource of the API group
 ``deckhand.metalmend.dev`` (deploy/rbac/serve.yaml): ``update buckets/documents`` for the

@@ -2,7 +2,7 @@
 ``action: destroy_nodes``, ``GET /tasks``, ``GET /tasks/{task_id}``.
 
 A task is stored before it is answered (201, Drydock's Task document) and run by the
-task worker (``serve.tasks``), which survives restarts of the service and shares the work
+task worker (``destroy.worker``), which survives restarts of the service and shares the work
 among replicas on one database. Errors are UCP Status bodies, like every answer of
 ``metalmend serve`` (upstream Drydock's own error body is not).
 

@@ -1,6 +1,6 @@
 """The task worker of ``metalmend serve``: runs the stored Drydock tasks (docs/destroy.md).
 
-The leases, the scan and the renewals are ``serve.leased`` (shared with Shipyard's
+The leases, the scan and the renewals are ``db.leased`` (shared with Shipyard's
 actions): of two replicas sharing a database only one runs a task, and a replica killed
 mid-task leaves its lease (``destroy.lease_seconds``) to expire; the next one to look takes
 the task and every node continues from its stored record. Nodes of one task run side by

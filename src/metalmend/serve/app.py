@@ -69,7 +69,7 @@ class Services:
     # Design revisions, tasks (docs/design-store.md), upgraded before serving; None only
     # in tests of other endpoints: the store's endpoints then answer 503 (serve.database).
     database: Database | None = None
-    bodies: BodyLimits = field(default_factory=BodyLimits)  # serve.bodies
+    bodies: BodyLimits = field(default_factory=BodyLimits)  # web.bodies
     design_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
 
 
@@ -82,10 +82,11 @@ def response(
     path: str = "",
 ) -> JSONResponse:
     """A Status body, as the route's family writes it (``web.conventions.shaped``:
-    Shipyard's ``code`` string and error fields, Drydock's), the Status fields kept."""
+    Shipyard's ``code`` string and error fields, Drydock's), the Status fields kept; YAML
+    on Deckhand's API, as Deckhand's errors (``web.conventions.status_answer``)."""
     sent = dict(headers or {}) | ({"WWW-Authenticate": "Bearer"} if code == 401 else {})
     answer = conventions.shaped(path, body(code, reason, message, messages))
-    return JSONResponse(answer, status_code=code, headers=sent)
+    return conventions.status_answer(path, answer, code, sent)
 
 
 def create_app(
@@ -277,7 +278,7 @@ def _shipyard(
     namespaces: tuple[str, ...],
     label_prefixes: tuple[str, ...],
 ) -> shipyard.Shipyard | None:
-    """The action store and worker, and what the steps are given (``shipyard.steps``)."""
+    """The action store and worker, and what the steps are given (``siteactions.steps``)."""
     tasks = deps.find(app, drydock.Drydock)
     if services.database is None or tasks is None:
         return None

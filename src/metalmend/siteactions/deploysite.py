@@ -13,7 +13,7 @@ a refusal fails the step at once with the API server's message), ``wait`` (hosts
 provisioned, the design's Nodes Ready with their labels), and ``create_action_tag``,
 which runs even after a failure: the revision is tagged ``site-action-success``, or
 ``site-action-failure`` once validation had passed. The guard against intermediate
-commits ran when the action was created (``serve.shipyard``).
+commits ran when the action was created (``policy.actions.intermediate_commits``).
 
 Every step is idempotent: apply again writes nothing new; the wait keeps its start in its
 record so its timeout survives restarts; tagging again replaces the tag's data.

@@ -54,7 +54,8 @@ from metalmend.teardown.policy import decommission as decommissioning
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "metalmend-shipyard"
-# serve.shipyard's REDEPLOY_NODE (asked at creation, and again here at the start)
+# The permission redeploy_server asks per node when the action is created (siteactions.routes)
+# and again here at the start.
 REDEPLOY_NODE = Permission("nodes", "redeploy", "create", "shipyard.metalmend.dev")
 DESIGN_HREF = "deckhand+https://metalmend-serve/deckhand/api/v1.0/revisions/{}/rendered-documents"
 
@@ -373,7 +374,8 @@ async def _ownership(ctx: StepContext, node: str, design: deploysite.SiteDesign)
 
 
 def _secrets(ctx: StepContext) -> access.SecretReader:
-    """serve.etcd's reader: labelled Secrets bound to the cluster, or named in the settings."""
+    """teardown.etcd.access's reader: labelled Secrets bound to the cluster, or named in
+    the settings."""
     named = getattr(ctx.services, "etcd_credentials_secrets", ())
     return access.secret_reader(ctx.services.client, tuple(named))
 

@@ -1,6 +1,10 @@
 """Shipyard's API under ``/shipyard/api/v1.0`` (docs/site-actions.md): configdocs (a
 buffer over the design store, committed, read and compared by version) and actions
+<<<<<<< HEAD
 (stored, run by ``metalmend.siteactions.worker``). Shipyard's API reference:
+=======
+(stored, run by ``siteactions.worker``). Shipyard's API reference:
+>>>>>>> fix/39-docs
 https://airship-shipyard.readthedocs.io/en/latest/API.html.
 
 The router reads requests, asks permissions and answers; what configdocs and the admission
@@ -67,7 +71,7 @@ GET_SITE_STATUSES = auth.Permission("sitestatuses", "", "get", GROUP)
 FORCE_COMMIT = auth.Permission("configdocs", "commit-force", "create", GROUP)
 # redeploy_server wipes the target's drives (destroy) and stops its kubelet (decommission):
 # per node, as Drydock's nodes/destroy and Promenade's per-node permissions are
-# (shipyard.redeploy asks it again when the action starts).
+# (siteactions.redeploy asks it again when the action starts).
 REDEPLOY_NODE = redeploy.REDEPLOY_NODE
 
 VERSION_QUERY = "Query: version=buffer (default)|committed|last_site_action|successful_site_action."

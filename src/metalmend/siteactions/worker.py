@@ -1,11 +1,11 @@
 """The action worker of ``metalmend serve``: runs the stored Shipyard actions step by step
 (docs/site-actions.md, "How actions run").
 
-Each action runs in one replica at a time under a lease (``serve.leased``, as Drydock's
+Each action runs in one replica at a time under a lease (``db.leased``, as Drydock's
 tasks). Its steps run in order; a step's state and record are stored as it goes, so a
 replica that takes the action over (after a crash, or this one restarted) skips the steps
 that succeeded and runs the one that was running again, from its saved record: every step
-is written to be run again (``shipyard.steps``). After a failure the remaining steps are
+is written to be run again (``siteactions.steps``). After a failure the remaining steps are
 not run (``upstream_failed``), except ``final`` ones (the site-action tag). A stop asked
 for through the API takes effect at the running step's next pause (``StepContext.pause``:
 where it waits for the site, a Drydock task, a host or a Node), or when it ends: the step

@@ -51,7 +51,7 @@ class Decommission:
     # reading the host sees how far the decommission is); None: not claimed (tests).
     claims: interlock.Interlock | None = None
     by: str = ""
-    # Reads the credentials Secret of a cluster that declares one (serve.etcd's reader:
+    # Reads the credentials Secret of a cluster that declares one (teardown.etcd.access's reader:
     # labelled and bound Secrets only); None: such clusters are unreachable.
     secrets: access.SecretReader | None = None
 

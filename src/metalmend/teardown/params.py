@@ -130,7 +130,7 @@ def no_parameters(query: Query) -> None:
 
 
 def design_ref_url(raw: str) -> DesignRef:
-    """A design reference (``serve.designref``): a revision of serve's design store, or an
+    """A design reference (``designs.designref``): a revision of serve's design store, or an
     https URL (allowed or not: the settings say, when it is read). Never echoed as given."""
     try:
         return designref.parse(raw)

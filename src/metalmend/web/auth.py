@@ -424,7 +424,7 @@ async def admit(
     gate = deps.of(request, Gate)
     caller = await authenticate(request, credentials)
     await gate.authorize(caller, permission, name)
-    request.state.caller = caller  # who the teardown claim names (serve.interlock)
+    request.state.caller = caller  # who the teardown claim names (teardown.interlock)
 
 
 def Admit(permission: Permission, name: str | None = None, *, limit: int | None = None) -> Any:

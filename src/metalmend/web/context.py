@@ -18,7 +18,6 @@ import uuid
 from typing import Any
 
 from starlette.datastructures import Headers, MutableHeaders
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from metalmend.log import bound, fields
@@ -82,7 +81,8 @@ class ContextMarker:
             else f"{HEADER} given {len(given)} times: give one UUID"
         )
         log.info("request refused", extra=fields(path=scope.get("path", ""), problem=text))
+        path = scope.get("path", "")
         answer: dict[str, Any] = conventions.shaped(
-            scope.get("path", ""), status.body(400, "BadRequest", text, status.errors(text))
+            path, status.body(400, "BadRequest", text, status.errors(text))
         )
-        await JSONResponse(answer, status_code=400)(scope, receive, send)
+        await conventions.status_answer(path, answer, 400)(scope, receive, send)

@@ -6,9 +6,11 @@ upstream, where both are unauthenticated) and neither says anything about the si
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
+import yaml
 from fastapi import APIRouter, FastAPI, Response
 from fastapi.responses import JSONResponse
 
@@ -106,3 +108,32 @@ def shaped(path: str, answer: dict[str, Any]) -> dict[str, Any]:
     if path.startswith("/drydock/") and code >= 400:
         return {**answer, "type": "error", "retry": retry}
     return answer
+
+
+YAML = "application/x-yaml"
+# The APIs whose refusals are YAML: Deckhand's, which answers every error as YAML
+# (airshipit/deckhand ``deckhand/errors.py``, ``format_error_resp``: ``yaml.safe_dump``
+# of the Status body; its functional tests expect ``application/x-yaml`` on a bucket
+# conflict and on an illegal ``limit``). Shipyard's configdocs take and give YAML but
+# Shipyard's errors are JSON, as every other API's.
+YAML_ERRORS = ("/deckhand/",)
+
+
+class YamlStatus(JSONResponse):
+    """A Status body written as YAML (block style, keys in the body's order), for the APIs
+    of ``YAML_ERRORS``. A ``JSONResponse`` to the application's handlers, which build
+    every Status answer alike; only the bytes and the media type differ."""
+
+    media_type = YAML
+
+    def render(self, content: Any) -> bytes:
+        return yaml.safe_dump(content, sort_keys=False, allow_unicode=True).encode("utf-8")
+
+
+def status_answer(
+    path: str, answer: dict[str, Any], code: int, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """The response carrying a Status body ``answer`` (already ``shaped``) for ``path``:
+    YAML on Deckhand's API, JSON everywhere else."""
+    kind = YamlStatus if path.startswith(YAML_ERRORS) else JSONResponse
+    return kind(answer, status_code=code, headers=dict(headers or {}))

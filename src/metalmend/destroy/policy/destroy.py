@@ -298,7 +298,7 @@ class View:
 
 @dataclass(frozen=True)
 class Claim:
-    """Take the teardown claim on the Node's host (``serve.interlock``); a 409 is the fact
+    """Take the teardown claim on the Node's host (``teardown.interlock``); a 409 is the fact
     ``refused`` of the next round."""
 
     step: str

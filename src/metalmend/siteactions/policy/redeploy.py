@@ -28,7 +28,7 @@ from typing import Any
 
 from metalmend.policy.decision import Decision
 
-# Steps as the action lists them (policy.siteactions' redeploy_server step list).
+# Steps as the action lists them (redeploy_server's step list, STEPS below).
 PREFLIGHT = "preflight"
 DESIGN_LOOKUP = "design_lookup"
 VALIDATION = "validation"
