@@ -141,19 +141,20 @@ class RemediationController:
     def host_object(self, remediation: Any) -> Any | None:
         """The Machine's host (of its own namespace only: api/links.py); without one, the
         host we recorded putting our key on (so that deleting the Machine first, or changing
-        its annotation, never leaves its host held off)."""
+        its annotation, never leaves its host held off). A remediation of a Node without a
+        Machine keeps to the host it recorded: should another host confirm the Node since,
+        observe_node_target finds the Node is not this one's and releases it."""
         machine = self.machine_of(remediation)
         hosts = links.host_of(machine) if machine is not None else []
-        if machine is None and (named := self.node_target_host(remediation)):
-            hosts = [named]
         recorded = (remediation.get("status") or {}).get("host")
         # status is writable by whoever may update the status subresource: a recorded host
         # outside this namespace is none of ours (and none of this remediation's business).
-        if (
-            not hosts
-            and recorded
-            and links.key_in_namespace(recorded, remediation.metadata.namespace)
-        ):
+        if recorded and not links.key_in_namespace(recorded, remediation.metadata.namespace):
+            recorded = None
+        if machine is None and self.remediated_node(remediation):
+            named = self.node_target_host(remediation)
+            hosts = [recorded] if recorded else [named] if named else []
+        if not hosts and recorded:
             hosts = [recorded]
         return self.hosts.store.get(hosts[0]) if hosts else None
 
@@ -259,8 +260,8 @@ class RemediationController:
         elif found is None:
             problem = (
                 f"Node {target} names no BareMetalHost of namespace"
-                f" {remediation.metadata.namespace} ({names.NODE_HOST} annotation or metal3"
-                " providerID)"
+                f" {remediation.metadata.namespace} that confirms it (the host's"
+                f" {names.HOST_NODE}: {target}, or a providerID carrying the host's uid)"
             )
         node_name = progress.node or target
         node = self.nodes.store.get(node_name) if node_name else None
