@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lightkube import ApiError, AsyncClient, Client, KubeConfig
+import yaml
+from lightkube import ApiError, AsyncClient, Client, KubeConfig, codecs
 from lightkube.models.core_v1 import NodeSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
@@ -44,7 +45,7 @@ from metalmend.api.resources import (
 )
 from metalmend_lab.controlplane import ControlPlane
 from tests.integration.test_nodehealthcheck import DURATION, Run, World
-from tests.support import until
+from tests.support import grant, until
 
 UNHEALTHY = [
     {"type": "Ready", "status": "False", "duration": f"{DURATION}s"},
@@ -136,8 +137,9 @@ async def test_a_kubelets_own_node_cannot_make_the_check_power_cycle_another_ser
     world: World, run: Run, control_plane: ControlPlane
 ) -> None:
     ns = world.ns
-    await world.host("host-w2")  # names its Node, w2
-    await world.node("w2", f"metal3://{ns}/host-w2")  # the real worker, healthy
+    # the real worker-2: its host names its Node (not selected here: the check is of the
+    # ghosts, and whatever it does, nothing may reach host-w2)
+    await world.host("host-w2")
     ghosts = {
         "ghost-a": (None, {names.NODE_HOST: f"{ns}/host-w2"}),  # the annotation (the probe's)
         "ghost-b": (f"metal3://{ns}/host-w2", {}),  # --provider-id, metal3's form
@@ -347,3 +349,86 @@ async def _exists_fence(client: AsyncClient, namespace: str, name: str) -> bool:
 
 async def _recorded_in(world: World, reason: str) -> bool:
     return reason in await world.reasons()
+
+
+POLICY = Path(__file__).resolve().parents[2] / "deploy/policies/nodehealthcheck-admission.yaml"
+
+
+@pytest.fixture
+def template_policy(kube: Client, tenant_namespace: str) -> Iterator[dict[str, str]]:
+    """deploy/policies/nodehealthcheck-admission.yaml, its binding limited to checks
+    labelled for this test (the shared test cluster must not see it: a check is
+    cluster-scoped, so a namespace selector would not keep it out)."""
+    label = {"metalmend.dev/test-policy": tenant_namespace}
+    created: list[Any] = []
+    for document in yaml.safe_load_all(POLICY.read_text()):
+        meta, spec = document["metadata"], document["spec"]
+        meta["name"] = f"{meta['name']}-{tenant_namespace}"
+        if document["kind"] == "ValidatingAdmissionPolicyBinding":
+            spec["policyName"] = f"{spec['policyName']}-{tenant_namespace}"
+            spec["matchResources"] = {"objectSelector": {"matchLabels": label}}
+        created.append(kube.create(codecs.from_dict(document)))
+    yield label
+    for obj in reversed(created):  # the binding before its policy
+        kube.delete(type(obj), obj.metadata.name)
+
+
+async def test_the_policy_lets_a_check_name_only_templates_its_author_may_remediate_with(
+    world: World,
+    kube: Client,
+    tenant: Path,
+    tenant_namespace: str,
+    template_policy: dict[str, str],
+) -> None:
+    """With the chart's policy, the tenant (only ``create nodehealthchecks``) may not name
+    a template of the lab's namespace, nor of its own until it may create the template's
+    remediations there."""
+    ns, t2 = world.ns, tenant_namespace
+    spec: dict[str, Any] = {"selector": {"matchLabels": {"suite": ns}}, "minHealthy": 0}
+    tries = iter(range(1_000_000))
+
+    async with AsyncClient(KubeConfig.from_file(tenant), field_manager="tenant") as as_tenant:
+
+        async def attempt(namespace: str) -> str:
+            """The refusal ("<code> <message>"), or "" when the check was created (under a
+            name of its own: one made before the policy was in force is not in the way)."""
+            name = f"{t2}-policed-{next(tries)}"
+            ref = {"kind": "FenceRemediationTemplate", "namespace": namespace, "name": "fence"}
+            body = NodeHealthCheck(
+                metadata=ObjectMeta(name=name, labels=template_policy),
+                spec={**spec, "remediationTemplate": ref},
+            )
+            try:
+                await as_tenant.create(body)
+            except ApiError as error:
+                return f"{error.status.code} {error.status.message}"
+            world.checks.append(name)
+            return ""
+
+        why = await until_refused(lambda: attempt(ns))
+        account = f"system:serviceaccount:{t2}:tenant"
+        assert why.startswith("403 "), why
+        assert f"{account} may not create fenceremediations in namespace {ns}" in why
+        own = await attempt(t2)
+        assert own.startswith("403 "), own
+        assert f"fenceremediations in namespace {t2}" in own, own
+        grant(kube, t2, "fencer", Subject(kind="ServiceAccount", name="tenant", namespace=t2),
+              resources=["fenceremediations"], verbs=["create"],
+              group="remediation.metalmend.dev")  # fmt: skip
+        await until(lambda: _accepted(attempt(t2)))
+
+
+async def until_refused(attempt: Any) -> str:
+    """A new policy takes a moment to be enforced: the first refusal's message."""
+    found: list[str] = []
+
+    async def refused() -> bool:
+        found.append(await attempt())
+        return bool(found[-1])
+
+    await until(refused)
+    return found[-1]
+
+
+async def _accepted(outcome: Any) -> bool:
+    return await outcome == ""
