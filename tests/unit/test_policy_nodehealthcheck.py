@@ -667,3 +667,16 @@ def test_the_healthy_timestamp_is_kept_across_evaluations() -> None:
     first = settle(v)
     later = decide(first, NOW + dt.timedelta(seconds=30))
     assert later.of(SetStatus) == [], "nothing new to say while the delay runs"
+
+
+def test_two_nodes_claiming_one_host_are_both_refused() -> None:
+    """Two Nodes whose providerIDs carry one host's uid (one of them copied it): neither is
+    that host's for sure (controllers.nodehealthcheck.one_node_per_host)."""
+    from metalmend.controllers.nodehealthcheck import one_node_per_host
+
+    real, copy, other = node("real", host="hosts/h1"), node("copy", host="hosts/h1"), node("b")
+    found = {t.name: t for t in one_node_per_host([real, copy, other])}
+    assert found["b"] == other
+    for name in ("real", "copy"):
+        assert found[name].host == ""
+        assert "Nodes copy, real all claim host hosts/h1" in found[name].host_problem
