@@ -44,13 +44,22 @@ from metalmend.api.resources import (
     NodeHealthCheck,
 )
 from metalmend_lab.controlplane import ControlPlane
-from tests.integration.test_nodehealthcheck import DURATION, Run, World
+from tests.integration.test_nodehealthcheck import DURATION, Run
+from tests.integration.test_nodehealthcheck import World as Base
 from tests.support import grant, until
 
 UNHEALTHY = [
     {"type": "Ready", "status": "False", "duration": f"{DURATION}s"},
     {"type": "Ready", "status": "Unknown", "duration": f"{DURATION}s"},
 ]
+
+
+class World(Base):
+    """Node names short enough for a kubelet's certificate (its common name,
+    ``system:node:<name>``, is at most 64 characters): the namespace's random suffix."""
+
+    def node_name(self, name: str) -> str:
+        return f"{name}-{self.ns[-6:]}"
 
 
 @pytest.fixture
