@@ -541,8 +541,8 @@ async def test_the_out_of_service_taint_strategy_fences_a_node_without_a_machine
     await world.ready("a", True)
     await until(lambda: _untainted(world, "a"))
     await until(lambda: _gone(world.remediation("a")), within=30)
-    again: Any = await world.client.get(NodeHealthCheck, "workers")
-    assert again.status["phase"] == "Enabled"
+    # the check writes its status once it has seen the remediation go
+    await until(lambda: _status_is(world, "workers", phase="Enabled"))
 
 
 async def test_a_hosts_report_wakes_the_remediation_of_a_silent_node(
