@@ -1,7 +1,8 @@
 """The chart's admission policies in the lab, as `helm install` puts them with its default
 values (deploy/chart/values.yaml ``policies``): MachineHealthCheck and NodeHealthCheck
-admission, reboot annotation values, and who may change ``spec.bmc`` of a host. A lab without them taught
-the wrong lesson: there, anyone who could patch a host could re-address its BMC.
+admission, reboot annotation values, and who may change ``spec.bmc`` of a host. A lab
+without them taught the wrong lesson: there, anyone who could patch a host could re-address
+its BMC.
 
 The ``spec.bmc`` writers are listed as an operator would list theirs: the identities that
 legitimately set BMC addresses here, the lab admin (``lab up`` creating hosts, the lab's
