@@ -27,6 +27,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Secret
 from lightkube.types import PatchType
 
+from metalmend.api import names
 from metalmend.api.resources import (
     BareMetalHost,
     Machine,
@@ -221,6 +222,10 @@ def register_host(client: Client, host: HostSpec, control_plane: bool | None = N
     )
     body = sitedesign.host_object(host)
     body["spec"]["consumerRef"]["uid"] = machine.metadata.uid
+    # The host names its Node (the lab's Nodes are named after their hosts), as an operator
+    # does: the confirmation a NodeHealthCheck needs (api/links.node_host), which no kubelet
+    # can write. Not in the site design: a design may not carry metalmend.dev/ annotations.
+    body["metadata"].setdefault("annotations", {})[names.HOST_NODE] = host.name
     client.create(BareMetalHost.from_dict(body))
     client.patch(
         BareMetalHost.Status,

@@ -1,7 +1,8 @@
 """The chart's admission policies in the lab, as `helm install` puts them with its default
-values (deploy/chart/values.yaml ``policies``): MachineHealthCheck admission, reboot
-annotation values, and who may change ``spec.bmc`` of a host. A lab without them taught
-the wrong lesson: there, anyone who could patch a host could re-address its BMC.
+values (deploy/chart/values.yaml ``policies``): MachineHealthCheck and NodeHealthCheck
+admission, reboot annotation values, and who may change ``spec.bmc`` of a host. A lab
+without them taught the wrong lesson: there, anyone who could patch a host could re-address
+its BMC.
 
 The ``spec.bmc`` writers are listed as an operator would list theirs: the identities that
 legitimately set BMC addresses here, the lab admin (``lab up`` creating hosts, the lab's
@@ -24,10 +25,12 @@ from metalmend_lab.controlplane import ADMIN_USER
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 POLICIES = DEPLOY / "policies"
-# The files of the chart's defaults (policies.machineHealthCheck, rebootAnnotationValues,
-# bmcSpecWriters.enabled: true; rebootAnnotationWriters is off by default).
+# The files of the chart's defaults (policies.machineHealthCheck, nodeHealthCheck,
+# rebootAnnotationValues, bmcSpecWriters.enabled: true; rebootAnnotationWriters is off by
+# default).
 CHART_DEFAULTS = (
     "machinehealthcheck-admission.yaml",
+    "nodehealthcheck-admission.yaml",
     "reboot-annotation-values.yaml",
     "bmc-spec-writers.yaml",
 )

@@ -3,8 +3,8 @@ decides, metal3-remediation fences by the out-of-service taint. Real BMCs (Redfi
 IPMI), the real host power controller, the real kube-controller-manager (its
 node-lifecycle controller marks the hung Node Unknown, its taint-eviction controller and pod
 garbage collector act on the taint), scheduler and StatefulSet controller. The lab's
-Machines are deleted first: each Node finds its BareMetalHost by its providerID
-(``metal3://hosts/<host>``), and `metalmend run` runs host-power, node-health-check and
+Machines are deleted first: each Node's BareMetalHost is the one that names it
+(``metalmend.dev/node-name``, set by the lab as an operator would), and `metalmend run` runs host-power, node-health-check and
 metal3-remediation only (no node-link, no machine-health-check), killed -9 and started again
 once at each step of the remediation as it is seen.
 

@@ -259,15 +259,18 @@ async def test_a_node_naming_no_host_is_refused_in_words(
 async def test_a_node_without_a_machine_is_fenced_through_the_host_it_names(
     world: World, controllers: Controllers, nhc: Any
 ) -> None:
-    """NodeHealthCheck on a cluster without Machines: the Node's metal3 providerID names
-    its host; the FenceRemediation named after the Node fences it."""
+    """NodeHealthCheck on a cluster without Machines: the host names the Node (and the
+    Node's metal3 providerID agrees); the FenceRemediation named after the Node fences it."""
     await controllers.start(fenceremediation.setup)
+    node = f"{world.ns}-n1"
     await world.client.create(
-        BareMetalHost(metadata=ObjectMeta(name="host-n1"), spec={"online": True}),
+        BareMetalHost(
+            metadata=ObjectMeta(name="host-n1", annotations={names.HOST_NODE: node}),
+            spec={"online": True},
+        ),
         namespace=world.ns,
     )
     await world.power("host-n1", on=True)
-    node = f"{world.ns}-n1"
     await world.client.create(
         Node(
             metadata=ObjectMeta(name=node), spec=NodeSpec(providerID=f"metal3://{world.ns}/host-n1")

@@ -43,9 +43,10 @@ DURATION = 2  # seconds a Ready=False must last
 
 
 class Run:
-    """node-health-check and metal3-remediation, as `metalmend run` runs them."""
+    """node-health-check and metal3-remediation, as `metalmend run` runs them (``namespace``
+    None: every namespace)."""
 
-    def __init__(self, client: AsyncClient, namespace: str) -> None:
+    def __init__(self, client: AsyncClient, namespace: str | None) -> None:
         self.client, self.namespace = client, namespace
         self.task: asyncio.Task[None] | None = None
 
@@ -85,9 +86,15 @@ class World:
     def node_name(self, name: str) -> str:
         return f"{self.ns}-{name}"
 
-    async def host(self, name: str) -> None:
+    async def host(self, name: str, node: str | None = None) -> None:
+        """A host that names its Node (names.HOST_NODE: the confirmation api/links.node_host
+        needs): ``node`` (short name), by default its own name without ``host-``; "" none."""
+        node = name.removeprefix("host-") if node is None else node
+        annotations = {names.HOST_NODE: self.node_name(node)} if node else None
         await self.client.create(
-            BareMetalHost(metadata=ObjectMeta(name=name), spec={"online": True}),
+            BareMetalHost(
+                metadata=ObjectMeta(name=name, annotations=annotations), spec={"online": True}
+            ),
             namespace=self.ns,
         )
         await self.power(name, on=True)
@@ -137,6 +144,11 @@ class World:
         )  # fmt: skip
 
     async def check(self, name: str, **spec: Any) -> Any:
+        """A check of this test's Nodes; without a template named, one of this namespace
+        (strategy reboot, metal3's default), as every check must name one."""
+        if "remediationTemplate" not in spec and "escalatingRemediations" not in spec:
+            await self.default_template()
+            spec["remediationTemplate"] = {"namespace": self.ns, "name": "default"}
         body = {
             "selector": {"matchLabels": {"suite": self.ns}},
             "unhealthyConditions": [
@@ -149,6 +161,14 @@ class World:
         )
         self.checks.append(name)
         return created
+
+    async def default_template(self) -> None:
+        template = {"template": {"spec": {"strategy": "reboot"}}}
+        with contextlib.suppress(ApiError):  # made already
+            await self.client.create(
+                Metal3RemediationTemplate(metadata=ObjectMeta(name="default"), spec=template),
+                namespace=self.ns,
+            )
 
     async def remediation(self, node: str) -> Any | None:
         try:
@@ -262,6 +282,16 @@ def _step(kind: str, order: int, timeout: str = "60s", name: str = "t") -> dict[
         ({"healthyDelay": "a while"}, "spec.healthyDelay"),
         (
             {
+                "escalatingRemediations": [
+                    _step("FenceRemediationTemplate", 1),
+                    {**_step("Metal3RemediationTemplate", 2),
+                     "remediationTemplate": {"namespace": "m", "name": "t"}},
+                ]
+            },
+            "template must be of one namespace",
+        ),
+        (
+            {
                 "remediationTemplate": {
                     "kind": "SelfNodeRemediationTemplate",
                     "name": "t",
@@ -285,6 +315,7 @@ def _step(kind: str, order: int, timeout: str = "60s", name: str = "t") -> dict[
         "short-timeout",
         "api-version-of-kind",
         "healthy-delay",
+        "templates-of-two-namespaces",
     ],
 )
 async def test_the_api_server_refuses_what_the_schema_does_not_admit(
@@ -303,7 +334,7 @@ async def test_a_node_is_fenced_through_its_host_and_a_hostless_node_only_report
     for name in ("a", "b", "c"):
         await world.host(f"host-{name}")
     await world.node("a", f"metal3://{ns}/host-a")
-    await world.node("b", None, **{names.NODE_HOST: f"{ns}/host-b"})  # the operator's link
+    await world.node("b", None, **{names.NODE_HOST: f"{ns}/host-b"})  # host-b names it
     await world.node("c", f"metal3://{ns}/host-c/m3m-c")  # CAPM3's longer form
     await world.node("d", "k3s://d")  # no host at all
     check = await world.check("workers", maxUnhealthy=2)
@@ -510,8 +541,8 @@ async def test_the_out_of_service_taint_strategy_fences_a_node_without_a_machine
     await world.ready("a", True)
     await until(lambda: _untainted(world, "a"))
     await until(lambda: _gone(world.remediation("a")), within=30)
-    again: Any = await world.client.get(NodeHealthCheck, "workers")
-    assert again.status["phase"] == "Enabled"
+    # the check writes its status once it has seen the remediation go
+    await until(lambda: _status_is(world, "workers", phase="Enabled"))
 
 
 async def test_a_hosts_report_wakes_the_remediation_of_a_silent_node(

@@ -279,5 +279,5 @@ def test_policies_are_valid_admission_objects(kube: Client) -> None:
         for file in sorted(POLICIES.glob("*.yaml"))
         for obj in codecs.load_all_yaml(file.read_text())
     ]
-    assert kinds.count("ValidatingAdmissionPolicy") == 5
-    assert kinds.count("ValidatingAdmissionPolicyBinding") == 5
+    assert kinds.count("ValidatingAdmissionPolicy") == 6
+    assert kinds.count("ValidatingAdmissionPolicyBinding") == 6

@@ -208,3 +208,89 @@ def test_condition_written_once_per_refusal_and_cleared_once() -> None:
     reworded = wanted_condition(refused, "HostLinkValid", "other", "InvalidHostReference", later)
     assert reworded is not None
     assert reworded["lastTransitionTime"] == now
+
+
+# ---- a Node without a Machine: the host that confirms it (issue 36, point 1) ----------------
+
+
+@pytest.mark.parametrize(
+    ("provider", "ref"),
+    [
+        pytest.param("baremetalhost:///t1/h1/uid-h1", ProviderRef("t1", "h1", "uid-h1"), id="openshift"),
+        pytest.param("baremetalhost:///t1/h1", None, id="openshift without uid"),
+        pytest.param("baremetalhost:///t1/h1/uid/x", None, id="openshift, a part more"),
+        pytest.param("baremetalhost:///t1//uid-h1", None, id="openshift, an empty part"),
+        pytest.param("baremetalhost://t1/h1/uid-h1", None, id="two slashes"),
+        pytest.param("metal3://t1/h1", ProviderRef("t1", "h1"), id="metalmend's"),
+        pytest.param("metal3://t1/h1/m3m-1", ProviderRef("t1", "h1"), id="capm3's"),
+        pytest.param("metal3://uid-h1", ProviderRef(uid="uid-h1"), id="capm3 legacy"),
+        pytest.param("k3s://n1", None, id="another scheme"),
+        pytest.param(None, None, id="none"),
+    ],
+)  # fmt: skip
+def test_node_provider_ref(provider: str | None, ref: ProviderRef | None) -> None:
+    assert links.node_provider_ref(provider) == ref
+    assert links.node_uid_ref(provider) == (ref.uid if ref else "")
+
+
+H1 = HostFacts("t1/h1", "uid-h1", None)
+H2 = HostFacts("t1/h2", "uid-h2", None)
+
+
+@pytest.mark.parametrize(
+    ("provider", "naming", "by_uid", "host", "problem"),
+    [
+        # the host names its Node (a kubelet cannot write hosts)
+        pytest.param(None, [H1], None, "t1/h1", "", id="named by its host"),
+        pytest.param("metal3://t1/h1", [H1], None, "t1/h1", "", id="named, providerID agrees"),
+        pytest.param("metal3://t1/h1/m3m", [H1], None, "t1/h1", "", id="named, capm3 agrees"),
+        pytest.param("k3s://n1", [H1], None, "t1/h1", "", id="named, another scheme"),
+        pytest.param("metal3://t1/h2", [H1], None, None, "names another host",
+                     id="named, providerID names another host"),
+        pytest.param(None, [H1, H2], None, None, "all name Node n1", id="named by two hosts"),
+        # the providerID carries the host's uid
+        pytest.param("baremetalhost:///t1/h1/uid-h1", [], H1, "t1/h1", "", id="openshift uid"),
+        pytest.param("metal3://uid-h1", [], H1, "t1/h1", "", id="legacy uid"),
+        pytest.param("baremetalhost:///t1/h2/uid-h1", [], H1, None, "the uid it carries",
+                     id="uid of another host than named"),
+        pytest.param("baremetalhost:///t1/h1/guess", [], None, None, "which no BareMetalHost has",
+                     id="a guessed uid"),
+        pytest.param("baremetalhost:///t1/h1/uid-h1", [H2], H1, None, "names Node n1 too",
+                     id="uid, and another host names it"),
+        pytest.param("baremetalhost:///t1/h1/uid-h1", [H1], H1, "t1/h1", "",
+                     id="uid, and the same host names it"),
+        # what a kubelet writes alone proves nothing
+        pytest.param(None, [], None, None, "no BareMetalHost names Node n1",
+                     id="the Node's annotation alone"),
+        pytest.param("metal3://t1/h1", [], None, None, "carries no host's uid",
+                     id="a metal3 providerID alone"),
+        pytest.param("metal3://t1/h1/m3m", [], None, None, "carries no host's uid",
+                     id="capm3's providerID alone"),
+    ],
+)  # fmt: skip
+def test_node_host(
+    provider: str | None,
+    naming: list[HostFacts],
+    by_uid: HostFacts | None,
+    host: str | None,
+    problem: str,
+) -> None:
+    found = links.node_host("n1", provider, naming, by_uid, annotation="t1/h1")
+    assert found.key == host
+    assert problem in found.problem
+    assert bool(found.problem) is (host is None)
+
+
+def test_the_nodes_own_annotation_is_named_as_proving_nothing() -> None:
+    found = links.node_host("n1", None, [], None, annotation="t1/h1")
+    assert "metalmend.dev/baremetalhost: t1/h1 proves nothing" in found.problem
+    assert "metalmend.dev/node-name: n1 on the host" in found.problem
+
+
+def test_the_host_index_reads_the_node_it_names() -> None:
+    def host(annotations: dict[str, str] | None) -> Any:
+        return SimpleNamespace(metadata=SimpleNamespace(annotations=annotations))
+
+    assert links.host_named_node(host({"metalmend.dev/node-name": " n1 "})) == ["n1"]
+    assert links.host_named_node(host({"metalmend.dev/node-name": ""})) == []
+    assert links.host_named_node(host(None)) == []

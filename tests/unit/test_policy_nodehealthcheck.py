@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 
-from metalmend.api import links
 from metalmend.api.names import NHC_CONFIRMED_HEALTHY, NHC_HEALTHY_DELAY, NHC_TIMED_OUT
 from metalmend.api.stamps import stamp
 from metalmend.policy.decision import Decision, Event
@@ -18,6 +17,7 @@ from metalmend.policy.nodehealthcheck import (
     EVENT_ENABLED,
     EVENT_NO_HOST,
     EVENT_NO_TEMPLATE_LEFT,
+    EVENT_OTHER_NAMESPACE,
     EVENT_REMEDIATION_CREATED,
     EVENT_REMEDIATION_REMOVED,
     EVENT_REMEDIATION_SKIPPED,
@@ -67,7 +67,18 @@ def node(name: str, ready: str = "True", since: float = 3600, **changes: object)
     return NodeTarget(**base)  # type: ignore[arg-type]
 
 
-DEFAULT = Check()
+STEPS = (Step(TemplateRef("Metal3RemediationTemplate", "hosts", "fence")),)
+TEMPLATE_SPEC = {"remediationTemplate": {"namespace": "hosts", "name": "fence"}}
+
+
+def checked(**fields: object) -> Check:
+    """A check of template hosts/fence (every check names one: it remediates only hosts of
+    its template's namespace, "hosts" here)."""
+    fields.setdefault("steps", STEPS)
+    return Check(**fields)  # type: ignore[arg-type]
+
+
+DEFAULT = checked()
 
 
 def view(*targets: NodeTarget, check: Check = DEFAULT, **changes: object) -> View:
@@ -91,21 +102,21 @@ def settle(v: View) -> View:
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
-        ({}, Check()),
+        ({}, checked()),
         (
             {"unhealthyConditions": [{"type": "Ready", "status": "False", "duration": "1m30s"}]},
-            Check(unhealthy_conditions=(UnhealthyCondition("Ready", "False", 90.0),)),
+            checked(unhealthy_conditions=(UnhealthyCondition("Ready", "False", 90.0),)),
         ),
-        ({"unhealthyConditions": []}, Check(unhealthy_conditions=())),
-        ({"minHealthy": "60%"}, Check(min_healthy="60%")),
-        ({"maxUnhealthy": 2}, Check(max_unhealthy=2)),
-        ({"pauseRequests": ["upgrade by alice"]}, Check(pause_requests=("upgrade by alice",))),
+        ({"unhealthyConditions": []}, checked(unhealthy_conditions=())),
+        ({"minHealthy": "60%"}, checked(min_healthy="60%")),
+        ({"maxUnhealthy": 2}, checked(max_unhealthy=2)),
+        ({"pauseRequests": ["upgrade by alice"]}, checked(pause_requests=("upgrade by alice",))),
     ],
     ids=["defaults", "duration", "no-conditions", "min-healthy", "max-unhealthy", "paused"],
 )
 def test_spec_as_read(spec: dict[str, object], expected: Check) -> None:
-    assert check_from_spec(spec) == expected
-    assert Check().unhealthy_conditions == DEFAULT_CONDITIONS
+    assert check_from_spec({**spec, **TEMPLATE_SPEC}) == expected
+    assert checked().unhealthy_conditions == DEFAULT_CONDITIONS
 
 
 @pytest.mark.parametrize(
@@ -122,7 +133,7 @@ def test_spec_as_read(spec: dict[str, object], expected: Check) -> None:
 )
 def test_spec_refused(spec: dict[str, object], problem: str) -> None:
     with pytest.raises(InvalidSpec, match=problem):
-        check_from_spec(spec)
+        check_from_spec({**spec, **TEMPLATE_SPEC})
 
 
 # ---- the short-circuit ---------------------------------------------------------------------
@@ -131,17 +142,17 @@ def test_spec_refused(spec: dict[str, object], problem: str) -> None:
 @pytest.mark.parametrize(
     ("check", "expected", "healthy", "allowed"),
     [
-        (Check(), 4, 3, True),  # default minHealthy 51% of 4 = 2.04 -> 3 (rounded up)
-        (Check(), 4, 2, False),
-        (Check(), 0, 0, True),  # nothing selected: nothing to remediate anyway
-        (Check(min_healthy=2), 3, 2, True),
-        (Check(min_healthy=2), 3, 1, False),
-        (Check(min_healthy="100%"), 3, 3, True),
-        (Check(min_healthy="100%"), 3, 2, False),
-        (Check(max_unhealthy=1), 5, 4, True),
-        (Check(max_unhealthy=1), 5, 3, False),
-        (Check(max_unhealthy="40%"), 5, 3, True),  # 40% of 5 = 2
-        (Check(max_unhealthy="40%"), 4, 2, False),  # 40% of 4 = 1.6 -> 1 (rounded down)
+        (checked(), 4, 3, True),  # default minHealthy 51% of 4 = 2.04 -> 3 (rounded up)
+        (checked(), 4, 2, False),
+        (checked(), 0, 0, True),  # nothing selected: nothing to remediate anyway
+        (checked(min_healthy=2), 3, 2, True),
+        (checked(min_healthy=2), 3, 1, False),
+        (checked(min_healthy="100%"), 3, 3, True),
+        (checked(min_healthy="100%"), 3, 2, False),
+        (checked(max_unhealthy=1), 5, 4, True),
+        (checked(max_unhealthy=1), 5, 3, False),
+        (checked(max_unhealthy="40%"), 5, 3, True),  # 40% of 5 = 2
+        (checked(max_unhealthy="40%"), 4, 2, False),  # 40% of 4 = 1.6 -> 1 (rounded down)
     ],
 )
 def test_short_circuit(check: Check, expected: int, healthy: int, allowed: bool) -> None:
@@ -171,7 +182,7 @@ def test_percentages_round_as_kubernetes_int_or_string() -> None:
     ids=["ready", "not-ready-long", "unknown-short", "deleting", "no-conditions"],
 )
 def test_verdict(target: NodeTarget, kind: Health) -> None:
-    assert verdict(Check(), target, NOW).kind == kind
+    assert verdict(checked(), target, NOW).kind == kind
 
 
 def test_a_waiting_node_sets_the_deadline_of_its_condition() -> None:
@@ -186,7 +197,7 @@ def test_an_unhealthy_node_with_a_host_gets_a_remediation() -> None:
     v = view(node("a"), node("b"), node("c", ready="False", since=600))
     decision = decide(v, NOW)
     assert decision.of(CreateRemediation) == [
-        CreateRemediation("c", "uid-c", "hosts/c", {"strategy": "reboot"})
+        CreateRemediation("c", "uid-c", "hosts/c", {"strategy": "reboot"}, template="fence")
     ]
     assert [e.reason for e in decision.events] == [EVENT_REMEDIATION_CREATED]
     (status,) = decision.of(SetStatus)
@@ -206,6 +217,10 @@ def test_a_node_without_a_host_is_reported_never_remediated() -> None:
     assert EVENT_NO_HOST in [e.reason for e in decision.events]
     assert any(e.reason == EVENT_NO_HOST and "providerID" in e.message
                for e in decision.of(NodeEvent))  # fmt: skip
+    (status,) = decision.of(SetStatus)
+    assert status.status.unhealthy_nodes == (
+        {"name": "c", "notRemediated": "no metal3 providerID"},
+    )
     # reported once: the status lists it, and the next evaluation says nothing again
     again = decide(settle(v), NOW)
     assert again.actions == []
@@ -237,7 +252,7 @@ def test_a_remediation_being_deleted_is_not_deleted_again() -> None:
 
 @pytest.mark.parametrize(
     ("check", "phase"),
-    [(Check(min_healthy=3), PHASE_ENABLED), (Check(pause_requests=("me",)), PHASE_PAUSED)],
+    [(checked(min_healthy=3), PHASE_ENABLED), (checked(pause_requests=("me",)), PHASE_PAUSED)],
     ids=["short-circuited", "paused"],
 )
 def test_skipped_remediation_says_why_once(check: Check, phase: str) -> None:
@@ -300,38 +315,42 @@ def test_status_round_trips_its_wire_format() -> None:
     assert NodeCheckStatus.from_wire(wire) == status.status
 
 
-# ---- a Node's host, as the Node names it (api/links.py) -------------------------------------
-
-
-HOST = links.HostFacts(key="hosts/h1", uid="u-1", consumer_ref=None)
+# ---- a check acts only on hosts of its template's namespace (issue 36, point 3) -------------
 
 
 @pytest.mark.parametrize(
-    ("annotations", "provider", "names_it"),
+    ("check", "host", "remediated"),
     [
-        ({"metalmend.dev/baremetalhost": "hosts/h1"}, None, True),
-        ({"metalmend.dev/baremetalhost": "hosts/h1"}, "k3s://n1", True),
-        ({"metalmend.dev/baremetalhost": "hosts/h1"}, "metal3://hosts/h2", False),
-        ({}, "metal3://hosts/h1", True),
-        ({}, "metal3://hosts/h1/m3m-1", True),
-        ({}, "metal3://u-1", True),
-        ({}, "metal3://u-2", False),
-        ({}, "metal3://other/h1", False),
-        ({}, None, False),
-        ({"metalmend.dev/baremetalhost": "h1"}, None, False),  # the namespace is required
+        pytest.param(checked(), "hosts/h1", True, id="the template's namespace"),
+        pytest.param(checked(), "metalmend-lab/worker-1", False, id="another namespace"),
+        pytest.param(checked(steps=(Step(),)), "hosts/h1", False, id="no template"),
     ],
 )
-def test_a_node_names_its_host(
-    annotations: dict[str, str], provider: str | None, names_it: bool
+def test_a_check_remediates_only_hosts_of_its_templates_namespace(
+    check: Check, host: str, remediated: bool
 ) -> None:
-    assert links.node_names_host(annotations, provider, HOST) is names_it
+    sick = node("c", ready="False", since=600, host=host)
+    v = view(node("a"), node("b"), sick, check=check)
+    decision = decide(v, NOW)
+    assert bool(decision.of(CreateRemediation)) is remediated
+    (status,) = decision.of(SetStatus)
+    (entry,) = status.status.unhealthy_nodes
+    if remediated:
+        assert "notRemediated" not in entry
+        return
+    assert f"host {host} is outside namespace" in entry["notRemediated"]
+    warned = [e for e in decision.events if e.reason == EVENT_OTHER_NAMESPACE]
+    assert len(warned) == 1
+    assert "not remediated" in warned[0].message
+    assert [e.reason for e in decision.of(NodeEvent)] == ["NodeUnhealthy", EVENT_OTHER_NAMESPACE]
+    assert decide(settle(v), NOW).actions == [], "reported once"
 
 
 # ---- storm recovery (stormCooldownDuration) ---------------------------------------------------
 
 
 def storm_view(*targets: NodeTarget, cooldown: float = 60) -> View:
-    return view(*targets, check=Check(min_healthy=2, storm_cooldown=cooldown))
+    return view(*targets, check=checked(min_healthy=2, storm_cooldown=cooldown))
 
 
 def test_a_storm_then_a_cooldown_before_new_remediations() -> None:
@@ -395,7 +414,6 @@ def esc(kind: str, name: str, order: int, timeout: str = "5m") -> dict[str, obje
 @pytest.mark.parametrize(
     ("spec", "steps", "delay"),
     [
-        ({}, (Step(),), None),
         (
             {"remediationTemplate": {"kind": FRT, "namespace": "hosts", "name": "f"}},
             (Step(TemplateRef(FRT, "hosts", "f")),),
@@ -412,11 +430,11 @@ def esc(kind: str, name: str, order: int, timeout: str = "5m") -> dict[str, obje
              Step(TemplateRef(M3T, "hosts", "m"), 2, 600.0)),
             None,
         ),
-        ({"healthyDelay": "90s"}, (Step(),), 90.0),
-        ({"healthyDelay": "0"}, (Step(),), 0.0),
-        ({"healthyDelay": "-1s"}, (Step(),), -1.0),
+        ({"healthyDelay": "90s", **TEMPLATE_SPEC}, STEPS, 90.0),
+        ({"healthyDelay": "0", **TEMPLATE_SPEC}, STEPS, 0.0),
+        ({"healthyDelay": "-1s", **TEMPLATE_SPEC}, STEPS, -1.0),
     ],
-    ids=["default", "fence-template", "kind-defaulted", "escalation-sorted", "delay", "zero",
+    ids=["fence-template", "kind-defaulted", "escalation-sorted", "delay", "zero",
          "negative"],
 )
 def test_remediation_steps_and_healthy_delay_as_read(
@@ -443,17 +461,21 @@ def test_remediation_steps_and_healthy_delay_as_read(
         ({"remediationTemplate": {"kind": FRT, "apiVersion": "remediation.metal3.io/v1alpha1",
                                   "namespace": "n", "name": "s"}}, "apiVersion"),
         ({"remediationTemplate": {"name": "s"}}, "namespace and a name"),
-        ({"healthyDelay": "soon"}, "duration"),
+        ({"healthyDelay": "soon", **TEMPLATE_SPEC}, "duration"),
+        ({}, "set remediationTemplate or escalatingRemediations"),
+        ({"escalatingRemediations": [esc(FRT, "f", 1), {**esc(M3T, "m", 2),
+          "remediationTemplate": {"kind": M3T, "namespace": "t2", "name": "m"}}]},
+         "templates of namespaces hosts, t2"),
     ],
     ids=["both", "duplicate-order", "duplicate-kind", "short-timeout", "empty", "other-kind",
-         "wrong-api", "no-namespace", "bad-delay"],
+         "wrong-api", "no-namespace", "bad-delay", "no-template", "two-namespaces"],
 )  # fmt: skip
 def test_remediation_steps_refused(spec: dict[str, object], problem: str) -> None:
     with pytest.raises(InvalidSpec, match=problem):
         check_from_spec(spec)
 
 
-ESCALATION = Check(
+ESCALATION = checked(
     max_unhealthy=1,
     steps=(
         Step(TemplateRef(FRT, "hosts", "fence"), 1, 300.0),
@@ -579,21 +601,21 @@ def test_escalation_state_is_in_the_status_and_a_restart_resumes_it() -> None:
 
 def test_no_escalation_while_remediation_is_held() -> None:
     """Short-circuited or paused: no timeout is handled and nothing new made (as NHC)."""
-    held = Check(min_healthy=3, steps=ESCALATION.steps)
+    held = checked(min_healthy=3, steps=ESCALATION.steps)
     v = view(node("a"), node("b"), node("c", **SICK, remediations=(rem(FR, 900),)), check=held)
     decision = decide(v, NOW)
     assert created(decision) == []
     assert annotated(decision) == []
 
 
-DELAYED = Check(healthy_delay=120.0)
+DELAYED = checked(healthy_delay=120.0)
 
 
 @pytest.mark.parametrize(
     ("check", "remediation", "confirmed", "deleted", "marks", "delayed", "requeue"),
     [
-        (Check(), rem(M3, 600), False, True, [], False, None),
-        (Check(healthy_delay=0.0), rem(M3, 600), False, True, [], False, None),
+        (checked(), rem(M3, 600), False, True, [], False, None),
+        (checked(healthy_delay=0.0), rem(M3, 600), False, True, [], False, None),
         # first healthy look: the delay starts (annotated), the object stays
         (DELAYED, rem(M3, 600), False, False, [(M3, NHC_HEALTHY_DELAY, stamp(NOW))], True,
          NOW + dt.timedelta(seconds=120)),
@@ -601,9 +623,9 @@ DELAYED = Check(healthy_delay=120.0)
          ago(60) + dt.timedelta(seconds=120)),
         (DELAYED, rem(M3, 600, healthy_since=ago(120)), False, True, [], True, None),
         # negative: never automatically
-        (Check(healthy_delay=-1.0), rem(M3, 600), False, False, [], False, None),
+        (checked(healthy_delay=-1.0), rem(M3, 600), False, False, [], False, None),
         # the Node's manually-confirmed-healthy annotation cuts any delay short
-        (Check(healthy_delay=-1.0), rem(M3, 600), True, True, [], False, None),
+        (checked(healthy_delay=-1.0), rem(M3, 600), True, True, [], False, None),
         (DELAYED, rem(M3, 600, healthy_since=ago(10)), True, True, [], True, None),
     ],
     ids=["unset", "zero", "starts", "running", "expired", "never", "confirmed-never",
@@ -645,3 +667,16 @@ def test_the_healthy_timestamp_is_kept_across_evaluations() -> None:
     first = settle(v)
     later = decide(first, NOW + dt.timedelta(seconds=30))
     assert later.of(SetStatus) == [], "nothing new to say while the delay runs"
+
+
+def test_two_nodes_claiming_one_host_are_both_refused() -> None:
+    """Two Nodes whose providerIDs carry one host's uid (one of them copied it): neither is
+    that host's for sure (controllers.nodehealthcheck.one_node_per_host)."""
+    from metalmend.controllers.nodehealthcheck import one_node_per_host
+
+    real, copy, other = node("real", host="hosts/h1"), node("copy", host="hosts/h1"), node("b")
+    found = {t.name: t for t in one_node_per_host([real, copy, other])}
+    assert found["b"] == other
+    for name in ("real", "copy"):
+        assert found[name].host == ""
+        assert "Nodes copy, real all claim host hosts/h1" in found[name].host_problem

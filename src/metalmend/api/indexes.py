@@ -67,6 +67,10 @@ def remediated_node(remediation: Any) -> list[str]:
     return [node] if node else []
 
 
+def host_uid(host: Any) -> list[str]:
+    return [str(host.metadata.uid)] if host.metadata.uid else []
+
+
 def bmc_secret_of(host: Any) -> list[str]:
     """``namespace/name`` of the BMC Secret a host names, if it names one it may (a Secret of
     its own namespace: a name with a ``/`` reaches nothing)."""
@@ -91,3 +95,7 @@ NODES_BY_PROVIDER_ID = Index("nodes-by-provider-id", node_provider_id)
 REMEDIATIONS_BY_NODE = Index("metal3-remediations-by-node", remediated_node)
 
 HOSTS_BY_BMC_SECRET = Index("hosts-by-bmc-secret", bmc_secret_of)
+# Hosts (informer shared by node-health-check and both remediation controllers): a Node
+# without a Machine finds its host by these (api/links.node_host)
+HOSTS_BY_NODE = Index("hosts-by-node", links.host_named_node)
+HOSTS_BY_UID = Index("hosts-by-uid", host_uid)

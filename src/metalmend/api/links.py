@@ -34,7 +34,7 @@ The rules, and where upstream Metal3 stands on each:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -301,37 +301,106 @@ def node_fence_refusal(node_name: str, node_provider_id: str | None, host: HostF
 
 
 # ---- a Node without a Machine: its host (the NodeHealthCheck, docs/healthcheck.md) -----------
+#
+# A kubelet writes its own Node: NodeRestriction lets it create the Node of its name with any
+# annotation and any providerID (``--provider-id``), and annotate it later. So nothing on the
+# Node alone may say which server it runs on. A Node's host is the one that confirms it:
+#
+# - the host whose ``metadata.uid`` its providerID carries: ``baremetalhost:///<namespace>/
+#   <host>/<uid>`` (OpenShift's form; the namespace and name must be that host's) or CAPM3's
+#   legacy ``metal3://<uid>``. A kubelet cannot read BareMetalHosts, so it cannot learn a
+#   host's uid; whoever registers the Node with it was told by someone who could;
+# - else the host that names the Node: annotation names.HOST_NODE (``metalmend.dev/node-name:
+#   <node>``) on the BareMetalHost, which only those who may edit hosts of its namespace write.
+#   One host only (two naming one Node: none), and the Node's providerID, if it names a host
+#   (``metal3://<namespace>/<host>[/<machine>]``), must name that one (a providerID is set
+#   once, at registration: a later rewrite cannot opt a Node out).
+#
+# The Node's annotation names.NODE_HOST and a providerID without a uid are never proof: read
+# only to say what is missing. An admission policy guarding the annotation was the other way;
+# it is not taken, because a controller cannot tell whether the policy was in force when a
+# given value was written (installed later, or removed meanwhile), while the host's word is
+# read again at every decision.
+
+BAREMETALHOST_PREFIX = "baremetalhost:///"
 
 
-def node_host_ref(
-    annotations: Mapping[str, str] | None, provider_id: str | None
-) -> ProviderRef | None:
-    """The host a Node names: the operator's link (names.NODE_HOST, "<namespace>/<host>")
-    first, else a metal3 providerID (``metal3://<namespace>/<host>[/<machine>]``, or the
-    legacy ``metal3://<host uid>``); None if neither names one."""
-    link = (annotations or {}).get(names.NODE_HOST, "")
-    namespace, _, host = link.partition("/")
-    if namespace and host and "/" not in host:
-        return ProviderRef(namespace=namespace, host=host)
-    return parse_provider_id(provider_id)
+def parse_baremetalhost_provider_id(provider_id: str | None) -> ProviderRef | None:
+    """``baremetalhost:///<namespace>/<host>/<host uid>`` (OpenShift's Node providerID), or
+    None: every part non-empty, no other part."""
+    if not provider_id or not provider_id.startswith(BAREMETALHOST_PREFIX):
+        return None
+    parts = provider_id[len(BAREMETALHOST_PREFIX) :].split("/")
+    if len(parts) != 3 or not all(parts):
+        return None
+    return ProviderRef(namespace=parts[0], host=parts[1], uid=parts[2])
 
 
-def node_names_host(
-    annotations: Mapping[str, str] | None, provider_id: str | None, host: HostFacts
-) -> bool:
-    """Whether the Node itself names ``host`` (``node_host_ref``), and no providerID of it
-    names another: the proof a remediation without a Machine needs before it fences the
-    Node (a Metal3Remediation's annotations are its creator's word, not the Node's). A
-    providerID of another scheme (k3s's ``k3s://<node>``) names no host either way."""
-    ref = node_host_ref(annotations, provider_id)
-    if ref is None:
-        return False
-    named = (
-        bool(host.uid) and ref.uid == host.uid
-        if ref.uid
-        else (f"{ref.namespace}/{ref.host}" == host.key)
-    )
-    other = parse_provider_id(provider_id) is not None and not provider_id_names_host(
-        provider_id, host.key, host.uid
-    )
-    return named and not other
+def node_provider_ref(provider_id: str | None) -> ProviderRef | None:
+    """The host a Node's providerID names: OpenShift's ``baremetalhost:///`` form (with the
+    host's uid), or an agreed metal3 form (rule 3: by name, or by uid alone); None for any
+    other value (``k3s://<node>``, a malformed one)."""
+    return parse_baremetalhost_provider_id(provider_id) or parse_provider_id(provider_id)
+
+
+@dataclass(frozen=True)
+class NodeHost:
+    """The host a Node without a Machine runs on, as its hosts confirm it."""
+
+    key: str | None  # "namespace/name"; None: no host confirms the Node
+    problem: str = ""  # why none (a sentence for the check's status and Events)
+
+
+def node_host(
+    node: str,
+    provider_id: str | None,
+    naming: Sequence[HostFacts],
+    by_uid: HostFacts | None,
+    annotation: str | None = None,
+) -> NodeHost:
+    """The host of Node ``node`` (the rules above). ``naming``: the hosts whose
+    names.HOST_NODE annotation names it; ``by_uid``: the host whose uid its providerID
+    carries (None if none has it, or it carries none); ``annotation``: the Node's own
+    names.NODE_HOST, for the message only."""
+    ref = node_provider_ref(provider_id)
+    if ref is not None and ref.uid:
+        if by_uid is None:
+            return NodeHost(None, f"providerID {provider_id} carries uid {ref.uid}, which no"
+                                  " BareMetalHost has")  # fmt: skip
+        named = f"{ref.namespace}/{ref.host}"
+        if ref.host and named != by_uid.key:
+            return NodeHost(None, f"providerID {provider_id} names host {named}, but the uid"
+                                  f" it carries is host {by_uid.key}'s")  # fmt: skip
+        others = sorted(h.key for h in naming if h.key != by_uid.key)
+        if others:
+            return NodeHost(None, f"providerID {provider_id} is host {by_uid.key}'s, but host"
+                                  f" {', '.join(others)} names Node {node} too")  # fmt: skip
+        return NodeHost(by_uid.key)
+    if len(naming) > 1:
+        keys = ", ".join(sorted(h.key for h in naming))
+        return NodeHost(None, f"hosts {keys} all name Node {node} ({names.HOST_NODE}):"
+                              " none is trusted")  # fmt: skip
+    if not naming:
+        said = f"; its own {names.NODE_HOST}: {annotation} proves nothing" if annotation else ""
+        return NodeHost(
+            None,
+            f"no BareMetalHost names Node {node} ({names.HOST_NODE}: {node} on the host), and"
+            f" its providerID ({provider_id or 'none'}) carries no host's uid{said}",
+        )
+    host = naming[0]
+    if ref is not None and f"{ref.namespace}/{ref.host}" != host.key:
+        return NodeHost(None, f"host {host.key} names Node {node}, but the Node's providerID"
+                              f" {provider_id} names another host")  # fmt: skip
+    return NodeHost(host.key)
+
+
+def host_named_node(host: Any) -> list[str]:
+    """Index function: the Node a BareMetalHost names (names.HOST_NODE), if any."""
+    value = ((host.metadata.annotations or {}).get(names.HOST_NODE) or "").strip()
+    return [value] if value else []
+
+
+def node_uid_ref(provider_id: str | None) -> str:
+    """The host uid a Node's providerID carries ("" if none): to look the host up by."""
+    ref = node_provider_ref(provider_id)
+    return ref.uid if ref is not None else ""

@@ -95,9 +95,14 @@ REASON_BACKUP_LOST = "NodeLabelsNotRestored"
 REASON_MACHINE_REMEDIATION = "MachineRemediation"
 
 # NodeHealthCheck (healthcheck.metalmend.dev; docs/healthcheck.md, "NodeHealthCheck")
-# On a Node: "<namespace>/<host>", the operator's explicit link to the node's BareMetalHost
-# (Nodes are written by cluster administrators and the Node's own kubelet only).
+# On a Node: "<namespace>/<host>", the Node's own word on its BareMetalHost. Its kubelet
+# may write it (NodeRestriction lets a kubelet annotate its own Node), so it proves nothing:
+# read only to say what is missing (api/links.py, "a Node without a Machine").
 NODE_HOST = "metalmend.dev/baremetalhost"
+# On a BareMetalHost: the name of the Node that runs on it. The host's confirmation of its
+# Node (a kubelet cannot write hosts): what a NodeHealthCheck needs to fence a Node whose
+# providerID does not carry the host's uid.
+HOST_NODE = "metalmend.dev/node-name"
 # On a Metal3Remediation the NodeHealthCheck made: the Node it remediates (no Machine).
 REMEDIATED_NODE = "metalmend.dev/node"
 # On the same: the NodeHealthCheck that made it (a label, to list them).

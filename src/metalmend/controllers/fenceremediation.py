@@ -62,8 +62,8 @@ class FenceRemediationController(RemediationController):
 
     def remediated_node(self, remediation: Any) -> str | None:
         """A Node target that no Machine of this namespace names is remediated as the
-        NodeHealthCheck's Machine-less remediations are: through the host the Node itself
-        names (its link annotation or metal3 providerID), never by the object's word."""
+        NodeHealthCheck's Machine-less remediations are: through the host that
+        confirms the Node (api/links.node_host), never by the object's word."""
         goal = target_of(remediation)
         return goal.name if goal.kind == "Node" else None
 

@@ -3,10 +3,11 @@
 caches (the Nodes its selector picks, each with its BareMetalHost and the Metal3Remediation
 made for it), policy.nodehealthcheck ``decide``s, and ``act`` carries each action out.
 
-A Node finds its host by the operator's link on the Node (``metalmend.dev/baremetalhost:
-<namespace>/<host>``), else by its metal3 providerID (``metal3://<namespace>/<host>``, or
-the legacy ``metal3://<host uid>``), as api/links.py reads them. A Node without one is
-reported, never remediated.
+A Node's host is the one that confirms it (api/links.node_host): the host whose uid its
+providerID carries, or the host that names it (``metalmend.dev/node-name: <node>`` on the
+BareMetalHost); never the Node's own word alone, which its kubelet writes. A Node without
+one, or whose host is outside the namespace of the check's templates, is reported, never
+remediated; so is every Node that shares its host with another selected Node.
 
 Remediation goes through metalmend's fence-first flow: a Metal3Remediation (or, from a
 FenceRemediationTemplate, a FenceRemediation) named after the Node in its host's namespace,
@@ -25,12 +26,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import Node
 
-from metalmend.api import links, names
+from metalmend.api import indexes, links, names
 from metalmend.api.resources import (
     BareMetalHost,
     FenceRemediation,
@@ -42,6 +44,7 @@ from metalmend.api.resources import (
 from metalmend.api.selector import matches
 from metalmend.api.stamps import parse_stamp
 from metalmend.controllers.healthcheck import check_changed, node_health
+from metalmend.controllers.tenancy import node_host_of
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
 from metalmend.kube.own_writes import OwnWrites
@@ -57,9 +60,6 @@ log = logging.getLogger(__name__)
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 API_VERSION = "healthcheck.metalmend.dev/v1alpha1"
-# What a remediation made without a template does: power-cycle (fenced) until the Node is
-# healthy again; never "escalate", which deletes a Machine these Nodes do not have.
-DEFAULT_SPEC: Mapping[str, Any] = {"strategy": "reboot"}
 ESCALATE_REFUSED = (
     "remediation template {ref}: strategy escalate deletes the Machine, and Nodes checked"
     " by a NodeHealthCheck have none; use strategy reboot"
@@ -78,7 +78,11 @@ class NodeHealthCheckController:
         ns = settings.runtime.namespace
         self.checks = manager.informer(NodeHealthCheck)
         self.nodes = manager.informer(Node)
-        self.hosts = manager.informer(BareMetalHost, namespace=ns)
+        self.hosts = manager.informer(
+            BareMetalHost,
+            namespace=ns,
+            indexes=indexes.of(indexes.HOSTS_BY_NODE, indexes.HOSTS_BY_UID),
+        )
         self.remediations = {
             kind: manager.informer(resource, namespace=ns) for kind, resource in KINDS.items()
         }
@@ -117,6 +121,7 @@ class NodeHealthCheckController:
             for node in self.nodes.store.values()
             if matches(selector, node.metadata.labels)
         ]
+        targets = one_node_per_host(targets)
         selected = {t.name for t in targets}
         # its remediations of Nodes no longer selected (judged until their remediation
         # ends) or gone (deleted by fencing: reported, never healthy)
@@ -147,7 +152,7 @@ class NodeHealthCheckController:
         """The spec remediations of a step are made with; None: the named template is not
         there. InvalidSpec: one that cannot be used for Nodes."""
         if ref is None:
-            return policy.Template(dict(DEFAULT_SPEC))
+            return None  # never from a spec as read: a check names its templates
         template = self.templates[ref.kind].store.get(ref.key)
         if template is None:
             return None
@@ -168,24 +173,14 @@ class NodeHealthCheckController:
         return found
 
     def host_of(self, node: Any) -> tuple[Any | None, str]:
-        """The Node's BareMetalHost, or why none."""
-        provider = links.node_provider_id(node)
-        ref = links.node_host_ref(node.metadata.annotations, provider)
-        if ref is None:
-            return None, (
-                f"no {names.NODE_HOST} annotation and no metal3 providerID"
-                f" (providerID: {provider or 'none'})"
-            )
-        if ref.uid:
-            host = next((h for h in self.hosts.store.values() if h.metadata.uid == ref.uid), None)
-            wanted = f"uid {ref.uid}"
-        else:
-            wanted = f"{ref.namespace}/{ref.host}"
-            host = self.hosts.store.get(wanted)
-        if host is None:
-            return None, f"BareMetalHost {wanted} not found"
-        if not links.node_names_host(node.metadata.annotations, provider, links.host_facts(host)):
-            return None, f"providerID {provider} names another host than {object_key(host)}"
+        """The Node's BareMetalHost, as its hosts confirm it (api/links.node_host), or why
+        none."""
+        found = node_host_of(node, self.hosts)
+        if found.key is None:
+            return None, found.problem
+        host = self.hosts.store.get(found.key)
+        if host is None:  # the index and the store are one cache: gone meanwhile
+            return None, f"BareMetalHost {found.key} not found"
         return host, ""
 
     def target(self, node: Any, remediations: list[policy.Remediation] | None) -> policy.NodeTarget:
@@ -254,6 +249,27 @@ class NodeHealthCheckController:
             case Event(type=kind, reason=reason, message=message):
                 await self.writer.record_event(check, str(kind), reason, message)
         return None
+
+
+def one_node_per_host(targets: list[policy.NodeTarget]) -> list[policy.NodeTarget]:
+    """Two Nodes confirmed by one host (two providerIDs carrying its uid): neither is that
+    host's for sure, so neither is remediated through it (each is reported)."""
+    by_host: dict[str, list[str]] = {}
+    for target in targets:
+        if target.host:
+            by_host.setdefault(target.host, []).append(target.name)
+    shared = {host: sorted(nodes) for host, nodes in by_host.items() if len(nodes) > 1}
+    return [
+        replace(
+            t,
+            host="",
+            host_problem=f"Nodes {', '.join(shared[t.host])} all claim host {t.host}: none is"
+            " trusted",
+        )
+        if t.host in shared
+        else t
+        for t in targets
+    ]
 
 
 def node_of(obj: Any) -> str | None:
@@ -341,13 +357,18 @@ def node_changed(old: Any | None, new: Any | None) -> bool:
 
 
 def host_changed(old: Any | None, new: Any | None) -> bool:
-    """A host came or went, or its teardown claim changed (power writes wake nothing)."""
+    """A host came or went, or its teardown claim or the Node it names changed (power
+    writes wake nothing)."""
     if old is None or new is None:
         return True
-    claims = [
-        (obj.metadata.annotations or {}).get(interlock.TEARDOWN_ANNOTATION) for obj in (old, new)
+    read = [
+        (
+            (obj.metadata.annotations or {}).get(interlock.TEARDOWN_ANNOTATION),
+            (obj.metadata.annotations or {}).get(names.HOST_NODE),
+        )
+        for obj in (old, new)
     ]
-    return claims[0] != claims[1]
+    return read[0] != read[1]
 
 
 def setup(manager: Manager, settings: Settings) -> None:

@@ -25,7 +25,7 @@ from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
 from metalmend.bmc import BmcError, Busy
 from metalmend.controllers import metrics
 from metalmend.controllers.powerreads import BmcPowerReader, PowerReader
-from metalmend.controllers.tenancy import report
+from metalmend.controllers.tenancy import node_host_of, report
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
@@ -121,7 +121,11 @@ class RemediationController:
             namespace=ns,
             indexes=indexes.of(indexes.MACHINES_BY_HOST, indexes.MACHINES_BY_NODE),
         )
-        self.hosts = manager.informer(BareMetalHost, namespace=ns)
+        self.hosts = manager.informer(
+            BareMetalHost,
+            namespace=ns,
+            indexes=indexes.of(indexes.HOSTS_BY_NODE, indexes.HOSTS_BY_UID),
+        )
         self.nodes = manager.informer(Node)
         self.settings = settings.remediation
 
@@ -137,19 +141,20 @@ class RemediationController:
     def host_object(self, remediation: Any) -> Any | None:
         """The Machine's host (of its own namespace only: api/links.py); without one, the
         host we recorded putting our key on (so that deleting the Machine first, or changing
-        its annotation, never leaves its host held off)."""
+        its annotation, never leaves its host held off). A remediation of a Node without a
+        Machine keeps to the host it recorded: should another host confirm the Node since,
+        observe_node_target finds the Node is not this one's and releases it."""
         machine = self.machine_of(remediation)
         hosts = links.host_of(machine) if machine is not None else []
-        if machine is None and (named := self.node_target_host(remediation)):
-            hosts = [named]
         recorded = (remediation.get("status") or {}).get("host")
         # status is writable by whoever may update the status subresource: a recorded host
         # outside this namespace is none of ours (and none of this remediation's business).
-        if (
-            not hosts
-            and recorded
-            and links.key_in_namespace(recorded, remediation.metadata.namespace)
-        ):
+        if recorded and not links.key_in_namespace(recorded, remediation.metadata.namespace):
+            recorded = None
+        if machine is None and self.remediated_node(remediation):
+            named = self.node_target_host(remediation)
+            hosts = [recorded] if recorded else [named] if named else []
+        if not hosts and recorded:
             hosts = [recorded]
         return self.hosts.store.get(hosts[0]) if hosts else None
 
@@ -173,20 +178,18 @@ class RemediationController:
 
     def node_target_host(self, remediation: Any) -> str:
         """A remediation without a Machine, made for a Node (names.REMEDIATED_NODE, by the
-        NodeHealthCheck): the host the Node itself names, if of this object's namespace
-        ("" otherwise: no host to act on)."""
+        NodeHealthCheck): the host that confirms the Node (api/links.node_host; the Node
+        gone: the one host that names it), if of this object's namespace ("" otherwise: no
+        host to act on)."""
         node_name = self.remediated_node(remediation)
-        node = self.nodes.store.get(node_name) if node_name else None
-        if node is None:
+        if not node_name:
             return ""
-        ref = links.node_host_ref(node.metadata.annotations, links.node_provider_id(node))
-        if ref is None:
-            return ""
-        if ref.uid:
-            host = next((h for h in self.hosts.store.values() if h.metadata.uid == ref.uid), None)
-            key = object_key(host) if host is not None else ""
+        node = self.nodes.store.get(node_name)
+        if node is not None:
+            key = node_host_of(node, self.hosts).key or ""
         else:
-            key = f"{ref.namespace}/{ref.host}"
+            naming = self.hosts.store.by_index(indexes.HOSTS_BY_NODE.name, node_name)
+            key = object_key(naming[0]) if len(naming) == 1 else ""
         return key if links.key_in_namespace(key, remediation.metadata.namespace) else ""
 
     def observe(self, remediation: Any, found: Any | None) -> policy.Observed:
@@ -238,9 +241,12 @@ class RemediationController:
     def observe_node_target(self, remediation: Any, found: Any | None) -> policy.Observed:
         """A remediation of a Node without a Machine (the NodeHealthCheck's): the Node is
         the target (``machine_found``: the target is known; ``machine_node``: the Node). It
-        is fenced only if the Node itself names this host (its link annotation or its
-        providerID: api/links.node_names_host); the object's annotation alone proves
-        nothing, since whoever may create one in this namespace may write it."""
+        is fenced only if this host confirms the Node (api/links.node_host: the host names
+        it, or the Node's providerID carries the host's uid); the object's annotation alone
+        proves nothing, since whoever may create one in this namespace may write it. A Node
+        that no longer is this host's, or that is gone while the host does not name it (and
+        this remediation did not delete it itself), stops the remediation: whatever it holds
+        on the host is released."""
         progress = policy.Progress.from_wire(remediation.get("status") or {})
         target = self.remediated_node(remediation) or ""
         spec = policy.Spec.from_wire(remediation.get("spec") or {})
@@ -254,21 +260,27 @@ class RemediationController:
         elif found is None:
             problem = (
                 f"Node {target} names no BareMetalHost of namespace"
-                f" {remediation.metadata.namespace} ({names.NODE_HOST} annotation or metal3"
-                " providerID)"
+                f" {remediation.metadata.namespace} that confirms it (the host's"
+                f" {names.HOST_NODE}: {target}, or a providerID carrying the host's uid)"
             )
         node_name = progress.node or target
         node = self.nodes.store.get(node_name) if node_name else None
         if node is not None and found is not None:
-            facts = links.host_facts(found)
-            provider = links.node_provider_id(node)
-            if not links.node_names_host(node.metadata.annotations, provider, facts):
+            key = object_key(found)
+            confirmed = node_host_of(node, self.hosts)
+            if confirmed.key != key:
+                why = confirmed.problem or f"its host is {confirmed.key}"
                 node, link_problem = (
                     None,
-                    (
-                        f"Node {node_name} does not name host {facts.key} (its {names.NODE_HOST}"
-                        " annotation or providerID): refusing to fence it"
-                    ),
+                    f"Node {node_name} is not a Node of host {key} ({why}): refusing to fence"
+                    " it; the host is released",
+                )
+        elif node is None and found is not None and not problem:
+            named = links.host_named_node(found)
+            if node_name not in named and not progress.fenced_node_uid:
+                link_problem = (
+                    f"Node {node_name} is gone, and host {object_key(found)} does not name it"
+                    f" ({names.HOST_NODE}): stopping; the host is released"
                 )
         return policy.Observed(
             spec=spec,

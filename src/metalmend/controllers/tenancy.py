@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from metalmend.api import indexes, links, names
 from metalmend.api.links import REASON_VALID
 from metalmend.api.resources import Machine
 from metalmend.api.stamps import stamp
@@ -69,3 +70,16 @@ async def report(
                                                  message=refusal))  # fmt: skip
         await writer.record_event(machine, "Warning", reason, refusal)
     return updated
+
+
+def node_host_of(node: Any, hosts: Any) -> links.NodeHost:
+    """The host of a Node without a Machine, as its hosts confirm it (api/links.node_host),
+    from the hosts informer (indexed by indexes.HOSTS_BY_NODE and HOSTS_BY_UID)."""
+    provider = links.node_provider_id(node)
+    name = node.metadata.name
+    naming = [links.host_facts(h) for h in hosts.store.by_index(indexes.HOSTS_BY_NODE.name, name)]
+    uid = links.node_uid_ref(provider)
+    found = hosts.store.by_index(indexes.HOSTS_BY_UID.name, uid) if uid else []
+    by_uid = links.host_facts(found[0]) if len(found) == 1 else None
+    annotation = (node.metadata.annotations or {}).get(names.NODE_HOST)
+    return links.node_host(name, provider, naming, by_uid, annotation)

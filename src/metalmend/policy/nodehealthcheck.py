@@ -27,6 +27,11 @@ condition merge. What differs, and why:
   remediated: there is nothing metalmend can fence it with;
 - a Node whose host a teardown claims is reported, not remediated (docs/design.md,
   invariant 7), as in the MachineHealthCheck;
+- a check acts on a host only through a template of that host's namespace (its templates
+  are all of one namespace; one is required): a Node whose host is elsewhere is reported
+  (status ``notRemediated``, a ``HostOutsideTemplateNamespace`` Event), never remediated.
+  The check is cluster-scoped and its creator need have no rights in any namespace, so the
+  template's namespace is what says where it may act (docs/security.md);
 - ``pauseRequests`` (NHC's): while any is there, no new remediation starts; those in
   flight go on, and those of Nodes healthy again are still deleted.
 
@@ -101,6 +106,9 @@ EVENT_NO_TEMPLATE_LEFT = "NoTemplateLeft"
 EVENT_REMEDIATION_TIMED_OUT = "RemediationTimedOut"
 # metalmend's own: an unhealthy Node that nothing can fence (no host found).
 EVENT_NO_HOST = "NoBareMetalHost"
+# metalmend's own: an unhealthy Node whose host is outside the namespace of the check's
+# templates (a check acts on a host only through a template of that host's namespace).
+EVENT_OTHER_NAMESPACE = "HostOutsideTemplateNamespace"
 EVENT_NODE_UNHEALTHY = "NodeUnhealthy"
 
 REMEDIATION_API = "remediation.metal3.io/v1alpha1"
@@ -112,6 +120,10 @@ TEMPLATE_API = {
     f"{REMEDIATION_KIND}Template": REMEDIATION_API,
     f"{FENCE_KIND}Template": FENCE_API,
 }
+NO_TEMPLATE = (
+    "set remediationTemplate or escalatingRemediations: a check remediates only the hosts of"
+    " its template's namespace, and without one it would reach every namespace's"
+)
 # NHC's webhook: "a minimum of 60s is enforced" (a safeguard against parallel remediations).
 MIN_ESCALATION_TIMEOUT = 60.0
 
@@ -157,6 +169,13 @@ class Check:
     steps: tuple[Step, ...] = (Step(),)  # in order
     healthy_delay: float | None = None  # seconds; negative: never automatically
 
+    @property
+    def namespace(self) -> str:
+        """The namespace whose hosts the check may remediate: its templates' ("" without
+        one: none)."""
+        refs = [s.ref for s in self.steps if s.ref is not None]
+        return refs[0].namespace if refs else ""
+
 
 def template_ref(ref: Any, where: str) -> TemplateRef:
     if not isinstance(ref, Mapping):
@@ -183,7 +202,9 @@ def steps_from_spec(spec: Mapping[str, Any]) -> tuple[Step, ...]:
             "remediationTemplate and escalatingRemediations are mutually exclusive: set one"
         )
     if escalating is None:
-        return (Step(template_ref(single, "remediationTemplate")),) if single else (Step(),)
+        if not single:
+            raise InvalidSpec(NO_TEMPLATE)
+        return (Step(template_ref(single, "remediationTemplate")),)
     if not isinstance(escalating, list) or not escalating:
         raise InvalidSpec("escalatingRemediations must be a non-empty list")
     steps = []
@@ -205,6 +226,12 @@ def steps_from_spec(spec: Mapping[str, Any]) -> tuple[Step, ...]:
     kinds = [s.remediation_kind for s in steps]
     if len(set(kinds)) != len(kinds):
         raise InvalidSpec("escalatingRemediations: one template per kind")
+    spaces = sorted({s.ref.namespace for s in steps if s.ref is not None})
+    if len(spaces) > 1:
+        raise InvalidSpec(
+            f"escalatingRemediations: templates of namespaces {', '.join(spaces)}; a check"
+            " remediates only the hosts of its templates' namespace, so they must share one"
+        )
     return tuple(sorted(steps, key=lambda s: s.order))
 
 
@@ -632,12 +659,15 @@ class _Report:
         if newly and not remediations:
             message = f"Node {target.name} is unhealthy: {why}"
             decision.do(NodeEvent(target.name, EventType.WARNING, EVENT_NODE_UNHEALTHY, message))
-        if not target.host:
+        outside = outside_problem(self.check, target.host)
+        if not target.host or outside:
+            problem = outside or target.host_problem or "no BareMetalHost found"
+            entry["notRemediated"] = problem
             if newly and not remediations:
-                problem = target.host_problem or "no BareMetalHost found"
+                reason = EVENT_OTHER_NAMESPACE if outside else EVENT_NO_HOST
                 message = f"Node {target.name} is unhealthy ({why}), not remediated: {problem}"
-                decision.do(NodeEvent(target.name, EventType.WARNING, EVENT_NO_HOST, message))
-                decision.note(EVENT_NO_HOST, message, warning=True)
+                decision.do(NodeEvent(target.name, EventType.WARNING, reason, message))
+                decision.note(reason, message, warning=True)
         elif target.teardown:  # held: nothing new on a host a teardown claims
             if newly and not remediations:
                 message = f"Node {target.name} is not remediated: {target.teardown}"
@@ -774,6 +804,18 @@ class _Report:
         started = [r.started for r in target.remediations if r.started is not None]
         if target.remediations:
             self.in_flight[target.name] = stamp(min(started) if started else self.now)
+
+
+def outside_problem(check: Check, host: str) -> str:
+    """Why the check may not act on ``host`` ("namespace/name"): "" when it may (or there
+    is no host: another problem)."""
+    namespace = check.namespace
+    if not host or host.partition("/")[0] == namespace:
+        return ""
+    return (
+        f"host {host} is outside namespace {namespace or '(none)'} of the check's remediation"
+        " template: a check remediates only hosts of its template's namespace"
+    )
 
 
 def _rows(entry: Mapping[str, Any]) -> list[Mapping[str, Any]]:
