@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lightkube import Client
+from lightkube import ApiError, Client
 from lightkube.models.apps_v1 import StatefulSetSpec
 from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
@@ -23,6 +23,7 @@ from metalmend_lab import lab
 from metalmend_lab.hosts import NAMESPACE
 from metalmend_lab.inventory import status_path
 from tests import support
+from tests.e2e.conftest import Metalmend
 
 
 def wait(
@@ -144,3 +145,27 @@ class TaintHistory:
                     f"before it within {deadline}: {self._seen}"
                 )
                 self._changed.wait(min(left, 5.0))
+
+
+def repair(fleet: lab.RunningLab, controllers: str, unhealthy: Callable[[], str]) -> None:
+    """After a test that failed half-way (a hang, a remediation, a frozen stand-in left
+    behind, so that every later test of the module would fail waiting for a healthy
+    fleet): when ``unhealthy()`` says something, clear every host's hang and run
+    ``metalmend run --controllers controllers`` until it says nothing."""
+    try:
+        if not unhealthy():
+            return
+    except ApiError:
+        pass
+    assert fleet.hardware is not None
+    for spec in fleet.hardware.hosts:
+        lab.inject_fault(fleet.plane.workdir.parent, spec.name, "recover")
+    process = Metalmend(fleet, controllers, 3.0)
+    process.start()
+    try:
+        wait(
+            lambda: not unhealthy(), 180, "the fleet healthy again for the next test",
+            tolerate=(ApiError,), state=unhealthy,
+        )  # fmt: skip
+    finally:
+        process.stop()

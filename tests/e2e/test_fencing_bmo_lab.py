@@ -39,7 +39,7 @@ from metalmend.api.resources import BareMetalHost, Metal3Remediation
 from metalmend_lab import bmostandin, lab
 from metalmend_lab.hosts import NAMESPACE, fence_health_check
 from tests.e2e.conftest import Metalmend
-from tests.e2e.fencing import create_db, db_running
+from tests.e2e.fencing import create_db, db_running, repair
 from tests.e2e.fencing import wait as wait_for
 from tests.support import Deadline
 
@@ -89,6 +89,22 @@ def metalmend(fleet: lab.RunningLab, monkeypatch: pytest.MonkeyPatch) -> Iterato
     process.start()
     yield process
     process.stop()
+
+
+@pytest.fixture(autouse=True)
+def leaves_the_fleet_healthy(
+    fleet: lab.RunningLab, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """A test that failed half-way leaves a hang, a frozen stand-in or a remediation behind,
+    and every later test of the module would fail waiting for a healthy fleet: after each
+    test, a fleet that is not healthy is brought back (tests.e2e.fencing.repair)."""
+    yield
+    stand_in = fleet.extras[bmostandin.COMPONENT]
+    if stand_in.pid is not None and stand_in.running():
+        os.kill(stand_in.pid, signal.SIGCONT)
+    for name, value in CONFIRM.items():
+        monkeypatch.setenv(name, value)
+    repair(fleet, lab.BMO_CONTROLLERS, lambda: unhealthy(fleet))
 
 
 def lab_dir(fleet: lab.RunningLab) -> Path:

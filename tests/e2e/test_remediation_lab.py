@@ -28,7 +28,7 @@ from metalmend_lab import lab
 from metalmend_lab.hosts import NAMESPACE, fence_health_check
 from metalmend_lab.timeline import Recorder
 from tests.e2e.conftest import Metalmend
-from tests.e2e.fencing import create_db, wait
+from tests.e2e.fencing import create_db, repair, wait
 
 GRACE = 6.0
 MHC_TIMEOUT = 2
@@ -56,6 +56,15 @@ def metalmend(fleet: lab.RunningLab) -> Iterator[Metalmend]:
     process.start()
     yield process
     process.stop()
+
+
+@pytest.fixture(autouse=True)
+def leaves_the_fleet_healthy(fleet: lab.RunningLab) -> Iterator[None]:
+    """A test that failed half-way leaves a hang or a remediation behind, and every later
+    test of the module would fail waiting for a healthy fleet: after each test, a fleet
+    that is not healthy has its hangs cleared and metalmend run until it is."""
+    yield
+    repair(fleet, lab.DEFAULT_CONTROLLERS, lambda: unhealthy(fleet))
 
 
 def all_healthy(running: lab.RunningLab) -> bool:
