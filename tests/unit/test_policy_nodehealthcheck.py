@@ -232,9 +232,7 @@ def test_a_node_healthy_again_has_its_remediation_deleted_exactly() -> None:
 
 def test_a_remediation_being_deleted_is_not_deleted_again() -> None:
     going = Remediation("hosts", "c", "", ago(60))
-    assert (
-        decide(view(node("a"), node("c", remediations=(going,))), NOW).of(DeleteRemediation) == []
-    )
+    assert decide(view(node("a"), node("c", remediations=(going,))), NOW).of(DeleteRemediation) == []
 
 
 @pytest.mark.parametrize(
@@ -410,25 +408,16 @@ def esc(kind: str, name: str, order: int, timeout: str = "5m") -> dict[str, obje
         ),
         (
             {"escalatingRemediations": [esc(M3T, "m", 2, "10m"), esc(FRT, "f", 1, "60s")]},
-            (
-                Step(TemplateRef(FRT, "hosts", "f"), 1, 60.0),
-                Step(TemplateRef(M3T, "hosts", "m"), 2, 600.0),
-            ),
+            (Step(TemplateRef(FRT, "hosts", "f"), 1, 60.0),
+             Step(TemplateRef(M3T, "hosts", "m"), 2, 600.0)),
             None,
         ),
         ({"healthyDelay": "90s"}, (Step(),), 90.0),
         ({"healthyDelay": "0"}, (Step(),), 0.0),
         ({"healthyDelay": "-1s"}, (Step(),), -1.0),
     ],
-    ids=[
-        "default",
-        "fence-template",
-        "kind-defaulted",
-        "escalation-sorted",
-        "delay",
-        "zero",
-        "negative",
-    ],
+    ids=["default", "fence-template", "kind-defaulted", "escalation-sorted", "delay", "zero",
+         "negative"],
 )
 def test_remediation_steps_and_healthy_delay_as_read(
     spec: dict[str, object], steps: tuple[Step, ...], delay: float | None
