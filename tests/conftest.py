@@ -22,6 +22,7 @@ from metalmend_lab.controlplane import ControlPlane, ControlPlaneConfig
 # The databases of metalmend serve's stores: `database_url` is a SQLite file or a fresh
 # PostgreSQL database of a throwaway cluster (tests/postgres.py), one test per kind.
 from tests.postgres import database_url, postgres_server  # noqa: F401
+from tests.support import slowness
 
 # Short enough that node-lifecycle tests take seconds, long enough for a loaded 2-core CI.
 NODE_MONITOR_GRACE_PERIOD = 6.0
@@ -32,6 +33,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for kind in ("unit", "integration", "e2e"):
             if f"tests/{kind}/" in Path(item.path).as_posix():
                 item.add_marker(getattr(pytest.mark, kind))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """pytest-timeout's limit for this test (its ``timeout`` mark, else the ini's) stretched
+    by the machine's slowness as the test starts, as every wait's deadline is
+    (tests/support.py, "deadlines that follow the machine's load"): set before
+    pytest-timeout reads it."""
+    del nextitem
+    factor = slowness()
+    if factor > 1.0:
+        mark = item.get_closest_marker("timeout")
+        base = item.config.getini("timeout")
+        if mark is not None:
+            base = mark.args[0] if mark.args else mark.kwargs.get("timeout", base)
+        if base and float(base) > 0:
+            item.add_marker(pytest.mark.timeout(float(base) * factor), append=False)
+    return (yield)
 
 
 @pytest.fixture(scope="session")

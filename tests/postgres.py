@@ -19,7 +19,6 @@ import os
 import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
+
+from metalmend_lab.controlplane import free_port
 
 SUPERUSER = "metalmend"
 SYSTEM_USER = "postgres"  # Debian's package creates it
@@ -53,13 +54,6 @@ def binaries() -> Path:
             " (apt-get install postgresql, or `make tools` as root)"
         )
     return found[-1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _server_user() -> str | None:
@@ -95,7 +89,7 @@ class ThrowawayPostgres:
     """A PostgreSQL cluster in a temporary directory; ``start()``, ``stop()``."""
 
     durable: bool = False
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port)  # kept from the kernel's picks
     password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="metalmend-pg-")))
     user: str | None = field(default_factory=_server_user)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import ssl
 import subprocess
 import time
@@ -30,37 +31,148 @@ def reconciles(controller: str) -> float:
     )
 
 
-# The least any ``until`` waits before failing. What a test names (``within=15``) is how
-# long the awaited thing takes on an idle machine with room to spare; on a busy one (CI
-# beside another heavy job, load 15 on 2 cores) the same step took minutes. A condition
-# that holds ends the wait at once, so a generous floor costs nothing but the time a
-# failing test takes to say so.
+# ---- deadlines that follow the machine's load --------------------------------------------
+#
+# A deadline a test names (``within=60``) is how long the awaited thing takes on an idle
+# machine, with room to spare. On a busy one (a 2-core CI runner beside two labs, load 13)
+# every step takes several times as long, and a fixed number fails there for no fault of
+# the code. So every wait in the suite (``until``, ``wait``, ``started`` and the ``Deadline``
+# they share) stretches its deadline by the machine's measured slowness while it waits:
+# the one-minute load average per core, the highest seen during the wait, between 1 and
+# ``SLOWEST`` times (``METALMEND_TEST_SLOWNESS`` sets it, for a machine whose load says
+# little, a container's say). pytest-timeout's per-test limit is stretched the same way
+# (tests/conftest.py). A condition that holds ends the wait at once, so a long deadline
+# costs nothing but the time a failing test takes to say so, and the failure says what
+# was awaited, how long (stretched how much) and what was last seen.
+
+SLOWEST = 8.0
+
+
+def slowness() -> float:
+    """How many times slower than an idle machine this one runs now (see above)."""
+    forced = os.environ.get("METALMEND_TEST_SLOWNESS")
+    if forced:
+        return max(1.0, float(forced))
+    per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return min(SLOWEST, max(1.0, per_core))
+
+
+class Deadline:
+    """``within`` seconds of an idle machine, stretched by the highest ``slowness`` seen
+    since it was set (each look at it measures again)."""
+
+    def __init__(self, within: float) -> None:
+        self.within = within
+        self.began = time.monotonic()
+        self.factor = slowness()
+
+    def left(self) -> float:
+        self.factor = max(self.factor, slowness())
+        return self.began + self.within * self.factor - time.monotonic()
+
+    def expired(self) -> bool:
+        return self.left() <= 0
+
+    def __str__(self) -> str:
+        spent = time.monotonic() - self.began
+        if self.factor <= 1.0:
+            return f"{spent:.0f}s"
+        return f"{spent:.0f}s ({self.within:.0f}s stretched x{self.factor:.1f} by the load)"
+
+
+def described(check: Callable[..., object]) -> str:
+    """What a check waits for, when its caller did not say: its name, or a lambda's line."""
+    name = getattr(check, "__name__", repr(check))
+    if name != "<lambda>":
+        return f"{name}()"
+    try:
+        return inspect.getsource(check).strip()
+    except (OSError, TypeError):
+        return "a lambda"
+
+
+def wait(
+    check: Callable[[], object],
+    within: float,
+    what: str = "",
+    *,
+    state: Callable[[], object] | None = None,
+    tolerate: tuple[type[Exception], ...] = (),
+    every: float = 0.1,
+) -> None:
+    """Until ``check()`` is true, for ``within`` seconds stretched by the load (``Deadline``);
+    else fail saying ``what`` was awaited and what was last seen: ``state()`` if given,
+    else the error ``check`` last raised (``tolerate``: errors that mean "not yet", an API
+    server restarting, an object being replaced) or its last answer."""
+    deadline = Deadline(within)
+    last: object = None
+    while True:
+        try:
+            last = check()
+            if last:
+                return
+        except tolerate as error:
+            last = f"{type(error).__name__}: {error}"
+        if deadline.expired():
+            break
+        time.sleep(every)
+    seen = last
+    if state is not None:
+        try:
+            seen = state()
+        except Exception as error:
+            seen = f"(state unreadable: {type(error).__name__}: {error})"
+    raise AssertionError(f"not within {deadline}: {what or described(check)}; last seen: {seen}")
+
+
+# The least any ``until`` waits before failing (stretched by the load, as every wait): a
+# condition that holds ends the wait at once, so a generous floor costs nothing.
 GENEROUS = 180.0
 
 
 async def until(
-    check: Callable[[], bool | Awaitable[bool]], within: float = GENEROUS, *, exact: bool = False
+    check: Callable[[], bool | Awaitable[bool]],
+    within: float = GENEROUS,
+    *,
+    exact: bool = False,
+    what: str = "",
+    state: Callable[[], object] | None = None,
 ) -> None:
     """Wait until ``check()`` is true (it may be async); fail after ``within`` seconds, or
-    ``GENEROUS`` if that is longer (``exact``: ``within`` itself, for a wait whose running out
-    is part of the test)."""
-    if not exact:
-        within = max(within, GENEROUS)
+    ``GENEROUS`` if that is longer, stretched by the load (``Deadline``), saying ``what``
+    was awaited (else the check's source line) and ``state()``. ``exact``: ``within``
+    itself, unstretched, raising TimeoutError, for a wait whose running out is part of
+    the test."""
+    if exact:
 
-    async def poll() -> None:
-        while True:
-            outcome = check()
-            if await outcome if inspect.isawaitable(outcome) else outcome:
-                return
-            await asyncio.sleep(0.05)
+        async def poll() -> None:
+            while True:
+                outcome = check()
+                if await outcome if inspect.isawaitable(outcome) else outcome:
+                    return
+                await asyncio.sleep(0.05)
 
-    await asyncio.wait_for(poll(), within)
+        await asyncio.wait_for(poll(), within)
+        return
+    deadline = Deadline(max(within, GENEROUS))
+    last: object = None
+    while True:
+        outcome = check()
+        last = await outcome if inspect.isawaitable(outcome) else outcome
+        if last:
+            return
+        if deadline.expired():
+            break
+        await asyncio.sleep(0.05)
+    seen = state() if state is not None else last
+    raise AssertionError(f"not within {deadline}: {what or described(check)}; last seen: {seen}")
 
 
 # How long a process a test starts (metalmend run or serve, a BMC, an emulator) may take to
-# answer: on a busy 2-core machine a cold Python start with its imports and the database's
-# migrations takes tens of seconds. Minutes, not seconds: a healthy start ends the wait at
-# once, and a failed one shows why (the process's exit and output), not a timeout.
+# answer on an idle machine, stretched by the load as every wait: a cold Python start with
+# its imports and the database's migrations takes tens of seconds. Minutes, not seconds: a
+# healthy start ends the wait at once, and a failed one shows why (the process's exit and
+# output), not a timeout.
 STARTUP = 180.0
 
 
@@ -72,13 +184,13 @@ def started(
 ) -> None:
     """Wait until ``ready()``; fail naming ``what`` was waited for and for how long, or at
     once with its output when ``process`` exited meanwhile."""
-    begun = time.monotonic()
+    deadline = Deadline(within)
     while not ready():
         if process is not None and process.poll() is not None:
             raise AssertionError(f"waiting for {what}: the process exited ({process.returncode})"
                                  f"{_output(process)}")  # fmt: skip
-        if time.monotonic() - begun > within:
-            raise AssertionError(f"waited {within:.0f} s for {what}, in vain")
+        if deadline.expired():
+            raise AssertionError(f"waited {deadline} for {what}, in vain")
         time.sleep(0.2)
 
 

@@ -148,10 +148,21 @@ class Manager:
 
     def start(self) -> Component:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        certs = self.certificates()
+        tries = 0
+
+        def argv() -> list[str]:
+            # After a port was taken (start_component): fresh health and diagnostics ports;
+            # the webhook's stays, as the CRDs name it.
+            nonlocal tries
+            tries += 1
+            if tries > 1:
+                self.health_port, self.diagnostics_port = free_port(), free_port()
+            return self.argv(certs)
+
         return start_component(
-            COMPONENT, self.argv(self.certificates()), self.workdir, self.ready,
-            waiting_for=f"the Cluster API manager's GET http://{LOOPBACK}:{self.health_port}"
-            "/readyz to answer 200",
+            COMPONENT, argv, self.workdir, self.ready,
+            waiting_for="the Cluster API manager's GET /readyz (its --health-addr) to answer 200",
         )  # fmt: skip
 
 

@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -52,11 +53,74 @@ class ControlPlaneError(RuntimeError):
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nothing listens on, kept from the kernel's own picks.
+
+    A port picked by binding port 0 and released could be taken before the server it is
+    for binds it (by another process's pick, or as the local port of any outgoing
+    connection: a busy machine makes thousands), which then fails with "address already in
+    use". So the port comes from outside the kernel's ephemeral range
+    (``/proc/sys/net/ipv4/ip_local_port_range``), which neither a bind to port 0 nor an
+    outgoing connection ever uses, at random (another lab's picks rarely meet ours), and
+    is left in TIME_WAIT (a connection to it accepted and closed from our side, as the
+    ephemeral-port-reserve technique does): for the next 60 s a plain bind of it fails, so
+    another lab's ``free_port`` passes it over, while a server binding it with
+    SO_REUSEADDR gets it at once (Go's net.Listen, so etcd, the Kubernetes components,
+    kwok, Prometheus and the Cluster API manager; Python's HTTPServer, asyncio's servers
+    and uvicorn; PostgreSQL). What is left, a process binding the very number on purpose,
+    is what ``start_component``'s retry on "address already in use" is for."""
+    for port in _candidates():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+            try:
+                listener.bind((LOOPBACK, port))  # plain: a port in TIME_WAIT is passed over
+            except OSError:
+                continue
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.listen(1)
+            address = listener.getsockname()
+            with socket.create_connection(address):
+                accepted, _ = listener.accept()
+                accepted.close()  # our side closes first: the port's end goes to TIME_WAIT
+            found: int = address[1]
+            return found
+    raise OSError("no free TCP port on 127.0.0.1")
+
+
+def free_udp_port() -> int:
+    """A UDP port on 127.0.0.1 that nothing is bound to, from outside the kernel's
+    ephemeral range, at random (see ``free_port``; UDP has no TIME_WAIT to hold it)."""
+    for port in _candidates():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            found: int = sock.getsockname()[1]
+            return found
+    raise OSError("no free UDP port on 127.0.0.1")
+
+
+# Ports picked outside the ephemeral range start here (below: well-known services).
+LOWEST_PICKED = 10000
+
+
+def _candidates(tries: int = 200) -> Iterator[int]:
+    """Random ports outside the kernel's ephemeral range, then 0 (the kernel's pick) as a
+    last resort."""
+    low, high = _ephemeral_range()
+    below, above = range(LOWEST_PICKED, low), range(high + 1, 65536)
+    outside = below if len(below) >= len(above) else above
+    if len(outside) >= 1000:
+        for _ in range(tries):
+            yield secrets.choice(outside)
+    yield 0
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 def _die_with_parent() -> None:
@@ -140,33 +204,70 @@ class Component:
 START_TIMEOUT = 180.0
 
 
+# A component that says this and exits during start-up lost a port it was given to another
+# process (``free_port``); ``start_component`` starts it again on fresh ports.
+PORT_TAKEN = "address already in use"
+PORT_TRIES = 3
+
+
 def start_component(
     name: str,
-    argv: list[str],
+    argv: list[str] | Callable[[], list[str]],
     workdir: Path,
     ready: Callable[[], bool],
     timeout: float = START_TIMEOUT,
     waiting_for: str = "it to be ready",
 ) -> Component:
     """Start ``argv`` (log in ``workdir/name.log``) and return once ``ready()`` is true
-    (``waiting_for`` says what that means, for the failure's message)."""
-    component = Component(name, argv, workdir / f"{name}.log")
-    component.start()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not component.running():
+    (``waiting_for`` says what that means, for the failure's message).
+
+    ``argv`` may be a function that picks the component's ports (``free_port``) and
+    returns its command line: when the process exits during start-up saying a port was
+    taken ("address already in use"), it is called again for fresh ports and the
+    component started again (up to ``PORT_TRIES`` times, each said in the log), so
+    ``ready`` must read the ports where ``argv`` leaves them."""
+    make = argv if callable(argv) else lambda: argv
+    log_path = workdir / f"{name}.log"
+    for attempt in range(1, PORT_TRIES + 1):
+        begun_at = log_path.stat().st_size if log_path.exists() else 0
+        component = Component(name, make(), log_path)
+        component.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not component.running():
+                break
+            if ready():
+                return component
+            time.sleep(0.1)
+        else:
+            component.stop()
             raise ControlPlaneError(
-                f"{name} exited during start-up (log: {component.log_path}):\n"
-                f"{component.log_tail()}"
+                f"{name} not ready after {timeout:.0f}s: waited for {waiting_for}"
+                f" (log: {component.log_path})"
             )
-        if ready():
-            return component
-        time.sleep(0.1)
-    component.stop()
-    raise ControlPlaneError(
-        f"{name} not ready after {timeout:.0f}s: waited for {waiting_for}"
-        f" (log: {component.log_path})"
-    )
+        component.stop()  # closes its log
+        said = _read_from(log_path, begun_at)
+        if callable(argv) and PORT_TAKEN in said.lower() and attempt < PORT_TRIES:
+            taken = next(line for line in said.splitlines() if PORT_TAKEN in line.lower())
+            log.warning(
+                "%s: a port it was given was taken by another process before it bound it"
+                " (%s); starting it again on fresh ports (try %d of %d)",
+                name, taken.strip(), attempt + 1, PORT_TRIES,
+            )  # fmt: skip
+            continue
+        raise ControlPlaneError(
+            f"{name} exited during start-up (log: {component.log_path}):\n{component.log_tail()}"
+        )
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with path.open("rb") as log_file:
+            log_file.seek(offset)
+            return log_file.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 @dataclass
@@ -193,6 +294,15 @@ class Ports:
     apiserver: int = field(default_factory=free_port)
     controller_manager: int = field(default_factory=free_port)
     scheduler: int = field(default_factory=free_port)
+
+
+# Which of ``Ports`` each component listens on.
+PORTS_OF = {
+    "etcd": ("etcd_client", "etcd_peer"),
+    "kube-apiserver": ("apiserver",),
+    "kube-controller-manager": ("controller_manager",),
+    "kube-scheduler": ("scheduler",),
+}
 
 
 class ControlPlane:
@@ -244,7 +354,7 @@ class ControlPlane:
             log.info("no kube-scheduler binary: pods will not be bound to Nodes")
         try:
             for name, argv, ready in steps:
-                self._start(name, argv(), ready)
+                self._start(name, self._on_fresh_ports(name, argv), ready)
                 self.ready_after[name] = time.monotonic() - began
         except BaseException:
             self.stop()
@@ -269,7 +379,27 @@ class ControlPlane:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _start(self, name: str, argv: list[str], ready: Callable[[], bool]) -> None:
+    def _on_fresh_ports(self, name: str, argv: Callable[[], list[str]]) -> Callable[[], list[str]]:
+        """``argv`` for ``start_component``: the ports picked at construction first, fresh
+        ones for each try after a port was taken (the kubeconfig rewritten with the
+        apiserver's)."""
+        tries = 0
+
+        def make() -> list[str]:
+            nonlocal tries
+            tries += 1
+            if tries > 1:
+                for port in PORTS_OF[name]:
+                    setattr(self.ports, port, free_port())
+                if name == "kube-apiserver":
+                    self._write_kubeconfig(self.kubeconfig, self.admin)
+            return argv()
+
+        return make
+
+    def _start(
+        self, name: str, argv: list[str] | Callable[[], list[str]], ready: Callable[[], bool]
+    ) -> None:
         self.components[name] = start_component(
             name, argv, self.workdir, ready, self.config.start_timeout
         )

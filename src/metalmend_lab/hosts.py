@@ -37,21 +37,12 @@ from metalmend.api.resources import (
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
 from metalmend.kube import errors
 from metalmend_lab import capi, drives, emulator, sitedesign
-from metalmend_lab.controlplane import LOOPBACK, ControlPlane, free_port
+from metalmend_lab.controlplane import LOOPBACK, ControlPlane, free_port, free_udp_port
 from metalmend_lab.inventory import HardwareConfig, HostSpec
 from metalmend_lab.osdrive import OsDrive
 
 NAMESPACE = "metalmend-lab"
 BMC_KINDS = ("redfish", "ipmi", "mixed")
-
-
-def free_udp_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def plan(

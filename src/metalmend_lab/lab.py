@@ -452,9 +452,13 @@ def controller_argv(
 
 def start_controllers(running: RunningLab, controllers: str, soft_timeout: float) -> None:
     """metalmend itself, as an operator would run it against this cluster."""
-    port = free_port()
     ca = running.plane.ca.pair.cert
-    argv = controller_argv(running.kubeconfig, ca, controllers, port, soft_timeout)
+    port = 0
+
+    def argv() -> list[str]:  # a fresh port for each try (start_component)
+        nonlocal port
+        port = free_port()
+        return controller_argv(running.kubeconfig, ca, controllers, port, soft_timeout)
 
     def ready() -> bool:
         try:
@@ -466,7 +470,7 @@ def start_controllers(running: RunningLab, controllers: str, soft_timeout: float
         running,
         start_component(
             "metalmend", argv, running.plane.workdir.parent, ready,
-            waiting_for=f"metalmend run's GET http://127.0.0.1:{port}/readyz to answer 200",
+            waiting_for="metalmend run's GET /readyz to answer 200 (its --health-bind)",
         ),
     )  # fmt: skip
     running.restarting["metalmend"] = Restarts()

@@ -187,10 +187,15 @@ def start(plane: ControlPlane, client: Client, lab_dir: Path) -> tuple[Component
         "redeploy": LAB_REDEPLOY,
     }
     config.write_text(yaml.safe_dump(settings))
-    port = free_port()
-    url = f"https://{LOOPBACK}:{port}"
+    url = ""
     ca = plane.ca.pair.cert.resolve()
     trusted = ssl.create_default_context(cafile=str(ca))
+
+    def argv() -> list[str]:  # a fresh port for each try (start_component)
+        nonlocal url
+        port = free_port()
+        url = f"https://{LOOPBACK}:{port}"
+        return serve_argv(kubeconfig, port, serving.cert, serving.key, config)
 
     def ready() -> bool:
         try:
@@ -199,10 +204,9 @@ def start(plane: ControlPlane, client: Client, lab_dir: Path) -> tuple[Component
             return False
         return answer.status_code == 200
 
-    argv = serve_argv(kubeconfig, port, serving.cert, serving.key, config)
     component = start_component(
         COMPONENT, argv, lab_dir, ready,
-        waiting_for=f"metalmend serve's GET {url}/healthz to answer 200",
+        waiting_for="metalmend serve's GET /healthz to answer 200",
     )  # fmt: skip
     metrics = f"http://{serve['metrics_bind']}/metrics"
     return component, Endpoints(url, str(ca), admin_token(plane, client), metrics=metrics)

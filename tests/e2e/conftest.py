@@ -6,16 +6,15 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from metalmend.bmc import BmcError, BmcPool, BmcSettings, BmcTarget, Credentials, parse
 from metalmend_lab import lab
-from metalmend_lab.controlplane import free_port
+from metalmend_lab.controlplane import PORT_TAKEN, PORT_TRIES, free_port
 from metalmend_lab.inventory import HostSpec
-from tests.support import STARTUP, answers, started
+from tests.support import STARTUP, Deadline, answers, started
 
 LAB_GRACE = 6.0  # node-monitor grace period of the e2e lab
 LOG_LINES_ON_FAILURE = 80
@@ -61,7 +60,7 @@ def bmcs_answer(running: lab.RunningLab, within: float = STARTUP) -> None:
         pool = BmcPool(BmcSettings(timeout=10, ca_bundle=str(running.plane.ca.pair.cert)))
         waiting = {h.name: h for h in running.hardware.hosts}
         last: dict[str, str] = {}
-        deadline = time.monotonic() + within
+        deadline = Deadline(within)
         try:
             while waiting:
                 for name, spec in list(waiting.items()):
@@ -70,9 +69,9 @@ def bmcs_answer(running: lab.RunningLab, within: float = STARTUP) -> None:
                         del waiting[name]
                     except BmcError as error:
                         last[name] = str(error)
-                if waiting and time.monotonic() > deadline:
+                if waiting and deadline.expired():
                     raise AssertionError(
-                        f"waited {within:.0f} s for the lab's BMCs to answer a power read;"
+                        f"waited {deadline} for the lab's BMCs to answer a power read;"
                         " still silent: "
                         + "; ".join(f"{n} ({waiting[n].bmc}): {last.get(n)}" for n in waiting)
                     )
@@ -105,21 +104,34 @@ class Metalmend:
         self.log = running.plane.workdir.parent / f"metalmend-{controllers.replace(',', '+')}.log"
 
     def start(self) -> None:
-        port = self.port = free_port()
-        argv = lab.controller_argv(
-            self.running.kubeconfig, self.running.plane.ca.pair.cert, self.controllers, port,
-            self.soft_timeout,
-        )  # fmt: skip
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        if self not in _started:
-            _started.append(self)
-        started(
-            answers(f"http://127.0.0.1:{port}/readyz"),
-            f"metalmend run --controllers {self.controllers} to answer 200 on"
-            f" http://127.0.0.1:{port}/readyz (log: {self.log})",
-            self.process,
-        )
+        """Start and wait for /readyz; started again on a fresh port when the one picked
+        was taken meanwhile ("address already in use", as lab.start_component does)."""
+        for attempt in range(1, PORT_TRIES + 1):
+            port = self.port = free_port()
+            argv = lab.controller_argv(
+                self.running.kubeconfig, self.running.plane.ca.pair.cert, self.controllers,
+                port, self.soft_timeout,
+            )  # fmt: skip
+            begun_at = self.log.stat().st_size if self.log.exists() else 0
+            with self.log.open("ab") as log:
+                self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            if self not in _started:
+                _started.append(self)
+            try:
+                started(
+                    answers(f"http://127.0.0.1:{port}/readyz"),
+                    f"metalmend run --controllers {self.controllers} to answer 200 on"
+                    f" http://127.0.0.1:{port}/readyz (log: {self.log})",
+                    self.process,
+                )
+                return
+            except AssertionError:
+                said = self.log.read_bytes()[begun_at:].decode(errors="replace").lower()
+                if self.process.poll() is None or PORT_TAKEN not in said:
+                    raise
+                if attempt == PORT_TRIES:
+                    raise
+                print(f"metalmend run: port {port} was taken before it bound it; again")
 
     def log_tail(self, lines: int) -> str:
         try:

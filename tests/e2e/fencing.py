@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lightkube import Client
+from lightkube import ApiError, Client
 from lightkube.models.apps_v1 import StatefulSetSpec
 from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
@@ -23,25 +22,21 @@ from metalmend.api import names
 from metalmend_lab import lab
 from metalmend_lab.hosts import NAMESPACE
 from metalmend_lab.inventory import status_path
+from tests import support
+from tests.e2e.conftest import Metalmend
 
 
 def wait(
-    check: Callable[[], bool],
+    check: Callable[[], object],
     within: float,
     what: str,
     tolerate: tuple[type[Exception], ...] = (),
+    state: Callable[[], object] | None = None,
 ) -> None:
-    """Until ``check()``; ``tolerate``: errors that mean "not yet" (an API server still
-    starting, an object being replaced)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except tolerate:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"not within {within:.0f}s: {what}")
+    """Until ``check()``, within ``within`` seconds stretched by the load (tests.support:
+    ``wait``); ``tolerate``: errors that mean "not yet" (an API server still starting, an
+    object being replaced); ``state``: what the failure reports as last seen."""
+    support.wait(check, within, what, tolerate=tolerate, state=state)
 
 
 def create_db(client: Client) -> dict[str, str]:
@@ -134,7 +129,7 @@ class TaintHistory:
     def assert_tainted_before(self, version: int, what: str, within: float = 60.0) -> None:
         """The Node carried the taint at a version before ``version`` (a write of ``what``):
         waits for the watch to deliver the Node's versions up to it."""
-        deadline = time.monotonic() + within
+        deadline = support.Deadline(within)
         with self._changed:
             while True:
                 if any(v < version and t for v, t in self._seen):
@@ -144,9 +139,33 @@ class TaintHistory:
                     f"{what} (version {version}) before any taint of {self._node}: "
                     f"the Node's versions {self._seen}"
                 )
-                left = deadline - time.monotonic()
+                left = deadline.left()
                 assert left > 0, (
                     f"{what} (version {version}); {self._node}'s watch delivered no taint "
-                    f"before it within {within:.0f}s: {self._seen}"
+                    f"before it within {deadline}: {self._seen}"
                 )
-                self._changed.wait(left)
+                self._changed.wait(min(left, 5.0))
+
+
+def repair(fleet: lab.RunningLab, controllers: str, unhealthy: Callable[[], str]) -> None:
+    """After a test that failed half-way (a hang, a remediation, a frozen stand-in left
+    behind, so that every later test of the module would fail waiting for a healthy
+    fleet): when ``unhealthy()`` says something, clear every host's hang and run
+    ``metalmend run --controllers controllers`` until it says nothing."""
+    try:
+        if not unhealthy():
+            return
+    except ApiError:
+        pass
+    assert fleet.hardware is not None
+    for spec in fleet.hardware.hosts:
+        lab.inject_fault(fleet.plane.workdir.parent, spec.name, "recover")
+    process = Metalmend(fleet, controllers, 3.0)
+    process.start()
+    try:
+        wait(
+            lambda: not unhealthy(), 180, "the fleet healthy again for the next test",
+            tolerate=(ApiError,), state=unhealthy,
+        )  # fmt: skip
+    finally:
+        process.stop()

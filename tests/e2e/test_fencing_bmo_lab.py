@@ -39,8 +39,9 @@ from metalmend.api.resources import BareMetalHost, Metal3Remediation
 from metalmend_lab import bmostandin, lab
 from metalmend_lab.hosts import NAMESPACE, fence_health_check
 from tests.e2e.conftest import Metalmend
-from tests.e2e.fencing import create_db, db_running
+from tests.e2e.fencing import create_db, db_running, repair
 from tests.e2e.fencing import wait as wait_for
+from tests.support import Deadline
 
 GRACE = 6.0
 REFRESH = 10.0  # the stand-in's power refresh (upstream: 60 s)
@@ -51,8 +52,13 @@ CONFIRM = {
 CONFIRM_READS = 3
 
 
-def wait(check: Callable[[], bool], within: float, what: str) -> None:
-    wait_for(check, within, what, tolerate=(ApiError,))  # the API server may be restarting
+def wait(check: Callable[[], object], within: float, what: str) -> None:
+    """tests.e2e.fencing's wait (stretched by the load); the API server may be restarting;
+    a failure reports the fleet's state as last seen."""
+    wait_for(check, within, what, tolerate=(ApiError,), state=lambda: unhealthy(FLEET[0]))
+
+
+FLEET: list[lab.RunningLab] = []  # the module's lab, for the failures' messages
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +76,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.RunningLab]:
     )
     with lab.started(options) as running:
         fence_health_check(running.client(), 2, power_off=60, power_on=120)
+        FLEET[:] = [running]
         yield running
 
 
@@ -84,6 +91,22 @@ def metalmend(fleet: lab.RunningLab, monkeypatch: pytest.MonkeyPatch) -> Iterato
     process.stop()
 
 
+@pytest.fixture(autouse=True)
+def leaves_the_fleet_healthy(
+    fleet: lab.RunningLab, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """A test that failed half-way leaves a hang, a frozen stand-in or a remediation behind,
+    and every later test of the module would fail waiting for a healthy fleet: after each
+    test, a fleet that is not healthy is brought back (tests.e2e.fencing.repair)."""
+    yield
+    stand_in = fleet.extras[bmostandin.COMPONENT]
+    if stand_in.pid is not None and stand_in.running():
+        os.kill(stand_in.pid, signal.SIGCONT)
+    for name, value in CONFIRM.items():
+        monkeypatch.setenv(name, value)
+    repair(fleet, lab.BMO_CONTROLLERS, lambda: unhealthy(fleet))
+
+
 def lab_dir(fleet: lab.RunningLab) -> Path:
     return fleet.plane.workdir.parent
 
@@ -95,16 +118,29 @@ def reboot_keys(host: Any) -> list[str]:
 def all_healthy(fleet: lab.RunningLab) -> bool:
     """Every host on (the server itself, and the stand-in's status) and Ready, no
     remediation object, no reboot annotation."""
+    return not unhealthy(fleet)
+
+
+def unhealthy(fleet: lab.RunningLab) -> str:
+    """What keeps the fleet from being healthy (``all_healthy``), "" when nothing does."""
     client = fleet.client()
     report = lab.status(lab_dir(fleet)).hosts
-    if not report or any(h.power != "on" or h.ready != "True" for h in report):
-        return False
-    if list(client.list(Metal3Remediation, namespace=NAMESPACE)):
-        return False
+    found = [f"{h.name}: power {h.power}, Ready {h.ready}" for h in report
+             if h.power != "on" or h.ready != "True"]  # fmt: skip
+    if not report:
+        found.append("no hosts in the lab's status")
+    for remediation in client.list(Metal3Remediation, namespace=NAMESPACE):
+        status = remediation.get("status") or {}
+        found.append(
+            f"Metal3Remediation {remediation['metadata']['name']} ({status.get('phase')}:"
+            f" {status.get('message', '')})"
+        )
     for bmh in client.list(BareMetalHost, namespace=NAMESPACE):
-        if reboot_keys(bmh) or (bmh.status or {}).get("poweredOn") is not True:
-            return False
-    return True
+        powered = (bmh.status or {}).get("poweredOn")
+        if reboot_keys(bmh) or powered is not True:
+            found.append(f"BareMetalHost {bmh.metadata.name}: keys {reboot_keys(bmh)},"
+                         f" poweredOn {powered}")  # fmt: skip
+    return "; ".join(found)
 
 
 def commands(fleet: lab.RunningLab, host: str) -> list[tuple[float, str, str]]:
@@ -154,8 +190,8 @@ class History:
             return
 
     def first(self, match: Callable[[Seen], bool], what: str, within: float = 60.0) -> Seen:
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
+        deadline = Deadline(within)
+        while not deadline.expired():
             with self.lock:
                 found = next((s for s in self.seen if match(s)), None)
             if found is not None:
@@ -163,7 +199,7 @@ class History:
             time.sleep(0.1)
         with self.lock:
             versions = [(s.kind, s.version) for s in self.seen]
-        raise AssertionError(f"never seen within {within:.0f}s: {what}; saw {versions}")
+        raise AssertionError(f"never seen within {deadline}: {what}; saw {versions}")
 
 
 def test_fenced_through_the_stand_in_only_by_annotation_and_after_both_say_off(
@@ -269,8 +305,8 @@ def test_killed_at_every_step_every_host_ends_on_and_ready(
         wait(lambda: all_healthy(fleet), 180, "a healthy fleet before the next hang")
         lab.inject_fault(lab_dir(fleet), victim, "hang")
         done: set[str] = set()
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
+        deadline = Deadline(240)
+        while not deadline.expired():
             phase = phase_of(client, victim)
             if phase in STEPS and phase not in done:
                 done.add(phase)
@@ -281,7 +317,10 @@ def test_killed_at_every_step_every_host_ends_on_and_ready(
                 break
             time.sleep(0.1)
         else:
-            raise AssertionError(f"{victim}: remediation not done within 240s; killed at {killed}")
+            raise AssertionError(
+                f"{victim}: remediation not done within {deadline}; killed at {killed};"
+                f" last seen: {unhealthy(fleet)}"
+            )
         lab.inject_fault(lab_dir(fleet), victim, "recover")
         wait(lambda: all_healthy(fleet), 180, f"{victim} on and Ready after kills at {killed}")
     steps = {phase for _, phase in killed}

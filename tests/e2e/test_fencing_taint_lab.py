@@ -22,6 +22,7 @@ from metalmend_lab import lab
 from metalmend_lab.hosts import NAMESPACE, fence_health_check
 from tests.e2e.conftest import Metalmend
 from tests.e2e.fencing import TaintHistory, create_db, db_running, tainted, wait
+from tests.support import Deadline
 
 GRACE = 6.0
 TAINT_SETTINGS = {
@@ -81,9 +82,9 @@ def test_taint_only_on_a_server_that_is_off_and_the_pod_moves_after_it(
     lab.inject_fault(workdir, hung, "hang")
     at: dict[str, float] = {}
     killed = False
-    deadline = began + 240
+    deadline = Deadline(240)
     try:
-        while time.monotonic() < deadline:
+        while not deadline.expired():
             now = time.monotonic() - began
             try:
                 node = client.get(Node, hung)
@@ -119,7 +120,7 @@ def test_taint_only_on_a_server_that_is_off_and_the_pod_moves_after_it(
                 break
             time.sleep(0.1)
         else:
-            raise AssertionError(f"not done within 240s: {at}")
+            raise AssertionError(f"not done within {deadline}: {at}")
     finally:
         client.delete(StatefulSet, "db", namespace=NAMESPACE)
     print("taint timeline (s after the hang):", {k: round(v, 1) for k, v in at.items()})

@@ -37,7 +37,7 @@ from metalmend_lab import lab
 from metalmend_lab.controlplane import free_port
 from metalmend_lab.hosts import NAMESPACE as HOSTS
 from tests.e2e.conftest import host
-from tests.support import STARTUP, bind_bmc_secrets
+from tests.support import STARTUP, Deadline, bind_bmc_secrets
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM = "metalmend-system"
@@ -154,7 +154,7 @@ def in_cluster_env(hosts_lab: lab.RunningLab) -> dict[str, str]:
 def wait_for(
     url: str, container: Container, within: float = STARTUP, verify: ssl.SSLContext | bool = True
 ) -> None:
-    deadline = time.monotonic() + within
+    deadline = Deadline(within)
     while True:
         try:
             if httpx.get(url, timeout=1, verify=verify).status_code == 200:
@@ -162,7 +162,7 @@ def wait_for(
         except httpx.HTTPError:
             pass
         assert container.running(), container.logs()
-        assert time.monotonic() < deadline, (
+        assert not deadline.expired(), (
             f"waited {within:.0f} s for {url} to answer 200:\n{container.logs()}"
         )
         time.sleep(0.3)
@@ -209,9 +209,9 @@ def test_image_runs_as_a_pod_leads_and_reboots_a_host(
 ) -> None:
     container, port = controller
     kube = Client(KubeConfig.from_file(hosts_lab.kubeconfig), field_manager="metalmend-tests")
-    deadline = time.monotonic() + 30
+    deadline = Deadline(30)
     holder = None
-    while not holder and time.monotonic() < deadline:
+    while not holder and not deadline.expired():
         try:
             lease = kube.get(Lease, "metalmend", namespace=SYSTEM)  # our own namespace's
             holder = lease.spec.holderIdentity if lease.spec else None
@@ -226,10 +226,10 @@ def test_image_runs_as_a_pod_leads_and_reboots_a_host(
         BareMetalHost, spec.name, {"metadata": {"annotations": {REBOOT: ""}}},
         namespace=HOSTS, patch_type=PatchType.MERGE,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
+    deadline = Deadline(60)
     while not rebooted_since(kube, spec.name, asked):
         assert container.running(), container.logs()
-        assert time.monotonic() < deadline, f"no reboot within 60 s:\n{container.logs()}"
+        assert not deadline.expired(), f"no reboot within 60 s:\n{container.logs()}"
         time.sleep(0.5)
     assert "system:serviceaccount:metalmend-system:metalmend" in container.logs()
 

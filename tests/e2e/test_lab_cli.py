@@ -20,6 +20,7 @@ from metalmend.api.resources import BareMetalHost
 from metalmend_lab.assets import find_binaries
 from metalmend_lab.inventory import status_path
 from metalmend_lab.lab import LabState, alive
+from tests.support import Deadline
 
 
 def metalmend(*args: str, lab_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -33,9 +34,9 @@ def metalmend(*args: str, lab_dir: Path, timeout: float = 300) -> subprocess.Com
 
 
 def descendants_gone(pids: list[int], timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     while any(alive(p) for p in pids):
-        if time.monotonic() > deadline:
+        if deadline.expired():
             return False
         time.sleep(0.1)
     return True
@@ -96,9 +97,9 @@ def test_ctrl_c_on_a_foreground_lab_stops_cleanly(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 120
+    deadline = Deadline(120)
     state = None
-    while time.monotonic() < deadline and not (state and state.ready):
+    while not deadline.expired() and not (state and state.ready):
         state = LabState.read(lab_dir)
         time.sleep(0.2)
     assert state is not None
@@ -153,9 +154,9 @@ def test_lab_with_hosts_reports_them_takes_faults_and_leaves_nothing_behind(
     assert {"redfish-emulator", "hardware", "metalmend"} <= set(state.components)
     pids = [state.supervisor_pid, *state.components.values()]
     try:
-        deadline = time.monotonic() + 60
+        deadline = Deadline(60)
         report = ""
-        while time.monotonic() < deadline:
+        while not deadline.expired():
             report = metalmend("lab", "status", lab_dir=lab_dir).stdout
             if report.count("True") == 2:
                 break
@@ -185,9 +186,9 @@ def test_lab_with_hosts_reports_them_takes_faults_and_leaves_nothing_behind(
 
 
 def until(condition: Callable[[], bool], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
+    deadline = Deadline(within)
     while not condition():
-        if time.monotonic() > deadline:
+        if deadline.expired():
             raise AssertionError(f"not within {within:.0f}s: {what}")
         time.sleep(0.2)
 

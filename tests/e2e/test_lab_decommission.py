@@ -27,6 +27,7 @@ from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 
 from metalmend_lab import lab
+from tests.support import Deadline
 
 PROMENADE = "/promenade/api/v1.0"
 TIMEOUTS = (
@@ -53,9 +54,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.RunningLab]:
 
 
 def wait_for(check: Callable[[], object], what: str, within: float = 90.0) -> None:
-    deadline = time.monotonic() + within
+    deadline = Deadline(within)
     while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert not deadline.expired(), f"timed out waiting for {what}"
         time.sleep(0.2)
 
 

@@ -31,6 +31,7 @@ from lightkube.resources.core_v1 import Event, Node
 from metalmend.api.resources import BareMetalHost
 from metalmend_lab import drives, lab
 from metalmend_lab.hosts import NAMESPACE
+from tests.support import Deadline
 
 TASKS = "/drydock/api/v1.0/tasks"
 ERASE_SECONDS = 4.0
@@ -53,9 +54,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.RunningLab]:
 
 
 def wait_for(check: Callable[[], object], what: str, within: float = 120.0) -> None:
-    deadline = time.monotonic() + within
+    deadline = Deadline(within)
     while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert not deadline.expired(), f"timed out waiting for {what}"
         time.sleep(0.2)
 
 

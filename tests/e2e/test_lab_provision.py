@@ -41,6 +41,7 @@ from metalmend.teardown.etcd.design import from_documents
 from metalmend_lab import drives, lab, provisioner, siteetcd
 from metalmend_lab.hosts import NAMESPACE
 from metalmend_lab.osdrive import OsDrive
+from tests.support import Deadline
 
 PROMENADE = "/promenade/api/v1.0"
 TIMEOUTS = (
@@ -70,9 +71,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.RunningLab]:
 def wait_for(
     check: Callable[[], object], what: str, within: float = 120.0, running: Any = None
 ) -> None:
-    deadline = time.monotonic() + within
+    deadline = Deadline(within)
     while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert not deadline.expired(), f"timed out waiting for {what}"
         if running is not None:
             running.check()  # the lab supervisor's loop: restarts what died
         time.sleep(0.2)
@@ -147,9 +148,9 @@ def apply_host(running: lab.RunningLab, documents: list[Any], name: str) -> None
 def states_seen(running: lab.RunningLab, name: str, until: str, within: float) -> list[str]:
     """The host's provisioning states, in order, until ``until`` (polled every 0.1 s)."""
     seen: list[str] = []
-    deadline = time.monotonic() + within
+    deadline = Deadline(within)
     while not seen or seen[-1] != until:
-        assert time.monotonic() < deadline, f"{name} not {until} within {within:g}s: {seen}"
+        assert not deadline.expired(), f"{name} not {until} within {within:g}s: {seen}"
         state = provisioning_state(running, name)
         if not seen or seen[-1] != state:
             seen.append(state)

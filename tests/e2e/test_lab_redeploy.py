@@ -25,6 +25,7 @@ from metalmend.teardown.etcd.client import EtcdClient
 from metalmend_lab import drives, lab, siteetcd
 from metalmend_lab.hosts import NAMESPACE
 from tests.e2e.test_lab_provision import hardware, lab_dir, wait_for
+from tests.support import Deadline
 
 SHIPYARD = "/shipyard/api/v1.0"
 TARGET = "worker-1"
@@ -96,9 +97,9 @@ def run_to_end(
     """Follow an action to its end, killing the service the first time each of
     ``kill_in`` is seen running; the action as it ended, and the steps killed in."""
     killed: list[str] = []
-    deadline = time.monotonic() + within
+    deadline = Deadline(within)
     while True:
-        assert time.monotonic() < deadline, stuck(running, action_id, within)
+        assert not deadline.expired(), stuck(running, action_id, within)
         try:
             found = action(running, action_id)
         except httpx.HTTPError:

@@ -22,6 +22,7 @@ from lightkube.resources.core_v1 import Node
 
 from metalmend_lab import lab
 from metalmend_lab.controlplane import free_port
+from tests.support import Deadline
 
 PROMENADE = "/promenade/api/v1.0"
 
@@ -42,9 +43,9 @@ def serving_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.Runnin
 
 
 def wait_for(check: object, what: str, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
+    deadline = Deadline(within)
     while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert not deadline.expired(), f"timed out waiting for {what}"
         time.sleep(0.2)
 
 

@@ -28,7 +28,7 @@ from metalmend.bmc.redfish import RedfishDriver
 from metalmend.bmc.settings import BmcSettings
 from metalmend_lab.controlplane import LOOPBACK, free_port
 from metalmend_lab.pki import CertificateAuthority
-from tests.support import STARTUP, until
+from tests.support import STARTUP, Deadline, until
 
 USER = "chassis-admin"
 PASSWORD = "Cl3ar-only-in-the-header"
@@ -58,9 +58,9 @@ class Emulator:
         mark = f"mark-{uuid.uuid4()}"
         trust = ssl.create_default_context(cafile=self.ca_file)
         httpx.get(f"{self.endpoint}/redfish/v1/?{mark}", verify=trust, timeout=10)
-        deadline = time.monotonic() + 10
+        deadline = Deadline(10)
         while mark not in (text := self.log.read_text()):
-            assert time.monotonic() < deadline, "sushy-tools did not log the marker request"
+            assert not deadline.expired(), "sushy-tools did not log the marker request"
             time.sleep(0.05)
         return [line for line in text.splitlines() if "POST /redfish/" in line]
 
@@ -110,13 +110,13 @@ def emulator(workdir: Path, names: list[str]) -> Iterator[Emulator]:
     )
     trust = ssl.create_default_context(cafile=bmc.ca_file)
     try:
-        deadline = time.monotonic() + STARTUP
+        deadline = Deadline(STARTUP)
         while True:
             try:
                 httpx.get(f"{bmc.endpoint}/redfish/v1/", verify=trust, timeout=1)
                 break
             except httpx.HTTPError:
-                if process.poll() is not None or time.monotonic() > deadline:
+                if process.poll() is not None or deadline.expired():
                     raise AssertionError(f"sushy-tools did not start:\n{log.read_text()}") from None
                 time.sleep(0.1)
         yield bmc

@@ -30,7 +30,7 @@ from metalmend_lab.controlplane import LOOPBACK, free_port
 from metalmend_lab.hosts import emulator_argv, emulator_config
 from metalmend_lab.inventory import HardwareConfig, HostSpec
 from metalmend_lab.pki import CertificateAuthority
-from tests.support import STARTUP
+from tests.support import STARTUP, Deadline
 
 ERASE_SECONDS = 3.0
 SETTINGS = BmcSettings(timeout=10.0)
@@ -70,13 +70,13 @@ class Lab:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )  # fmt: skip
         trust = ssl.create_default_context(cafile=self.ca_file)
-        deadline = time.monotonic() + STARTUP
+        deadline = Deadline(STARTUP)
         while True:
             try:
                 httpx.get(f"https://{LOOPBACK}:{self.port}/redfish/v1/", verify=trust, timeout=1)
                 return
             except httpx.HTTPError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
+                if self.process.poll() is not None or deadline.expired():
                     raise AssertionError(
                         f"emulator did not start:\n{self.log.read_text()}"
                     ) from None
@@ -172,9 +172,9 @@ async def test_an_erase_removes_that_drives_content_only_and_shows_its_progress(
         assert len(list((emulated.lab_dir / "drives" / "tasks").glob("*.json"))) == 1
         seen: list[int] = []
         partial: list[int] = []
-        deadline = time.monotonic() + ERASE_SECONDS + 10
+        deadline = Deadline(ERASE_SECONDS + 10)
         while not (status := await pool.erase_status(target, data)).finished:
-            assert time.monotonic() < deadline, "the erase did not finish"
+            assert not deadline.expired(), "the erase did not finish"
             if status.percent is not None:
                 seen.append(status.percent)
             partial.append(len(emulated.files(1, "data1")))
@@ -202,9 +202,9 @@ async def test_a_running_erase_is_listed_on_the_drive_and_finished_without_its_m
         fresh = BmcPool(BmcSettings(timeout=10.0, ca_bundle=emulated.ca_file))  # a restart
         try:
             assert not (await fresh.erase_status(target, os_path)).finished
-            deadline = time.monotonic() + ERASE_SECONDS + 10
+            deadline = Deadline(ERASE_SECONDS + 10)
             while not await fresh.erase_finished(target, os_path):
-                assert time.monotonic() < deadline
+                assert not deadline.expired()
                 await asyncio.sleep(0.3)
         finally:
             await fresh.close()
@@ -226,9 +226,9 @@ def test_the_erase_survives_the_client_going_away_and_an_emulator_restart(emulat
     left = emulated.files(0, "data1")
     assert 0 < len(left) < drives.SEED_FILES, left
     emulated.start()
-    deadline = time.monotonic() + ERASE_SECONDS + 10
+    deadline = Deadline(ERASE_SECONDS + 10)
     while emulated.files(0, "data1"):  # nobody asks: the restarted emulator carries it out
-        assert time.monotonic() < deadline, "the erase was not resumed"
+        assert not deadline.expired(), "the erase was not resumed"
         time.sleep(0.2)
     assert len(emulated.files(0, "os")) == drives.SEED_FILES
 

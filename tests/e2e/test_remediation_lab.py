@@ -28,7 +28,7 @@ from metalmend_lab import lab
 from metalmend_lab.hosts import NAMESPACE, fence_health_check
 from metalmend_lab.timeline import Recorder
 from tests.e2e.conftest import Metalmend
-from tests.e2e.fencing import create_db, wait
+from tests.e2e.fencing import create_db, repair, wait
 
 GRACE = 6.0
 MHC_TIMEOUT = 2
@@ -58,26 +58,52 @@ def metalmend(fleet: lab.RunningLab) -> Iterator[Metalmend]:
     process.stop()
 
 
+@pytest.fixture(autouse=True)
+def leaves_the_fleet_healthy(fleet: lab.RunningLab) -> Iterator[None]:
+    """A test that failed half-way leaves a hang or a remediation behind, and every later
+    test of the module would fail waiting for a healthy fleet: after each test, a fleet
+    that is not healthy has its hangs cleared and metalmend run until it is."""
+    yield
+    repair(fleet, lab.DEFAULT_CONTROLLERS, lambda: unhealthy(fleet))
+
+
 def all_healthy(running: lab.RunningLab) -> bool:
     """Every host on and Ready, no remediation object, no remediation reboot key (an API
     server still starting, 429 "storage is (re)initializing", is not yet)."""
+    return not unhealthy(running)
+
+
+def unhealthy(running: lab.RunningLab) -> str:
+    """What keeps the fleet from being healthy (``all_healthy``), "" when nothing does."""
     try:
-        return _all_healthy(running)
-    except ApiError:
-        return False
+        return _unhealthy(running)
+    except ApiError as error:
+        return f"the API server: {error.status.code} {error.status.message}"
 
 
-def _all_healthy(running: lab.RunningLab) -> bool:
+def _unhealthy(running: lab.RunningLab) -> str:
     client = running.client()
     report = lab.status(running.plane.workdir.parent).hosts
-    if not report or any(h.power != "on" or h.ready != "True" for h in report):
-        return False
-    if list(client.list(Metal3Remediation, namespace=NAMESPACE)):
-        return False
+    found = [f"{h.name}: power {h.power}, Ready {h.ready}" for h in report
+             if h.power != "on" or h.ready != "True"]  # fmt: skip
+    if not report:
+        found.append("no hosts in the lab's status")
+    for remediation in client.list(Metal3Remediation, namespace=NAMESPACE):
+        status = remediation.get("status") or {}
+        found.append(
+            f"Metal3Remediation {remediation['metadata']['name']} ({status.get('phase')}:"
+            f" {status.get('message', '')})"
+        )
     for bmh in client.list(BareMetalHost, namespace=NAMESPACE):
-        if any(k.startswith("reboot.metal3.io/") for k in bmh.metadata.annotations or {}):
-            return False
-    return True
+        keys = [k for k in bmh.metadata.annotations or {} if k.startswith("reboot.metal3.io/")]
+        if keys:
+            found.append(f"BareMetalHost {bmh.metadata.name}: keys {keys}")
+    return "; ".join(found)
+
+
+def healthy(running: lab.RunningLab, within: float, what: str) -> None:
+    """Wait for ``all_healthy``; a failure says what was still unhealthy."""
+    wait(lambda: all_healthy(running), within, what, state=lambda: unhealthy(running))
 
 
 @dataclass
@@ -91,7 +117,7 @@ def test_statefulset_pod_moves_only_after_its_node_is_fenced(
     fleet: lab.RunningLab, metalmend: Metalmend
 ) -> None:
     client = fleet.client()
-    wait(lambda: all_healthy(fleet), 60, "a healthy fleet")
+    healthy(fleet, 60, "a healthy fleet")
     labels = create_db(client)
     seen: dict[str, Sighting] = {}
 
@@ -133,7 +159,7 @@ def test_statefulset_pod_moves_only_after_its_node_is_fenced(
         if sighting.node != hung:  # whole-second creationTimestamp: allow its rounding down
             assert sighting.created >= int(fenced), f"a replacement before the fence: {sighting}"
             assert sighting.running_at is None or sighting.running_at > fenced
-    wait(lambda: all_healthy(fleet), 90, "the hung host back, on and Ready")
+    healthy(fleet, 90, "the hung host back, on and Ready")
 
 
 def test_killed_at_20_random_moments_every_host_ends_on_and_ready(
@@ -144,13 +170,13 @@ def test_killed_at_20_random_moments_every_host_ends_on_and_ready(
     assert fleet.hardware is not None
     hosts = [h.name for h in fleet.hardware.hosts]
     client = fleet.client()
-    wait(lambda: all_healthy(fleet), 120, "a healthy fleet")
+    healthy(fleet, 120, "a healthy fleet")
     for name in hosts:  # an operator's label: the kubelet does not bring it back, we must
         client.patch(Node, name, {"metadata": {"labels": {RACK: f"r-{name}"}}})
     kills = 0
     rounds = 0
     while kills < 20:
-        wait(lambda: all_healthy(fleet), 120, "a healthy fleet before the next hang")
+        healthy(fleet, 120, "a healthy fleet before the next hang")
         victim = hosts[rounds % len(hosts)]
         rounds += 1
         lab.inject_fault(lab_dir, victim, "hang")
@@ -165,7 +191,7 @@ def test_killed_at_20_random_moments_every_host_ends_on_and_ready(
             metalmend.start()
             if kills >= 20:
                 break
-    wait(lambda: all_healthy(fleet), 180, "every host on and Ready after 20 kills")
+    healthy(fleet, 180, "every host on and Ready after 20 kills")
     for name in hosts:
         node = client.get(Node, name)
         assert (node.metadata.labels or {}).get(RACK) == f"r-{name}", f"label restored on {name}"
@@ -218,7 +244,7 @@ def test_annotation_flow_without_node_link_power_cycles_once_and_lets_go(
     while it is missing (docs/healthcheck.md, "After a remediation by annotation")."""
     client = fleet.client()
     lab_dir: Path = fleet.plane.workdir.parent
-    wait(lambda: all_healthy(fleet), 120, "a healthy fleet")
+    healthy(fleet, 120, "a healthy fleet")
     for machine in client.list(Machine, namespace=NAMESPACE):
         node = client.get(Node, machine.metadata.name)
         ref = {"apiVersion": "v1", "kind": "Node", "name": node.metadata.name,

@@ -31,7 +31,7 @@ from metalmend.designs.documents import parse
 from metalmend.designs.store import DesignStore
 from metalmend.serve.app import create_app
 from metalmend_lab import lab, siteetcd
-from tests.support import started
+from tests.support import Deadline, started
 
 SERVE_RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "serve.yaml"
 PROMENADE = "/promenade/api/v1.0"
@@ -156,9 +156,9 @@ def leader(site: siteetcd.SitePlan) -> str:
 
 
 def wait_for(check: Any, within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
+    deadline = Deadline(within)
     while not check():
-        assert time.monotonic() < deadline, "timed out"
+        assert not deadline.expired(), "timed out"
         time.sleep(0.2)
 
 

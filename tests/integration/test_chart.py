@@ -21,7 +21,7 @@ from lightkube.resources.core_v1 import Pod
 
 from metalmend_lab.assets import find_binaries
 from metalmend_lab.controlplane import ControlPlane, ControlPlaneConfig, free_port
-from tests.support import answers, started
+from tests.support import Deadline, answers, started
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "chart"
@@ -356,9 +356,9 @@ def test_helm_install_creates_every_object(
         name = yaml.safe_load(path.read_text())["metadata"]["name"]
         assert kubectl(plane, "get", "crd", name).returncode == 0, name
     # No kubelet here: the controller's two Pods are created and stay Pending.
-    deadline = time.monotonic() + 30
+    deadline = Deadline(30)
     pods: list[Pod] = []
-    while time.monotonic() < deadline and len(pods) < 2:
+    while not deadline.expired() and len(pods) < 2:
         try:
             pods = list(
                 kube.list(Pod, namespace=NAMESPACE, labels={"app.kubernetes.io/name": "metalmend"})

@@ -23,13 +23,13 @@ from lightkube.resources.core_v1 import ConfigMap, Node
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 
 from metalmend_lab.controlplane import ControlPlane
-from tests.support import grant
+from tests.support import Deadline, grant
 
 
 def eventually(check: Callable[[], bool], timeout: float, interval: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     while not check():
-        if time.monotonic() > deadline:
+        if deadline.expired():
             raise AssertionError(f"not true after {timeout}s")
         time.sleep(interval)
 

@@ -29,7 +29,7 @@ from metalmend.controllers.hostpower import setup
 from metalmend.kube.manager import Manager
 from metalmend.settings import BmcSettings, PowerSettings, RuntimeSettings, Settings
 from metalmend_lab.controlplane import ControlPlane, free_port
-from tests.support import bind_bmc_secrets, until
+from tests.support import Deadline, bind_bmc_secrets, until
 
 PASSWORD = "hunter2-bmc-password"
 RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "metalmend.yaml"
@@ -223,9 +223,9 @@ def test_the_shipped_rbac_reads_bmc_secrets_only_where_bound(
     labelled = {SECRET_LABEL: "true"}
     # The API server's RBAC authorizer learns of a new RoleBinding through its own watch,
     # so the first list may still be refused for a moment.
-    deadline = time.monotonic() + 15
+    deadline = Deadline(15)
     while forbidden(lambda: list(account.list(Secret, namespace=namespace, labels=labelled))):
-        assert time.monotonic() < deadline, "the RoleBinding never took effect"
+        assert not deadline.expired(), "the RoleBinding never took effect"
         time.sleep(0.1)
     listed = list(account.list(Secret, namespace=namespace, labels=labelled))
     assert [s.metadata.name for s in listed if s.metadata] == ["bmc"]
@@ -263,8 +263,8 @@ def test_run_with_the_shipped_rbac_reads_bmc_secrets_of_the_bound_namespaces(
         return str((host.get("status") or {}).get("errorMessage") or "")
 
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (
+        deadline = Deadline(60)
+        while not deadline.expired() and not (
             message(namespace, "worker-1") and message(other, "worker-2")
         ):
             time.sleep(0.2)

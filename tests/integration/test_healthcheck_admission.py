@@ -17,6 +17,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.types import PatchType
 
 from metalmend.api.resources import MachineHealthCheck
+from tests.support import Deadline
 
 POLICY = (
     Path(__file__).resolve().parents[2]
@@ -55,13 +56,13 @@ def check(name: str, **spec: Any) -> Any:
 
 def refused(attempt: Any, within: float = 30.0) -> ApiError:
     """The first refusal (a new policy takes a moment to be enforced)."""
-    deadline = time.monotonic() + within
+    deadline = Deadline(within)
     while True:
         try:
             created = attempt()
         except ApiError as error:
             return error
-        if time.monotonic() > deadline:
+        if deadline.expired():
             raise AssertionError(f"admitted: {created}")
         kube_delete = getattr(attempt, "undo", None)
         if kube_delete is not None:

@@ -541,8 +541,17 @@ async def test_the_out_of_service_taint_strategy_fences_a_node_without_a_machine
     await world.ready("a", True)
     await until(lambda: _untainted(world, "a"))
     await until(lambda: _gone(world.remediation("a")), within=30)
-    # the check writes its status once it has seen the remediation go
-    await until(lambda: _status_is(world, "workers", phase="Enabled"))
+    # The check's status is written by its own reconcile, woken by the remediation's
+    # deletion: it follows, it is not there yet when the remediation is gone.
+    await until(lambda: _phase(world, "workers", "Enabled"), what="the check Enabled again")
+
+
+async def _phase(world: World, check: str, phase: str) -> bool:
+    return (await world.status(check)).get("phase") == phase
+
+
+async def _reasons(world: World, wanted: set[str]) -> bool:
+    return wanted <= await world.reasons()  # Events are recorded after the writes they tell of
 
 
 async def test_a_hosts_report_wakes_the_remediation_of_a_silent_node(
@@ -734,8 +743,9 @@ async def _escalation(world: World, run: Run) -> str:
     assert [(r["resource"]["kind"], r.get("templateName"), bool(r.get("timedOut")))
             for r in rows] == [("FenceRemediation", "first", True),
                                ("Metal3Remediation", "second", False)]  # fmt: skip
-    assert (await world.status("workers"))["phase"] == "Remediating"
-    assert {"RemediationCreated", "RemediationTimedOut"} <= await world.reasons()
+    # the check's status follows the remediations it made, in its own later write
+    await until(lambda: _phase(world, "workers", "Remediating"), what="the check Remediating")
+    await until(lambda: _reasons(world, {"RemediationCreated", "RemediationTimedOut"}))
 
     return second_key
 

@@ -19,7 +19,7 @@ from lightkube.types import PatchType
 
 from metalmend.api.resources import BareMetalHost
 from metalmend_lab.controlplane import ControlPlane
-from tests.support import grant
+from tests.support import Deadline, grant
 
 POLICIES = Path(__file__).resolve().parents[2] / "deploy" / "policies"
 
@@ -74,14 +74,14 @@ def refused(attempt: Any, within: float = 180.0) -> ApiError:
     """The first refusal by the policy's own rule (the policy takes a moment to be enforced
     after creation, and its binding a moment more to see its parameters: until then it
     refuses with "failed to configure binding", which says nothing of the rule)."""
-    deadline = time.monotonic() + within
+    deadline = Deadline(within)
     while True:
         try:
             attempt()
         except ApiError as error:
             if "failed to configure binding" not in str(error.status.message):
                 return error
-        if time.monotonic() > deadline:
+        if deadline.expired():
             raise AssertionError("never refused")
         time.sleep(0.2)
 

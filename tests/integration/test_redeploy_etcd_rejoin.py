@@ -20,6 +20,7 @@ from metalmend.teardown.etcd.client import EtcdClient
 from metalmend.teardown.etcd.design import ClusterDesign, Design, MemberDesign
 from metalmend_lab.assets import find_binaries
 from metalmend_lab.controlplane import LOOPBACK, Component, free_port
+from tests.support import Deadline
 
 TOKEN = "metalmend-redeploy-rejoin"
 
@@ -74,9 +75,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Member]]:
 
 
 def wait_for(check: object, what: str, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
+    deadline = Deadline(within)
     while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert not deadline.expired(), f"timed out waiting for {what}"
         time.sleep(0.1)
 
 

@@ -24,7 +24,7 @@ from metalmend.kube.manager import Manager
 from metalmend.kube.workqueue import Backoff
 from metalmend_lab.controlplane import ControlPlane, free_port
 from metalmend_lab.proxies import TcpProxy
-from tests.support import STARTUP, bind_bmc_secrets, until
+from tests.support import STARTUP, Deadline, bind_bmc_secrets, until
 
 
 def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -120,9 +120,9 @@ RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "metalmend.yaml
 
 
 def wait_ready(port: int, within: float = STARTUP) -> httpx.Response | None:
-    deadline = time.monotonic() + within
+    deadline = Deadline(within)
     answer = None
-    while time.monotonic() < deadline:
+    while not deadline.expired():
         try:
             answer = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1)
             if answer.status_code == 200:
@@ -134,8 +134,8 @@ def wait_ready(port: int, within: float = STARTUP) -> httpx.Response | None:
 
 
 def lease_holder(kube: Client, namespace: str, within: float = 10) -> str | None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+    deadline = Deadline(within)
+    while not deadline.expired():
         try:
             lease = kube.get(Lease, "metalmend", namespace=namespace)
         except ApiError:
@@ -151,8 +151,8 @@ def metrics_text(port: int) -> str:
 
 
 def frozen_once_synced(port: int, within: float = 10.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+    deadline = Deadline(within)
+    while not deadline.expired():
         text = metrics_text(port)
         found = re.search(r"^metalmend_gc_freezes_total (\S+)$", text, re.MULTILINE)
         if found and float(found.group(1)) >= 1:
@@ -239,8 +239,8 @@ def test_run_says_at_start_that_the_spec_bmc_policy_is_missing(
         ready = wait_ready(port)
         assert ready is not None
         assert ready.status_code == 200, ready.text
-        deadline = time.monotonic() + STARTUP
-        while not _policy_events(kube, namespace) and time.monotonic() < deadline:
+        deadline = Deadline(STARTUP)
+        while not _policy_events(kube, namespace) and not deadline.expired():
             time.sleep(0.2)
         [event] = _policy_events(kube, namespace)
         assert event.startswith(
@@ -421,8 +421,8 @@ def test_health_binds_on_ipv6(control_plane: ControlPlane) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline, answer = time.monotonic() + STARTUP, None
-        while time.monotonic() < deadline and answer is None:
+        deadline, answer = Deadline(STARTUP), None
+        while not deadline.expired() and answer is None:
             try:
                 answer = httpx.get(f"http://[::1]:{port}/healthz", timeout=1)
             except httpx.HTTPError:

@@ -39,6 +39,7 @@ from metalmend_lab.pki import CertificateAuthority
 from tests.integration import test_serve_promenade as promenade_tests
 from tests.integration.test_serve_promenade import bearer, status_of, token
 from tests.integration.test_shipyard_api import also
+from tests.support import Deadline
 
 serve_kubeconfig = promenade_tests.serve_kubeconfig  # a fixture, by the name asked for
 
@@ -464,12 +465,12 @@ def tls_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pa
     process.start()
     trusted = ssl.create_default_context(cafile=str(ca.pair.cert))
     try:
-        deadline = time.monotonic() + 60
+        deadline = Deadline(60)
         while True:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{client_url}/health", verify=trusted, timeout=1).status_code == 200:
                     break
-            assert time.monotonic() < deadline, f"etcd did not start (log: {workdir})"
+            assert not deadline.expired(), f"etcd did not start (log: {workdir})"
             time.sleep(0.1)
         for path, payload in [
             ("/v3/auth/role/add", {"name": "root"}),

@@ -29,6 +29,7 @@ from metalmend.teardown.params import DrainRequest
 from metalmend.teardown.policy.settings import TeardownSettings
 from metalmend.web.conventions import status_line
 from metalmend_lab.controlplane import ControlPlane
+from tests.support import Deadline
 
 SERVE_RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac" / "serve.yaml"
 PROMENADE = "/promenade/api/v1.0"
@@ -138,9 +139,9 @@ def pods_on(kube: Client, node: str) -> set[str]:
 
 
 def wait_for(check: Any, within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
+    deadline = Deadline(within)
     while not check():
-        assert time.monotonic() < deadline, "timed out"
+        assert not deadline.expired(), "timed out"
         time.sleep(0.1)
 
 

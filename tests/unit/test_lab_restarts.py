@@ -18,6 +18,7 @@ from metalmend_lab.lab import (
     Restarts,
     RunningLab,
 )
+from tests.support import Deadline
 
 
 def test_the_wait_doubles_from_one_second_up_to_its_cap() -> None:
@@ -55,8 +56,8 @@ def test_a_dead_controller_is_restarted_after_its_wait(tmp_path: Path) -> None:
         f"metalmend (pid {first}) ended with exit code 0 after 0s; restarting it in 1s"
         f" (log: {tmp_path / 'metalmend.log'})"
     ]
-    deadline = time.monotonic() + 30
-    while running.state.restarts.get("metalmend") != 1 and time.monotonic() < deadline:
+    deadline = Deadline(30)
+    while running.state.restarts.get("metalmend") != 1 and not deadline.expired():
         time.sleep(0.05)
         running.check()
     second = running.state.components["metalmend"]
