@@ -98,6 +98,10 @@ REASON_MACHINE_REMEDIATION = "MachineRemediation"
 # On a Node: "<namespace>/<host>", the operator's explicit link to the node's BareMetalHost
 # (Nodes are written by cluster administrators and the Node's own kubelet only).
 NODE_HOST = "metalmend.dev/baremetalhost"
+# On a Node, by OpenShift's nodelink-controller: "<namespace>/<machine>", its
+# machine.openshift.io Machine (kubelet-writable: trusted only when the Machine names the Node
+# back, api/links.py node_machine_confirmed).
+OPENSHIFT_NODE_MACHINE = "machine.openshift.io/machine"
 # On a Metal3Remediation the NodeHealthCheck made: the Node it remediates (no Machine).
 REMEDIATED_NODE = "metalmend.dev/node"
 # On the same: the NodeHealthCheck that made it (a label, to list them).
