@@ -43,3 +43,16 @@ FenceRemediationTemplate = create_namespaced_resource(
 NodeHealthCheck = create_global_resource(
     "healthcheck.metalmend.dev", "v1alpha1", "NodeHealthCheck", "nodehealthchecks"
 )
+# OpenShift's machine-api Machine (github.com/openshift/api machine/v1beta1): read wherever
+# Cluster API's is, through controllers/machines.py.
+OpenShiftMachine = create_namespaced_resource(
+    "machine.openshift.io", "v1beta1", "Machine", "machines"
+)
+MACHINE_KINDS = (Machine, OpenShiftMachine)
+
+
+def machine_resource(machine: object) -> type:
+    """The resource class to write a Machine object back with: OpenShift's for an object
+    of ``machine.openshift.io``, else Cluster API's."""
+    api_version = str(getattr(machine, "apiVersion", None) or "")
+    return OpenShiftMachine if api_version.startswith("machine.openshift.io/") else Machine

@@ -21,8 +21,9 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.storage_v1 import VolumeAttachment
 
 from metalmend.api import indexes, links, names
-from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
+from metalmend.api.resources import BareMetalHost, Metal3Remediation, machine_resource
 from metalmend.bmc import BmcError, Busy
+from metalmend.controllers import machines as machine_kinds
 from metalmend.controllers import metrics
 from metalmend.controllers.powerreads import BmcPowerReader, PowerReader
 from metalmend.controllers.tenancy import report
@@ -116,8 +117,8 @@ class RemediationController:
         self.remediations = manager.informer(
             self.resource, namespace=ns, indexes=indexes.of(indexes.REMEDIATIONS_BY_NODE)
         )
-        self.machines = manager.informer(
-            Machine,
+        self.machines = machine_kinds.informer(
+            manager,
             namespace=ns,
             indexes=indexes.of(indexes.MACHINES_BY_HOST, indexes.MACHINES_BY_NODE),
         )
@@ -131,7 +132,8 @@ class RemediationController:
         namespace = remediation.metadata.namespace
         for owner in remediation.metadata.ownerReferences or []:
             if owner.kind == "Machine":
-                return self.machines.store.get(f"{namespace}/{owner.name}")
+                key = f"{namespace}/{owner.name}"
+                return machine_kinds.find(self.machines, key, owner.apiVersion or "")
         return self.machines.store.get(object_key(remediation))  # the proposal: same name
 
     def host_object(self, remediation: Any) -> Any | None:
@@ -428,7 +430,7 @@ class RemediationController:
                 machine = self.machine_of(obj)
                 if machine is not None and machine.metadata.deletionTimestamp is None:
                     await writer.delete_exact(
-                        Machine, machine.metadata.name, machine.metadata.uid,
+                        machine_resource(machine), machine.metadata.name, machine.metadata.uid,
                         namespace=machine.metadata.namespace,
                     )  # fmt: skip
 
