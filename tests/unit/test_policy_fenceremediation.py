@@ -35,8 +35,7 @@ OTHER_MACHINE = f.Owner("Machine", "example.com/v1", "m-1")
         # an empty annotation is no name
         ("node-2", {names.NHC_NODE_NAME: ""}, [NHC], f.Target("Node", "node-2")),
         # OpenShift's MachineHealthCheck: the same contract, a machine.openshift.io owner
-        ("m-1", {}, [OPENSHIFT_MACHINE],
-         f.Target("Machine", "m-1", OPENSHIFT_MACHINE.api_version)),  # fmt: skip
+        ("m-1", {}, [OPENSHIFT_MACHINE], f.Target("Machine", "m-1", OPENSHIFT_MACHINE.api_version)),
         # a Machine of any other group is no Machine we read: the name is the Node's
         ("node-3", {}, [OTHER_MACHINE], f.Target("Node", "node-3")),
         # created by hand, no owner
