@@ -95,6 +95,8 @@ async def run(config: RunConfig) -> None:
     # Cluster API's Machines, OpenShift's, or both: whichever the API server serves (one
     # log line for a kind it does not), read through one adapter (controllers/machines.py).
     machine_kinds.use_kinds(manager, await machine_kinds.served_machine_kinds(client))
+    # CAPM3's Metal3Machines, where served: a Cluster API Machine's host through them.
+    machine_kinds.use_metal3machines(manager, await machine_kinds.served_metal3machines(client))
     needs: dict[tuple[str, str, str], list[str]] = {}
     for name in controllers:
         before = set(manager.informers)

@@ -132,4 +132,6 @@ def test_node_machine_key(value: str | None, key: str | None) -> None:
 def test_node_machine_confirmed(
     node_provider: str | None, node_ref: str | None, machine_provider: str | None, confirmed: bool
 ) -> None:
-    assert links.node_machine_confirmed("n1", node_provider, node_ref, machine_provider) is confirmed
+    assert (
+        links.node_machine_confirmed("n1", node_provider, node_ref, machine_provider) is confirmed
+    )

@@ -40,7 +40,7 @@ The rules, and where upstream Metal3 stands on each:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -199,6 +199,54 @@ def consumer_of(
     ):
         return "confirmed"
     return "other"
+
+
+def metal3machine_key(machine: MachineIdentity) -> str | None:
+    """The "<namespace>/<name>" of the Metal3Machine a Cluster API Machine's
+    ``spec.infrastructureRef`` names (in the Machine's namespace only), else None."""
+    infra = machine.infrastructure_ref
+    if (
+        machine.group != MACHINE_GROUP
+        or infra.get("kind") != "Metal3Machine"
+        or _group(str(infra.get("apiVersion") or "")) != METAL3_MACHINE_GROUP
+        or not infra.get("name")
+        or (infra.get("namespace") or machine.namespace) != machine.namespace
+    ):
+        return None
+    return f"{machine.namespace}/{infra['name']}"
+
+
+def capm3_host(
+    machine: MachineIdentity,
+    metal3machine_annotation: str | None,
+    provider_id: str | None,
+    host: Callable[[str], HostFacts | None],
+) -> str | None:
+    """The host of a Cluster API Machine that carries no ``metal3.io/BareMetalHost`` itself,
+    as Cluster API Provider Metal3 links them (``baremetal/metal3machine_manager.go``): the
+    annotation on the Metal3Machine its ``spec.infrastructureRef`` names (``HostAnnotation``),
+    else the Machine's providerID ``metal3://<namespace>/<host>/<metal3machine>``
+    (``SetDefaultProviderID``; its third part must be that Metal3Machine). Either way rule 1
+    (the Machine's namespace) applies, and the host must confirm the Metal3Machine by its
+    ``spec.consumerRef`` (rule 2), as CAPM3 sets it: None otherwise. ``host``: the host
+    known by that "namespace/name", None if none."""
+    m3m = metal3machine_key(machine)
+    if m3m is None:
+        return None
+    key = machine_host(machine.namespace, metal3machine_annotation).key
+    if key is None and metal3machine_annotation is None and provider_id:
+        parts = provider_id.removeprefix(PROVIDER_PREFIX).split("/")
+        if (
+            provider_id.startswith(PROVIDER_PREFIX)
+            and len(parts) == 3
+            and all(parts)
+            and f"{parts[0]}/{parts[2]}" == m3m
+        ):
+            key = machine_host(machine.namespace, f"{parts[0]}/{parts[1]}").key
+    found = host(key) if key else None
+    if found is None or consumer_of(found.consumer_ref, found.namespace, machine) != "confirmed":
+        return None
+    return key
 
 
 # ---- rule 3: agreed providerIDs --------------------------------------------------------------

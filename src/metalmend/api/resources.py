@@ -49,6 +49,12 @@ OpenShiftMachine = create_namespaced_resource(
     "machine.openshift.io", "v1beta1", "Machine", "machines"
 )
 MACHINE_KINDS = (Machine, OpenShiftMachine)
+# Cluster API Provider Metal3's infrastructure Machine (read only: the host CAPM3 linked a
+# Cluster API Machine to, controllers/machines.py). v1beta1: served by every CAPM3 release
+# that serves v1beta2 too (the same objects, no conversion webhook).
+Metal3Machine = create_namespaced_resource(
+    "infrastructure.cluster.x-k8s.io", "v1beta1", "Metal3Machine", "metal3machines"
+)
 
 
 def machine_resource(machine: object) -> type:

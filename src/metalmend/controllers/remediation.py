@@ -204,9 +204,7 @@ class RemediationController:
             if found is not None:  # still release what we hold on its host
                 host = host_view(found, reboot_key(remediation))
         elif link.refused or not link.key:
-            problem = link.refusal or (
-                f"Machine has no {names.MACHINE_HOST} annotation (<namespace>/<host>)"
-            )
+            problem = link.refusal or no_host_link(machine)
             if found is not None:  # the host we recorded: release what we hold on it
                 host, link_problem = host_view(found, reboot_key(remediation)), problem
         elif found is None:
@@ -445,6 +443,17 @@ def out_of_service_taints(node: Any, present: bool) -> list[dict[str, str]]:
 
 
 # ---- views, from API objects to policy values --------------------------------------------
+
+
+def no_host_link(machine: Any) -> str:
+    """Why a Machine has no host: no annotation, nor (CAPM3) one its Metal3Machine confirms."""
+    problem = f"Machine has no {names.MACHINE_HOST} annotation (<namespace>/<host>)"
+    if m3m := links.metal3machine_key(links.machine_identity(machine)):
+        problem += (
+            f", and its Metal3Machine {m3m} names no host of its namespace whose"
+            " spec.consumerRef is that Metal3Machine"
+        )
+    return problem
 
 
 def host_view(host: Any, key: str) -> policy.HostView:
