@@ -89,7 +89,7 @@ for module in k8s.io/apiserver k8s.io/kubelet k8s.io/kubernetes; do
   pattern="^[[:space:]]*${module//./\\.} => github\.com/openshift/kubernetes"
   [ "$(grep -c -E "$pattern" "$src/go.mod")" = 1 ] \
     || gotool_fail "$OPENSHIFT_MAO_MODULE $OPENSHIFT_MAO_VERSION: go.mod does not replace $module with openshift/kubernetes exactly once (versions.env changed? check tools/openshift/build.sh)"
-  sed -i -E "/$pattern/d" "$src/go.mod"
+  sed -i -E "\|$pattern|d" "$src/go.mod"  # "|": the pattern has "/"
 done
 cat "$here/go.sum.extra" >>"$src/go.sum"
 
