@@ -21,8 +21,10 @@ TEST_WORKERS ?= 2
 
 # Every tool a test needs is built here, before pytest starts (cold Go builds take minutes
 # on a busy machine: never inside a test, under its timeout); the tests only use the
-# cached results and name the make target when one is missing.
-test: venv k8s helm metal3 promtool prometheus capi openshift tools test-image lint
+# cached results and name the make target when one is missing. Not yet `openshift`: its
+# build has not been run to the end here (tools/openshift/build.sh); until it is, the tests
+# that need it (tests/integration/test_openshift_*.py) fail naming `make openshift`.
+test: venv k8s helm metal3 promtool prometheus capi tools test-image lint
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 venv: $(STAMP)
