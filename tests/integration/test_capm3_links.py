@@ -14,7 +14,6 @@ else ``../shared/upstream`` of the checkout); the tests fail, naming it, when it
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -30,12 +29,11 @@ from lightkube.types import PatchType
 
 from metalmend.api import names
 from metalmend.api.resources import BareMetalHost, FenceRemediation, Machine, Metal3Machine
-from metalmend.controllers import Setup, fenceremediation, machineremediation, nodelink
+from metalmend.controllers import fenceremediation, machineremediation, nodelink
 from metalmend.controllers import machines as machine_kinds
 from metalmend.kube.crds import install_crds
-from metalmend.kube.manager import Manager
-from metalmend.settings import FenceMethod, RemediationSettings, RuntimeSettings, Settings
 from metalmend_lab.controlplane import ControlPlane
+from tests.integration.test_openshift_machines import Running
 from tests.integration.test_remediation import World, _has, _is_none, _lacks, key_of
 from tests.support import until
 
@@ -62,36 +60,6 @@ def metal3machine_crd(
     directory = tmp_path_factory.mktemp("capm3-crds")
     shutil.copy(upstream_metal3(), directory)
     install_crds(Client(KubeConfig.from_file(control_plane.kubeconfig)), directory)
-
-
-class Running:
-    """Managers as `metalmend run` makes them: the Machine kinds and Metal3Machines read
-    where served."""
-
-    def __init__(self, client: AsyncClient, namespace: str) -> None:
-        self.client, self.namespace = client, namespace
-        self.tasks: list[asyncio.Task[None]] = []
-
-    async def start(self, *setups: Setup) -> None:
-        manager = Manager(self.client)
-        machine_kinds.use_kinds(manager, await machine_kinds.served_machine_kinds(self.client))
-        machine_kinds.use_metal3machines(
-            manager, await machine_kinds.served_metal3machines(self.client)
-        )
-        settings = Settings(
-            runtime=RuntimeSettings(namespace=self.namespace),
-            remediation=RemediationSettings(fence=FenceMethod.DELETE_NODE),
-        )
-        for setup in setups:
-            setup(manager, settings)
-        self.tasks.append(asyncio.create_task(manager.run()))
-        await manager.wait_synced()
-
-    async def kill(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        self.tasks.clear()
 
 
 @pytest.fixture

@@ -57,6 +57,9 @@ def kube_module(control_plane: ControlPlane) -> Client:
 
 
 class Running:
+    """Managers as `metalmend run` makes them: the Machine kinds, and CAPM3's Metal3Machines,
+    read where served."""
+
     def __init__(self, client: AsyncClient, namespace: str) -> None:
         self.client, self.namespace = client, namespace
         self.tasks: list[asyncio.Task[None]] = []
@@ -64,6 +67,9 @@ class Running:
     async def start(self, *setups: Setup) -> None:
         manager = Manager(self.client)
         machine_kinds.use_kinds(manager, await machine_kinds.served_machine_kinds(self.client))
+        machine_kinds.use_metal3machines(
+            manager, await machine_kinds.served_metal3machines(self.client)
+        )
         settings = Settings(
             runtime=RuntimeSettings(namespace=self.namespace),
             remediation=RemediationSettings(fence=FenceMethod.DELETE_NODE),
