@@ -95,11 +95,27 @@ def informer(
 ) -> UnionInformer:
     """The Machines of every kind read, as one informer (kube/union.py)."""
     kinds = manager.shared(SHARED_NAME, lambda: (Machine,))
-    informers = [manager.informer(kind, namespace=namespace, indexes=indexes) for kind in kinds]
-    if Machine in kinds:
-        capi = informers[kinds.index(Machine)]
-        manager.shared(f"capm3-links/{namespace or '*'}", lambda: Capm3Links(manager, capi))
-    return UnionInformer(informers)
+    return UnionInformer(
+        [
+            capi_informer(manager, namespace=namespace, indexes=indexes)
+            if kind is Machine
+            else manager.informer(kind, namespace=namespace, indexes=indexes)
+            for kind in kinds
+        ]
+    )
+
+
+def capi_informer(
+    manager: Manager,
+    *,
+    namespace: str | None = None,
+    indexes: Mapping[str, IndexFunc] | None = None,
+) -> Informer:
+    """Cluster API's Machines alone (for what reads Cluster API's own kinds: its
+    MachineHealthCheck), each held with the host CAPM3 linked it to (``Capm3Links``)."""
+    capi = manager.informer(Machine, namespace=namespace, indexes=indexes)
+    manager.shared(f"capm3-links/{namespace or '*'}", lambda: Capm3Links(manager, capi))
+    return capi
 
 
 def find(machines: UnionInformer, key: str, api_version: str = "", uid: str = "") -> Any | None:
