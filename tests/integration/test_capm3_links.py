@@ -9,8 +9,9 @@ CAPM3 itself cannot be built here (its module is refused by the Go module proxy)
 are made as it makes them. The test plays host-power, as tests/integration/test_remediation.py
 does.
 
-The CRD is read from the upstream copies beside the repository (``METALMEND_UPSTREAM_CRDS``,
-else ``../shared/upstream`` of the checkout); the tests fail, naming it, when it is missing."""
+The CRD is read from the pinned upstream CRDs CI provides beside the checkout (the directory
+``METALMEND_UPSTREAM_CRDS`` names, with ``metal3/`` in it); the tests fail, naming it, when
+it is missing."""
 
 from __future__ import annotations
 
