@@ -22,6 +22,7 @@ from lightkube.types import PatchType
 from metalmend import heap
 from metalmend.api.names import REBOOT_PREFIX
 from metalmend.api.resources import BareMetalHost
+from metalmend.controllers import machines as machine_kinds
 from metalmend.controllers import metrics
 from metalmend.controllers.registry import CONTROLLERS
 from metalmend.kube import admission, discovery, errors, served_schema
@@ -91,6 +92,11 @@ async def run(config: RunConfig) -> None:
             timing=config.lease_timing,
         )
     manager = Manager(client, leader_election=election)
+    # Cluster API's Machines, OpenShift's, or both: whichever the API server serves (one
+    # log line for a kind it does not), read through one adapter (controllers/machines.py).
+    machine_kinds.use_kinds(manager, await machine_kinds.served_machine_kinds(client))
+    # CAPM3's Metal3Machines, where served: a Cluster API Machine's host through them.
+    machine_kinds.use_metal3machines(manager, await machine_kinds.served_metal3machines(client))
     needs: dict[tuple[str, str, str], list[str]] = {}
     for name in controllers:
         before = set(manager.informers)

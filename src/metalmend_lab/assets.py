@@ -9,7 +9,9 @@ Order of precedence, as envtest does it:
 The Cluster API manager (``capi_manager``) is found as the other Go tools' binaries are:
 ``METALMEND_CAPI`` names one, else the cache ``tools/capi/build.sh`` fills (``make capi``);
 it is never built here, inside a test's timeout (``tools/capi/build.sh --cached`` only
-checks).
+checks). OpenShift's machine-healthcheck and machine-api CRDs (``openshift_assets``) the same
+way: ``METALMEND_OPENSHIFT``, else the cache ``tools/openshift/build.sh`` fills (``make
+openshift``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tools" / "k8s" / "build.sh"
 CAPI_BUILD_SCRIPT = REPO_ROOT / "tools" / "capi" / "build.sh"
+OPENSHIFT_BUILD_SCRIPT = REPO_ROOT / "tools" / "openshift" / "build.sh"
 VERSIONS_FILE = REPO_ROOT / "tools" / "k8s" / "versions.env"
 
 _ENV_NAMES = {
@@ -145,3 +148,38 @@ def capi_manager() -> CapiAssets:
     if not (crds / "cluster.x-k8s.io_machines.yaml").is_file():
         raise AssetsError(f"no Cluster API CRDs in {crds} beside {manager} (run: make capi)")
     return CapiAssets(manager, crds)
+
+
+@dataclass(frozen=True)
+class OpenShiftAssets:
+    """OpenShift's machine-healthcheck, its nodelink-controller where it built (None where
+    it did not: tools/openshift/build.sh says why), and the machine-api CRDs beside them."""
+
+    machine_healthcheck: Path
+    nodelink_controller: Path | None
+    crds: Path  # install/..._02_machine.Default.crd.yaml and the rest, as the module has them
+
+    @property
+    def machine_crd(self) -> Path:
+        return self.crds / "0000_30_machine-api-operator_02_machine.Default.crd.yaml"
+
+
+def openshift_assets() -> OpenShiftAssets:
+    """The cached OpenShift machine-api build (``tools/openshift/build.sh --cached``: nothing
+    is built); AssetsError naming ``make openshift`` when it is not there."""
+    if shutil.which("bash") is None:
+        raise AssetsError("bash is needed to run tools/openshift/build.sh")
+    result = subprocess.run(
+        ["bash", str(OPENSHIFT_BUILD_SCRIPT), "--cached"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        missing = "OpenShift's machine-healthcheck is not built (run: make openshift)"
+        raise AssetsError(result.stderr.strip() or missing)
+    binary = Path(result.stdout.strip().splitlines()[-1])
+    crds = binary.parent / "crds"
+    found = OpenShiftAssets(binary, None, crds)
+    if not found.machine_crd.is_file():
+        raise AssetsError(f"no machine-api CRDs in {crds} beside {binary} (run: make openshift)")
+    nodelink = binary.parent / "nodelink-controller"
+    return OpenShiftAssets(binary, nodelink if os.access(nodelink, os.X_OK) else None, crds)

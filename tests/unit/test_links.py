@@ -217,7 +217,7 @@ def test_condition_written_once_per_refusal_and_cleared_once() -> None:
     ("provider", "ref"),
     [
         pytest.param("baremetalhost:///t1/h1/uid-h1", ProviderRef("t1", "h1", "uid-h1"), id="openshift"),
-        pytest.param("baremetalhost:///t1/h1", None, id="openshift without uid"),
+        pytest.param("baremetalhost:///t1/h1", ProviderRef("t1", "h1"), id="openshift without uid: names a host, proves nothing"),
         pytest.param("baremetalhost:///t1/h1/uid/x", None, id="openshift, a part more"),
         pytest.param("baremetalhost:///t1//uid-h1", None, id="openshift, an empty part"),
         pytest.param("baremetalhost://t1/h1/uid-h1", None, id="two slashes"),

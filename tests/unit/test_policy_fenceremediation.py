@@ -18,23 +18,26 @@ from tests.unit.test_policy_remediation import OFF_FOR_US, T0, kinds, node, obse
 MACHINE = f.Owner("Machine", "cluster.x-k8s.io/v1beta1", "m-1")
 NHC = f.Owner("NodeHealthCheck", "remediation.medik8s.io/v1alpha1", "nhc")
 OPENSHIFT_MACHINE = f.Owner("Machine", "machine.openshift.io/v1beta1", "m-1")
+OTHER_MACHINE = f.Owner("Machine", "example.com/v1", "m-1")
 
 
 @pytest.mark.parametrize(
     ("name", "annotations", "owners", "expected"),
     [
         # Cluster API's MachineHealthCheck: named after the Machine, owned by it
-        ("m-1", {}, [MACHINE], f.Target("Machine", "m-1")),
+        ("m-1", {}, [MACHINE], f.Target("Machine", "m-1", MACHINE.api_version)),
         # the owner reference wins over the name
-        ("other", {}, [MACHINE], f.Target("Machine", "m-1")),
+        ("other", {}, [MACHINE], f.Target("Machine", "m-1", MACHINE.api_version)),
         # NodeHealthCheck, named after the Node
         ("node-1", {}, [NHC], f.Target("Node", "node-1")),
         # NodeHealthCheck, generateName + the node-name annotation
         ("fence-x7k2p", {names.NHC_NODE_NAME: "node-1"}, [NHC], f.Target("Node", "node-1")),
         # an empty annotation is no name
         ("node-2", {names.NHC_NODE_NAME: ""}, [NHC], f.Target("Node", "node-2")),
-        # a Machine of another group is not a Cluster API Machine: the name is the Node's
-        ("node-3", {}, [OPENSHIFT_MACHINE], f.Target("Node", "node-3")),
+        # OpenShift's MachineHealthCheck: the same contract, a machine.openshift.io owner
+        ("m-1", {}, [OPENSHIFT_MACHINE], f.Target("Machine", "m-1", OPENSHIFT_MACHINE.api_version)),
+        # a Machine of any other group is no Machine we read: the name is the Node's
+        ("node-3", {}, [OTHER_MACHINE], f.Target("Node", "node-3")),
         # created by hand, no owner
         ("node-4", {}, [], f.Target("Node", "node-4")),
     ],

@@ -258,12 +258,19 @@ class FakeManager:
         self.events = None
         self.clock = SimpleNamespace(now=clock)
         self.stores: dict[Any, Store] = {}
+        self._shared: dict[str, Any] = {}
+
+    def shared(self, name: str, make: Callable[[], Any]) -> Any:
+        return self._shared.setdefault(name, make())
 
     def informer(self, resource: Any, *, namespace: str | None = None, **kw: Any) -> Any:
         store = self.stores.setdefault(resource, Store())
         for name, func in (kw.get("indexes") or {}).items():
             store.add_index(name, func)
-        return SimpleNamespace(store=store)
+        # the world writes the stores itself: handlers and transforms are never called
+        return SimpleNamespace(
+            store=store, namespace=namespace, name=str(resource), add_handler=lambda h: None
+        )
 
 
 # ---- the simulated hardware -------------------------------------------------------------------
@@ -900,7 +907,9 @@ class RemediationWorld(RuleBasedStateMachine):
         machine = self.machines.get(f"{NS}/{m}")
         if machine is None or self.rems.get(f"{NS}/{m}") is not None:
             return
-        owner = SimpleNamespace(kind="Machine", name=m, uid=machine.metadata.uid)
+        owner = SimpleNamespace(
+            apiVersion="cluster.x-k8s.io/v1beta1", kind="Machine", name=m, uid=machine.metadata.uid
+        )
         spec = {
             "strategy": strategy,
             "deleteAfterRetries": retries,

@@ -56,6 +56,12 @@ def machine_confirming_host(machine: Any) -> list[str]:
     return [key] if key else []
 
 
+def machine_metal3machine(machine: Any) -> list[str]:
+    """The Metal3Machine a Cluster API Machine's spec.infrastructureRef names (own namespace)."""
+    key = links.metal3machine_key(links.machine_identity(machine))
+    return [key] if key else []
+
+
 def node_provider_id(node: Any) -> list[str]:
     provider = links.node_provider_id(node)
     return [provider] if provider else []
@@ -89,6 +95,7 @@ MACHINES_BY_CONFIRMING_HOST = Index("machines-by-confirming-host", machine_confi
 MACHINES_BY_NODE = Index("machines-by-node", links.node_of)
 MACHINES_BY_NAME = Index("machines-by-name", machine_name)
 MACHINES_BY_PROVIDER_ID = Index("machines-by-provider-id", machine_provider_id)
+MACHINES_BY_METAL3MACHINE = Index("machines-by-metal3machine", machine_metal3machine)
 
 NODES_BY_PROVIDER_ID = Index("nodes-by-provider-id", node_provider_id)
 

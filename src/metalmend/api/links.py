@@ -16,13 +16,19 @@ The rules, and where upstream Metal3 stands on each:
 2. **A host confirms its Machine** through ``spec.consumerRef``: a Cluster API ``Machine``
    of that name in the host's namespace (with that uid, when the reference carries one), or
    the ``Metal3Machine`` the Machine's ``spec.infrastructureRef`` names (CAPM3 sets the
-   consumerRef to the Metal3Machine).
+   consumerRef to the Metal3Machine). An OpenShift ``machine.openshift.io`` Machine is
+   confirmed the same way by a consumerRef of its own group (OpenShift's metal3 provider
+   sets it to the Machine); a reference to a Machine of the other group confirms nothing.
 3. **The agreed providerIDs of a host** ``<namespace>/<host>`` with uid ``<uid>`` are exactly:
 
    - ``metal3://<namespace>/<host>`` (metalmend's form: the lab, the demo);
    - ``metal3://<namespace>/<host>/<name>`` (CAPM3's current form, ``SetDefaultProviderID``:
      the third part is the Metal3Machine's name, which the host's consumerRef vouches for);
-   - ``metal3://<uid>`` (CAPM3's legacy form: the host's ``metadata.uid``).
+   - ``metal3://<uid>`` (CAPM3's legacy form: the host's ``metadata.uid``);
+   - ``baremetalhost:///<namespace>/<host>/<uid>`` (OpenShift's metal3 machine provider,
+     on its Machines and Nodes: the third part is the host's ``metadata.uid`` and must be
+     this host's, so a host deleted and re-made under the same name is not the same host);
+   - ``baremetalhost:///<namespace>/<host>`` (the same provider's older form).
 
    Every part is non-empty and contains no ``/``. Any other value (another scheme, more
    parts) names no host.
@@ -34,14 +40,17 @@ The rules, and where upstream Metal3 stands on each:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from metalmend.api import names
 
 PROVIDER_PREFIX = "metal3://"
+OPENSHIFT_PROVIDER_PREFIX = "baremetalhost:///"
 MACHINE_GROUP = "cluster.x-k8s.io"
+OPENSHIFT_MACHINE_GROUP = "machine.openshift.io"
+MACHINE_GROUPS = (MACHINE_GROUP, OPENSHIFT_MACHINE_GROUP)
 METAL3_MACHINE_GROUP = "infrastructure.cluster.x-k8s.io"
 
 # Condition reasons on a Machine (condition names.CONDITION_HOST_LINK / CONDITION_NODE_LINK)
@@ -138,6 +147,13 @@ class MachineIdentity:
     name: str
     uid: str
     infrastructure_ref: Mapping[str, Any]  # spec.infrastructureRef ({} when none)
+    group: str = MACHINE_GROUP  # the Machine's API group: Cluster API's or OpenShift's
+
+
+def machine_group(machine: Any) -> str:
+    """The API group of a Machine object (Cluster API's when it does not say)."""
+    group = _group(str(getattr(machine, "apiVersion", None) or ""))
+    return group if group in MACHINE_GROUPS else MACHINE_GROUP
 
 
 def machine_identity(machine: Any) -> MachineIdentity:
@@ -147,6 +163,7 @@ def machine_identity(machine: Any) -> MachineIdentity:
         name=machine.metadata.name,
         uid=machine.metadata.uid or "",
         infrastructure_ref=dict(spec.get("infrastructureRef") or {}),
+        group=machine_group(machine),
     )
 
 
@@ -165,7 +182,9 @@ def consumer_of(
         return "other"
     kind = consumer_ref.get("kind")
     group = _group(str(consumer_ref.get("apiVersion") or ""))
-    if kind == "Machine" and group == MACHINE_GROUP:
+    if kind == "Machine" and group in MACHINE_GROUPS:
+        if group != machine.group:
+            return "other"
         uid = consumer_ref.get("uid")
         same = consumer_ref["name"] == machine.name and (not uid or uid == machine.uid)
         return "confirmed" if same else "other"
@@ -182,6 +201,54 @@ def consumer_of(
     return "other"
 
 
+def metal3machine_key(machine: MachineIdentity) -> str | None:
+    """The "<namespace>/<name>" of the Metal3Machine a Cluster API Machine's
+    ``spec.infrastructureRef`` names (in the Machine's namespace only), else None."""
+    infra = machine.infrastructure_ref
+    if (
+        machine.group != MACHINE_GROUP
+        or infra.get("kind") != "Metal3Machine"
+        or _group(str(infra.get("apiVersion") or "")) != METAL3_MACHINE_GROUP
+        or not infra.get("name")
+        or (infra.get("namespace") or machine.namespace) != machine.namespace
+    ):
+        return None
+    return f"{machine.namespace}/{infra['name']}"
+
+
+def capm3_host(
+    machine: MachineIdentity,
+    metal3machine_annotation: str | None,
+    provider_id: str | None,
+    host: Callable[[str], HostFacts | None],
+) -> str | None:
+    """The host of a Cluster API Machine that carries no ``metal3.io/BareMetalHost`` itself,
+    as Cluster API Provider Metal3 links them (``baremetal/metal3machine_manager.go``): the
+    annotation on the Metal3Machine its ``spec.infrastructureRef`` names (``HostAnnotation``),
+    else the Machine's providerID ``metal3://<namespace>/<host>/<metal3machine>``
+    (``SetDefaultProviderID``; its third part must be that Metal3Machine). Either way rule 1
+    (the Machine's namespace) applies, and the host must confirm the Metal3Machine by its
+    ``spec.consumerRef`` (rule 2), as CAPM3 sets it: None otherwise. ``host``: the host
+    known by that "namespace/name", None if none."""
+    m3m = metal3machine_key(machine)
+    if m3m is None:
+        return None
+    key = machine_host(machine.namespace, metal3machine_annotation).key
+    if key is None and metal3machine_annotation is None and provider_id:
+        parts = provider_id.removeprefix(PROVIDER_PREFIX).split("/")
+        if (
+            provider_id.startswith(PROVIDER_PREFIX)
+            and len(parts) == 3
+            and all(parts)
+            and f"{parts[0]}/{parts[2]}" == m3m
+        ):
+            key = machine_host(machine.namespace, f"{parts[0]}/{parts[1]}").key
+    found = host(key) if key else None
+    if found is None or consumer_of(found.consumer_ref, found.namespace, machine) != "confirmed":
+        return None
+    return key
+
+
 # ---- rule 3: agreed providerIDs --------------------------------------------------------------
 
 
@@ -192,10 +259,26 @@ class ProviderRef:
     namespace: str = ""
     host: str = ""
     uid: str = ""
+    host_uid: str = ""  # with namespace and host: the uid the host must also have (OpenShift)
+
+
+def parse_openshift_provider_id(provider_id: str | None) -> ProviderRef | None:
+    """The host an OpenShift providerID names (``baremetalhost:///<ns>/<host>[/<uid>]``),
+    or None for any other value."""
+    if not provider_id or not provider_id.startswith(OPENSHIFT_PROVIDER_PREFIX):
+        return None
+    parts = provider_id[len(OPENSHIFT_PROVIDER_PREFIX) :].split("/")
+    if not all(parts) or len(parts) not in (2, 3):
+        return None
+    return ProviderRef(
+        namespace=parts[0], host=parts[1], host_uid=parts[2] if len(parts) == 3 else ""
+    )
 
 
 def parse_provider_id(provider_id: str | None) -> ProviderRef | None:
     """The host an agreed providerID names (rule 3), or None for any other value."""
+    if provider_id and provider_id.startswith(OPENSHIFT_PROVIDER_PREFIX):
+        return parse_openshift_provider_id(provider_id)
     if not provider_id or not provider_id.startswith(PROVIDER_PREFIX):
         return None
     parts = provider_id[len(PROVIDER_PREFIX) :].split("/")
@@ -214,6 +297,8 @@ def provider_id_names_host(provider_id: str | None, host_key: str, host_uid: str
         return False
     if ref.uid:
         return bool(host_uid) and ref.uid == host_uid
+    if ref.host_uid and ref.host_uid != host_uid:
+        return False
     return f"{ref.namespace}/{ref.host}" == host_key
 
 
@@ -404,3 +489,29 @@ def node_uid_ref(provider_id: str | None) -> str:
     """The host uid a Node's providerID carries ("" if none): to look the host up by."""
     ref = node_provider_ref(provider_id)
     return ref.uid if ref is not None else ""
+
+
+# ---- OpenShift: a Node names its Machine ------------------------------------------------------
+
+
+def node_machine_key(annotations: Mapping[str, str] | None) -> str | None:
+    """The "<namespace>/<machine>" of a Node's ``machine.openshift.io/machine`` annotation
+    (OpenShift's nodelink-controller writes it), or None when absent or malformed."""
+    value = ((annotations or {}).get(names.OPENSHIFT_NODE_MACHINE) or "").strip()
+    parts = value.split("/")
+    return value if len(parts) == 2 and all(parts) else None
+
+
+def node_machine_confirmed(
+    node_name: str,
+    node_provider_id: str | None,
+    machine_node_ref: str | None,
+    machine_provider_id: str | None,
+) -> bool:
+    """Whether the Machine a Node's annotation names claims that Node back: its
+    ``status.nodeRef`` names it, or its ``spec.providerID`` is the Node's (both set). The
+    annotation alone is the kubelet's word (a kubelet may write its Node's annotations);
+    the Machine's spec and status are not."""
+    if machine_node_ref and machine_node_ref == node_name:
+        return True
+    return bool(node_provider_id) and node_provider_id == machine_provider_id

@@ -103,6 +103,10 @@ NODE_HOST = "metalmend.dev/baremetalhost"
 # Node (a kubelet cannot write hosts): what a NodeHealthCheck needs to fence a Node whose
 # providerID does not carry the host's uid.
 HOST_NODE = "metalmend.dev/node-name"
+# On a Node, by OpenShift's nodelink-controller: "<namespace>/<machine>", its
+# machine.openshift.io Machine (kubelet-writable: trusted only when the Machine names the Node
+# back, api/links.py node_machine_confirmed).
+OPENSHIFT_NODE_MACHINE = "machine.openshift.io/machine"
 # On a Metal3Remediation the NodeHealthCheck made: the Node it remediates (no Machine).
 REMEDIATED_NODE = "metalmend.dev/node"
 # On the same: the NodeHealthCheck that made it (a label, to list them).

@@ -43,3 +43,22 @@ FenceRemediationTemplate = create_namespaced_resource(
 NodeHealthCheck = create_global_resource(
     "healthcheck.metalmend.dev", "v1alpha1", "NodeHealthCheck", "nodehealthchecks"
 )
+# OpenShift's machine-api Machine (github.com/openshift/api machine/v1beta1): read wherever
+# Cluster API's is, through controllers/machines.py.
+OpenShiftMachine = create_namespaced_resource(
+    "machine.openshift.io", "v1beta1", "Machine", "machines"
+)
+MACHINE_KINDS = (Machine, OpenShiftMachine)
+# Cluster API Provider Metal3's infrastructure Machine (read only: the host CAPM3 linked a
+# Cluster API Machine to, controllers/machines.py). v1beta1: served by every CAPM3 release
+# that serves v1beta2 too (the same objects, no conversion webhook).
+Metal3Machine = create_namespaced_resource(
+    "infrastructure.cluster.x-k8s.io", "v1beta1", "Metal3Machine", "metal3machines"
+)
+
+
+def machine_resource(machine: object) -> type:
+    """The resource class to write a Machine object back with: OpenShift's for an object
+    of ``machine.openshift.io``, else Cluster API's."""
+    api_version = str(getattr(machine, "apiVersion", None) or "")
+    return OpenShiftMachine if api_version.startswith("machine.openshift.io/") else Machine

@@ -14,6 +14,7 @@ from typing import Any
 
 from metalmend.api import indexes, links
 from metalmend.api.resources import FenceRemediation
+from metalmend.controllers import machines as machine_kinds
 from metalmend.controllers import metrics
 from metalmend.controllers.powerreads import PowerReader
 from metalmend.controllers.remediation import (
@@ -49,7 +50,8 @@ class FenceRemediationController(RemediationController):
         namespace = remediation.metadata.namespace
         found = target_of(remediation)
         if found.kind == "Machine":
-            return self.machines.store.get(f"{namespace}/{found.name}")
+            key = f"{namespace}/{found.name}"
+            return machine_kinds.find(self.machines, key, found.api_version)
         machines = sorted(
             (
                 m

@@ -52,6 +52,7 @@ from metalmend.api.resources import (
 )
 from metalmend.api.selector import matches
 from metalmend.api.stamps import parse_stamp
+from metalmend.controllers import machines as machine_kinds
 from metalmend.controllers import metrics
 from metalmend.controllers.clusters import (
     ClusterCache,
@@ -155,8 +156,9 @@ class HealthCheckController:
         self.writer: Writer = writer or KubeWriter(manager.client, manager.events)
         ns = settings.runtime.namespace
         self.checks = manager.informer(MachineHealthCheck, namespace=ns)
-        self.machines = manager.informer(
-            Machine, namespace=ns, indexes=indexes.of(indexes.MACHINES_BY_NODE)
+        # Cluster API's Machines (the kind its MachineHealthCheck selects), with CAPM3's links
+        self.machines = machine_kinds.capi_informer(
+            manager, namespace=ns, indexes=indexes.of(indexes.MACHINES_BY_NODE)
         )
         self.nodes = manager.informer(Node)
         # the Machines' hosts: a teardown's claim holds remediation off (policy.interlock)

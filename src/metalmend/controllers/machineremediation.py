@@ -20,8 +20,9 @@ from typing import Any
 from lightkube.resources.core_v1 import Node
 
 from metalmend.api import indexes, links, names
-from metalmend.api.resources import BareMetalHost, Machine
+from metalmend.api.resources import BareMetalHost, machine_resource
 from metalmend.api.stamps import stamp
+from metalmend.controllers import machines as machine_kinds
 from metalmend.controllers import metrics
 from metalmend.controllers.tenancy import report
 from metalmend.kube.controller import Controller, Result
@@ -55,8 +56,8 @@ class MachineRemediationController:
         self.writer = writer or KubeWriter(manager.client, manager.events)
         self.clock = manager.clock
         ns = settings.runtime.namespace
-        self.machines = manager.informer(
-            Machine,
+        self.machines = machine_kinds.informer(
+            manager,
             namespace=ns,
             indexes=indexes.of(
                 indexes.MACHINES_BY_HOST, indexes.MACHINES_BY_CLAIMED_HOST, indexes.MACHINES_BY_NODE
@@ -164,12 +165,16 @@ class MachineRemediationController:
                 # one write: the request never reads as gone without the end that explains it
                 ended: dict[str, str | None] = {names.EXTERNAL_REMEDIATION: None}
                 ended[names.REMEDIATION_ENDED_AT] = stamp(ended_at)
-                written = await writer.patch_metadata(Machine, machine, "annotations", ended)
+                written = await writer.patch_metadata(
+                    machine_resource(machine), machine, "annotations", ended
+                )
                 metrics.OUTCOMES.labels(metrics.MACHINE_REMEDIATION, "power_cycled").inc()
                 return written
             case policy.ForgetRemediationEnd():
                 forget = {names.REMEDIATION_ENDED_AT: None}
-                return await writer.patch_metadata(Machine, machine, "annotations", forget)
+                return await writer.patch_metadata(
+                    machine_resource(machine), machine, "annotations", forget
+                )
             case policy.Event(type=kind, reason=reason, message=message):
                 await writer.record_event(machine if machine is not None else host, kind,
                                           reason, message)  # fmt: skip

@@ -10,7 +10,8 @@ from typing import Any
 from lightkube.resources.core_v1 import Node
 
 from metalmend.api import indexes, links
-from metalmend.api.resources import BareMetalHost, Machine
+from metalmend.api.resources import BareMetalHost, machine_resource
+from metalmend.controllers import machines as machine_kinds
 from metalmend.controllers.tenancy import report
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
@@ -30,8 +31,8 @@ class NodeLinkController:
     def __init__(self, manager: Manager, settings: Settings, writer: Writer | None = None) -> None:
         self.writer = writer or KubeWriter(manager.client, manager.events)
         self.clock = manager.clock
-        self.machines = manager.informer(
-            Machine,
+        self.machines = machine_kinds.informer(
+            manager,
             namespace=settings.runtime.namespace,
             indexes=indexes.of(
                 indexes.MACHINES_BY_PROVIDER_ID,
@@ -88,7 +89,7 @@ class NodeLinkController:
                 return await report(self.writer, self.clock, machine, type_, refusal, reason)
             case policy.SetNodeRef():
                 status = action.to_wire(machine.get("status") or {})
-                return await self.writer.patch_status(Machine, machine, status)
+                return await self.writer.patch_status(machine_resource(machine), machine, status)
             case policy.Event(type=kind, reason=reason, message=message):
                 await self.writer.record_event(machine, kind, reason, message)
         return None

@@ -21,8 +21,9 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.storage_v1 import VolumeAttachment
 
 from metalmend.api import indexes, links, names
-from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
+from metalmend.api.resources import BareMetalHost, Metal3Remediation, machine_resource
 from metalmend.bmc import BmcError, Busy
+from metalmend.controllers import machines as machine_kinds
 from metalmend.controllers import metrics
 from metalmend.controllers.powerreads import BmcPowerReader, PowerReader
 from metalmend.controllers.tenancy import node_host_of, report
@@ -116,8 +117,8 @@ class RemediationController:
         self.remediations = manager.informer(
             self.resource, namespace=ns, indexes=indexes.of(indexes.REMEDIATIONS_BY_NODE)
         )
-        self.machines = manager.informer(
-            Machine,
+        self.machines = machine_kinds.informer(
+            manager,
             namespace=ns,
             indexes=indexes.of(indexes.MACHINES_BY_HOST, indexes.MACHINES_BY_NODE),
         )
@@ -135,7 +136,8 @@ class RemediationController:
         namespace = remediation.metadata.namespace
         for owner in remediation.metadata.ownerReferences or []:
             if owner.kind == "Machine":
-                return self.machines.store.get(f"{namespace}/{owner.name}")
+                key = f"{namespace}/{owner.name}"
+                return machine_kinds.find(self.machines, key, owner.apiVersion or "")
         return self.machines.store.get(object_key(remediation))  # the proposal: same name
 
     def host_object(self, remediation: Any) -> Any | None:
@@ -205,9 +207,7 @@ class RemediationController:
             if found is not None:  # still release what we hold on its host
                 host = host_view(found, reboot_key(remediation))
         elif link.refused or not link.key:
-            problem = link.refusal or (
-                f"Machine has no {names.MACHINE_HOST} annotation (<namespace>/<host>)"
-            )
+            problem = link.refusal or no_host_link(machine)
             if found is not None:  # the host we recorded: release what we hold on it
                 host, link_problem = host_view(found, reboot_key(remediation)), problem
         elif found is None:
@@ -440,7 +440,7 @@ class RemediationController:
                 machine = self.machine_of(obj)
                 if machine is not None and machine.metadata.deletionTimestamp is None:
                     await writer.delete_exact(
-                        Machine, machine.metadata.name, machine.metadata.uid,
+                        machine_resource(machine), machine.metadata.name, machine.metadata.uid,
                         namespace=machine.metadata.namespace,
                     )  # fmt: skip
 
@@ -455,6 +455,17 @@ def out_of_service_taints(node: Any, present: bool) -> list[dict[str, str]]:
 
 
 # ---- views, from API objects to policy values --------------------------------------------
+
+
+def no_host_link(machine: Any) -> str:
+    """Why a Machine has no host: no annotation, nor (CAPM3) one its Metal3Machine confirms."""
+    problem = f"Machine has no {names.MACHINE_HOST} annotation (<namespace>/<host>)"
+    if m3m := links.metal3machine_key(links.machine_identity(machine)):
+        problem += (
+            f", and its Metal3Machine {m3m} names no host of its namespace whose"
+            " spec.consumerRef is that Metal3Machine"
+        )
+    return problem
 
 
 def host_view(host: Any, key: str) -> policy.HostView:

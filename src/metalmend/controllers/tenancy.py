@@ -9,7 +9,7 @@ from typing import Any
 
 from metalmend.api import indexes, links, names
 from metalmend.api.links import REASON_VALID
-from metalmend.api.resources import Machine
+from metalmend.api.resources import machine_resource
 from metalmend.api.stamps import stamp
 from metalmend.clock import Clock
 from metalmend.kube.store import object_key
@@ -63,7 +63,7 @@ async def report(
     if wanted is None:
         return None
     status["conditions"] = [c for c in conditions if c.get("type") != type_] + [wanted]
-    updated = await writer.patch_status(Machine, machine, status)
+    updated = await writer.patch_status(machine_resource(machine), machine, status)
     if refusal:
         # Once per refusal: a reconcile that finds the same condition writes nothing above.
         log.warning("link refused", extra=fields(machine=object_key(machine), reason=reason,

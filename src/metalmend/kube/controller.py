@@ -54,6 +54,7 @@ from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.kube import errors, metrics
 from metalmend.kube.informer import Informer
 from metalmend.kube.store import object_key
+from metalmend.kube.union import UnionInformer
 from metalmend.kube.workqueue import Backoff, WorkQueue
 from metalmend.log import fields
 
@@ -170,7 +171,7 @@ class Controller:
         self.workers = workers
         self.clock = clock
         self.queue = WorkQueue(backoff)
-        self.informers: list[Informer] = []
+        self.informers: list[Informer | UnionInformer] = []
         self.workers_alive = 0
         self.died: str | None = None  # why a worker ended while the controller ran
         # key -> the TerminalError last logged for it: said once, not on every change that
@@ -188,7 +189,10 @@ class Controller:
         )
 
     def watch(
-        self, informer: Informer, keys: KeyMapper = own_key, predicate: Predicate | None = None
+        self,
+        informer: Informer | UnionInformer,
+        keys: KeyMapper = own_key,
+        predicate: Predicate | None = None,
     ) -> None:
         """Reconcile ``keys(old, new)`` whenever ``informer`` sees a change (for which
         ``predicate(old, new)`` holds, if given)."""
@@ -202,7 +206,7 @@ class Controller:
 
         informer.add_handler(enqueue)
 
-    def enqueue_all(self, informer: Informer, keys: KeyMapper = own_key) -> None:
+    def enqueue_all(self, informer: Informer | UnionInformer, keys: KeyMapper = own_key) -> None:
         for obj in informer.store.values():
             for key in keys(None, obj):
                 self.queue.add(key)

@@ -16,6 +16,12 @@ Store true and telling handlers what changed.
   informer says so once (``unserved``, one log line, naming the kind and the fix), empties
   its store (no object of an unserved kind exists), asks discovery quietly until the kind
   is served again, then lists it again and says so.
+- ``transform`` (as client-go's ``SetTransform``), when set, makes what the store holds
+  from each listed or watched object: an adapter at the edge that adds what the object
+  implies elsewhere (controllers/machines.py: a Cluster API Machine's host through its
+  Metal3Machine). It must not change the object's key or resourceVersion; applied again to
+  what it returned, it recomputes as from the object as listed (``refresh`` does that when
+  what it reads elsewhere changed), and returns its argument itself when nothing changes.
 """
 
 from __future__ import annotations
@@ -83,6 +89,20 @@ class Informer:
         self.failing_since: float | None = None  # time.monotonic(): API out of reach since
         self.unserved: str | None = None  # why: the kind is not served (discovery.gone_line)
         self._handlers: list[Handler] = []
+        self.transform: Callable[[Any], Any] | None = None
+
+    def _view(self, obj: Any) -> Any:
+        return self.transform(obj) if self.transform is not None else obj
+
+    def refresh(self, key: str) -> None:
+        """Apply ``transform`` again to the stored object ``key`` (what it reads elsewhere
+        changed); the handlers hear the change as an update, and the indexes follow."""
+        stored = self.store.get(key)
+        if stored is None or self.transform is None:
+            return
+        new = self.transform(stored)
+        if new is not stored:
+            self._notify(self.store.upsert(new), new)
 
     def add_handler(self, handler: Handler) -> None:
         self._handlers.append(handler)
@@ -196,7 +216,7 @@ class Informer:
             fields=self.fields,
             chunk_size=LIST_CHUNK,
         )
-        objects = [without_managed_fields(obj) async for obj in listing]
+        objects = [self._view(without_managed_fields(obj)) async for obj in listing]
         self.resource_version = str(listing.resourceVersion)
         self.lists += 1
         self.last_error = None
@@ -275,6 +295,7 @@ class Informer:
             old = self.store.delete(object_key(obj))
             self._notify(old if old is not None else obj, None)
         else:
+            obj = self._view(obj)
             self._notify(self.store.upsert(obj), obj)
 
     def _notify(self, old: Any | None, new: Any | None) -> None:

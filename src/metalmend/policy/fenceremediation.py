@@ -14,11 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from metalmend.api import names
+from metalmend.api import links, names
 from metalmend.policy import remediation
 from metalmend.policy.remediation import Decision, Observed, Phase, Settings, Strategy
 
-MACHINE_GROUP = "cluster.x-k8s.io"
+MACHINE_GROUP = links.MACHINE_GROUP
+MACHINE_GROUPS = links.MACHINE_GROUPS  # Cluster API's and OpenShift's Machines
 
 PROCESSING = "Processing"
 SUCCEEDED = "Succeeded"
@@ -41,12 +42,13 @@ class Target:
 
     kind: str  # "Machine" or "Node"
     name: str
+    api_version: str = ""  # a Machine's: Cluster API's or OpenShift's group
 
 
 def target(name: str, annotations: Mapping[str, str], owners: Sequence[Owner]) -> Target:
     for owner in owners:
-        if owner.kind == "Machine" and owner.api_version.split("/")[0] == MACHINE_GROUP:
-            return Target("Machine", owner.name)
+        if owner.kind == "Machine" and owner.api_version.split("/")[0] in MACHINE_GROUPS:
+            return Target("Machine", owner.name, owner.api_version)
     node = annotations.get(names.NHC_NODE_NAME)
     return Target("Node", node if node else name)
 
