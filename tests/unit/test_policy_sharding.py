@@ -25,7 +25,9 @@ from metalmend.policy.sharding import (
 KEYS = [f"rack-{i % 13:02d}/server-{i:05d}" for i in range(20_000)]
 REPLICAS = [f"metalmend-{i}" for i in range(16)]
 
-member_names = st.text(alphabet=string.ascii_lowercase + string.digits + "-", min_size=1, max_size=30)
+member_names = st.text(
+    alphabet=string.ascii_lowercase + string.digits + "-", min_size=1, max_size=30
+)
 
 
 def distinct(count: int) -> st.SearchStrategy[list[str]]:
@@ -90,7 +92,13 @@ KEY = next(k for k in KEYS if RING.owner(k) == "a")  # a host the ring gives to 
         ("a", False, LIVE, Keep(), "owned by the ring's choice"),
         ("b", False, LIVE, Drain(), "a live owner the ring no longer chooses drains first"),
         ("b", True, LIVE, Keep(), "drain asked: wait for the owner's acknowledgment"),
-        ("a", True, LIVE, Keep(), "the ring chooses the draining owner again: it acknowledges, then gets it back"),
+        (
+            "a",
+            True,
+            LIVE,
+            Keep(),
+            "the ring chooses the draining owner again: it acknowledges, then gets it back",
+        ),
         ("c", False, LIVE, Assign("a"), "an owner no longer live (Lease expired) lost it"),
         ("c", True, LIVE, Assign("a"), "a dead owner's drain is not waited for"),
         ("a", False, frozenset(), Keep(), "no live member: nothing to assign to"),

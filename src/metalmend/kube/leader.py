@@ -58,8 +58,10 @@ class LeaderElector:
         timing: LeaseTiming = LeaseTiming(),
         clock: Clock = SYSTEM_CLOCK,
         release_on_cancel: bool = True,
+        labels: dict[str, str] | None = None,
     ) -> None:
         self.client = client
+        self.labels = dict(labels or {})  # kept on the Lease (a shard's ring and name)
         self.release_on_cancel = release_on_cancel
         self.name = name
         self.namespace = namespace
@@ -145,7 +147,12 @@ class LeaderElector:
                 leaseTransitions=0,
             )
             created = await self.client.create(
-                Lease(metadata=ObjectMeta(name=self.name, namespace=self.namespace), spec=spec)
+                Lease(
+                    metadata=ObjectMeta(
+                        name=self.name, namespace=self.namespace, labels=self.labels or None
+                    ),
+                    spec=spec,
+                )
             )
             self._observe(created)
             return True
@@ -163,6 +170,8 @@ class LeaderElector:
             renewTime=now,
             leaseTransitions=(spec.leaseTransitions or 0) + (0 if ours or not holder else 1),
         )
+        if self.labels and lease.metadata is not None:
+            lease.metadata.labels = {**(lease.metadata.labels or {}), **self.labels}
         # replace() sends metadata.resourceVersion: a concurrent writer makes this a 409.
         self._observe(await self.client.replace(lease))
         return True

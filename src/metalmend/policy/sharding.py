@@ -115,9 +115,7 @@ class Keep:
 Step = Assign | Drain | Keep
 
 
-def step(
-    owner: str | None, draining: bool, live: Collection[str], ring: Ring, key: str
-) -> Step:
+def step(owner: str | None, draining: bool, live: Collection[str], ring: Ring, key: str) -> Step:
     """What the sharder writes next for the host ``key`` whose owner label is ``owner``
     (None: no label) and whose drain label is set or not, given the live members and
     their ring.
