@@ -223,6 +223,39 @@ def test_controller_deployment_leads_probes_and_requests(
     assert run["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
+SHARDED = ["--set", "run.shard.enabled=true", "--set", "run.replicas=4"]
+
+
+def test_sharded_replicas_are_a_statefulset_spread_over_nodes_with_a_disruption_budget(
+    helm: Path, rendered: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    """docs/sharding.md: every replica works on its share; stable Pod names (each
+    replica's name in the ring), spread over Nodes, at most one down for a drain."""
+    result = render(helm, *VALUES, *SHARDED)
+    assert result.returncode == 0, result.stderr
+    sharded = by_kind_and_name(objects(result.stdout))
+    assert ("Deployment", "metalmend") not in sharded
+    run = sharded[("StatefulSet", "metalmend")]["spec"]
+    assert run["replicas"] == 4
+    assert run["podManagementPolicy"] == "Parallel"
+    (container,) = run["template"]["spec"]["containers"]
+    assert "--shard" in container["args"]
+    assert "--leader-elect" in container["args"]  # the leader assigns the hosts
+    pods = run["selector"]["matchLabels"]
+    assert run["template"]["spec"]["topologySpreadConstraints"] == [
+        {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+         "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": pods}},
+    ]  # fmt: skip
+    budget = sharded[("PodDisruptionBudget", "metalmend")]["spec"]
+    assert budget == {"maxUnavailable": 1, "selector": {"matchLabels": pods}}
+    # Not sharded (the default): the Deployment, one leading, no --shard; a budget too.
+    (default,) = rendered[("Deployment", "metalmend")]["spec"]["template"]["spec"]["containers"]
+    assert "--shard" not in default["args"]
+    assert ("PodDisruptionBudget", "metalmend") in rendered
+    one = by_kind_and_name(objects(render(helm, *VALUES, "--set", "run.replicas=1").stdout))
+    assert ("PodDisruptionBudget", "metalmend") not in one, "one replica: nothing to keep up"
+
+
 def test_the_bmc_ca_bundle_comes_from_a_configmap(
     helm: Path, rendered: dict[tuple[str, str], dict[str, Any]]
 ) -> None:
@@ -324,6 +357,10 @@ def test_rendered_chart_passes_server_side_dry_run(helm: Path, plane: ControlPla
     applied = kubectl(plane, "apply", "--dry-run=server", "-f", "-", stdin=result.stdout)
     assert applied.returncode == 0, applied.stderr
     assert "(server dry run)" in applied.stdout
+    sharded = render(helm, *VALUES, *SHARDED)  # the StatefulSet, its spread and budget
+    applied = kubectl(plane, "apply", "--dry-run=server", "-f", "-", stdin=sharded.stdout)
+    assert applied.returncode == 0, applied.stderr
+    assert "statefulset.apps/metalmend created (server dry run)" in applied.stdout
 
 
 def test_helm_install_creates_every_object(

@@ -255,9 +255,19 @@ class Manager:
         if self.sharding is not None:
             # Both Leases at once; losing either ends run (LeadershipLost): the process
             # restarts with nothing carried over.
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._shard(self.sharding), name="shard")
-                group.create_task(self._lead(), name="lead")
+            # (Not a TaskGroup: the caller expects LeadershipLost itself, not a group.)
+            tasks = [
+                asyncio.create_task(self._shard(self.sharding), name="shard"),
+                asyncio.create_task(self._lead(), name="lead"),
+            ]
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
             return
         await self._lead()
 
