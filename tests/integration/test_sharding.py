@@ -351,9 +351,11 @@ def test_a_replica_cut_off_from_the_api_server_stops_and_its_hosts_move(
         started(settled_on(kube, namespace, hosts, {"r0", "r1"}), "every host owned")
         theirs = [h for h, owner in owners(kube, namespace, hosts).items() if owner == "r1"]
         assert theirs, "r1 holds some hosts"
-        loop.call_soon_threadsafe(proxy.cut)
-        # It cannot renew: it stops acting at its renew deadline and exits, so that a fresh
-        # process (kubelet's restart) stands again.
+        # The link goes silent: connections stay open, nothing answers (a partition that
+        # drops packets, the harder case: no error ends a request). It cannot renew: it
+        # stops acting at its renew deadline and exits, so that a fresh process (kubelet's
+        # restart) stands again.
+        proxy.delay = 3600.0
         started(lambda: cut.process.poll() is not None, "r1 to exit once it cannot renew")
         assert cut.process.returncode == 1
         assert "could not renew lease" in cut.output()
@@ -389,3 +391,62 @@ def test_sharding_needs_leader_election(control_plane: ControlPlane) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "--shard needs runtime.leader_elect" in result.stderr
+
+
+async def test_a_lease_holder_behind_a_silent_api_server_stops_before_another_takes_it(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    """The renewal is bounded by the renew deadline (as client-go's context): an API server
+    that keeps the connection and never answers must not keep the work running until the
+    Lease has expired for others. Before, one renewal waited for the HTTP client's own
+    timeout while the work went on."""
+    import asyncio
+
+    from lightkube import AsyncClient, KubeConfig
+
+    from metalmend.kube.leader import LeaderElector, LeadershipLost, LeaseTiming
+
+    proxy = TcpProxy("127.0.0.1", control_plane.ports.apiserver)
+    port = await proxy.start()
+    via = control_plane.kubeconfig_via(f"https://127.0.0.1:{port}", tmp_path / "silent")
+    silent, direct = (
+        AsyncClient(KubeConfig.from_file(via)),
+        AsyncClient(KubeConfig.from_file(control_plane.kubeconfig)),
+    )
+    timing = LeaseTiming(lease_duration=6, renew_deadline=4, retry_period=1)
+    first = LeaderElector(silent, "silent", namespace, "first", timing)
+    second = LeaderElector(direct, "silent", namespace, "second", timing)
+    working, stopped, taken = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    stopped_when_taken: list[bool] = []
+
+    async def lead_first() -> None:
+        working.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopped.set()
+
+    async def lead_second() -> None:
+        stopped_when_taken.append(stopped.is_set())
+        taken.set()
+        await asyncio.Event().wait()
+
+    one = asyncio.create_task(first.run(lead_first))
+    two: asyncio.Task[None] | None = None
+    try:
+        await asyncio.wait_for(working.wait(), 60)
+        two = asyncio.create_task(second.run(lead_second))
+        proxy.delay = 3600.0  # silent from now on
+        with pytest.raises(LeadershipLost):
+            await asyncio.wait_for(one, 120)
+        await asyncio.wait_for(taken.wait(), 120)
+        assert stopped_when_taken == [True], "the first stopped before the second took over"
+    finally:
+        for task in (one, two):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(one, *([two] if two else []), return_exceptions=True)
+        proxy.delay = 0.0
+        await proxy.stop()
+        await silent.close()
+        await direct.close()

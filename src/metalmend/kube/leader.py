@@ -102,9 +102,13 @@ class LeaderElector:
             if done:
                 work.result()  # let lead()'s own exception through
                 return
-            if await self._try_acquire_or_renew():
+            # A renewal may not outlast the renew deadline (client-go gives it a context
+            # of renewDeadline): an API server that accepts the connection and never
+            # answers must not keep the work running past it, towards the Lease's expiry.
+            left = self.timing.renew_deadline - (time.monotonic() - last_renew)
+            if await self._try_acquire_or_renew(within=max(left, 0.0)):
                 last_renew = time.monotonic()
-            elif time.monotonic() - last_renew > self.timing.renew_deadline:
+            elif time.monotonic() - last_renew >= self.timing.renew_deadline:
                 raise LeadershipLost(f"could not renew lease {self.namespace}/{self.name}")
 
     def _set_leading(self, leading: bool) -> None:
@@ -116,9 +120,16 @@ class LeaderElector:
         self.leading = leading
         metrics.LEADER.labels(f"{self.namespace}/{self.name}").set(1 if leading else 0)
 
-    async def _try_acquire_or_renew(self) -> bool:
+    async def _try_acquire_or_renew(self, within: float | None = None) -> bool:
         try:
-            return await self._acquire_or_renew()
+            async with asyncio.timeout(within):
+                return await self._acquire_or_renew()
+        except TimeoutError:
+            log.warning(
+                "lease update failed",
+                extra=fields(lease=self.name, error=f"no answer within {within:.1f}s"),
+            )
+            return False
         except ApiError as error:
             if not errors.is_conflict(error):
                 log.warning(
@@ -195,6 +206,11 @@ class LeaderElector:
             leaseTransitions=lease.spec.leaseTransitions,
         )
         try:
-            await self.client.replace(lease)
+            # Bounded: a silent API server must not hold a stopping process (its Lease
+            # then expires as if it had been killed).
+            async with asyncio.timeout(self.timing.retry_period):
+                await self.client.replace(lease)
+        except TimeoutError:
+            log.warning("could not release lease", extra=fields(lease=self.name, error="no answer"))
         except (ApiError, httpx2.HTTPError, OSError) as error:
             log.warning("could not release lease", extra=fields(lease=self.name, error=str(error)))
