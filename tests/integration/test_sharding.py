@@ -335,6 +335,32 @@ def test_a_killed_replicas_hosts_are_taken_over_after_its_lease_and_their_reboot
     assert lease.spec.holderIdentity, "killed: never released"
 
 
+def test_a_replica_stopped_during_reboots_hands_its_hosts_over_at_once_and_none_is_served_twice(
+    fleet: Fleet, kube: Client, namespace: str, bmcs: Bmcs
+) -> None:
+    """Scaling down (SIGTERM, as a StatefulSet's Pod is stopped): the replica cancels its
+    work, then releases its Lease, and the leader gives its hosts away without waiting for
+    an expiry."""
+    hosts = register(kube, namespace, bmcs)
+    replicas = [fleet.start(f"r{i}") for i in range(3)]
+    for replica in replicas:
+        fleet.wait_ready(replica)
+    started(settled_on(kube, namespace, hosts, {"r0", "r1", "r2"}), "every host owned")
+    theirs = [h for h, owner in owners(kube, namespace, hosts).items() if owner == "r2"]
+    assert theirs
+    for host in hosts:
+        ask_reboot(kube, namespace, host)
+    leaving = fleet.replicas["r2"]
+    leaving.process.send_signal(signal.SIGTERM)  # while the reboots are being served
+    assert leaving.process.wait(60) == 0, leaving.output()
+    lease = kube.get(Lease, lease_name("metalmend", "r2"), namespace=namespace)
+    assert lease.spec is not None
+    assert not lease.spec.holderIdentity, "a graceful stop releases the shard Lease"
+    started(settled_on(kube, namespace, hosts, {"r0", "r1"}), "r2's hosts taken by r0 or r1")
+    started(lambda: served(kube, namespace, bmcs, hosts, 1), "every host rebooted")
+    assert_each_reboot_once(bmcs, hosts, 1)
+
+
 def test_a_replica_cut_off_from_the_api_server_stops_and_its_hosts_move(
     fleet: Fleet, kube: Client, namespace: str, bmcs: Bmcs, control_plane: ControlPlane,
     tmp_path: Path,

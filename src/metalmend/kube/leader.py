@@ -200,17 +200,29 @@ class LeaderElector:
         lease = self._lease
         if lease is None or lease.spec is None or lease.spec.holderIdentity != self.identity:
             return
-        lease.spec = LeaseSpec(
-            leaseDurationSeconds=1,
-            renewTime=self.clock.now(),
-            leaseTransitions=lease.spec.leaseTransitions,
-        )
         try:
             # Bounded: a silent API server must not hold a stopping process (its Lease
             # then expires as if it had been killed).
             async with asyncio.timeout(self.timing.retry_period):
-                await self.client.replace(lease)
+                try:
+                    await self.client.replace(self._released(lease))
+                except ApiError as error:
+                    # A renewal our stop interrupted may have landed after we last read
+                    # the Lease: read it again, and release it if it is still ours.
+                    if not errors.is_conflict(error):
+                        raise
+                    lease = await self.client.get(Lease, self.name, namespace=self.namespace)
+                    if lease.spec is None or lease.spec.holderIdentity != self.identity:
+                        return
+                    await self.client.replace(self._released(lease))
         except TimeoutError:
             log.warning("could not release lease", extra=fields(lease=self.name, error="no answer"))
         except (ApiError, httpx2.HTTPError, OSError) as error:
             log.warning("could not release lease", extra=fields(lease=self.name, error=str(error)))
+
+    def _released(self, lease: Lease) -> Lease:
+        transitions = lease.spec.leaseTransitions if lease.spec is not None else None
+        lease.spec = LeaseSpec(
+            leaseDurationSeconds=1, renewTime=self.clock.now(), leaseTransitions=transitions
+        )
+        return lease
