@@ -23,13 +23,14 @@ from metalmend import heap
 from metalmend.api.names import REBOOT_PREFIX
 from metalmend.api.resources import BareMetalHost
 from metalmend.controllers import machines as machine_kinds
-from metalmend.controllers import metrics
+from metalmend.controllers import metrics, sharder
 from metalmend.controllers.registry import CONTROLLERS
 from metalmend.kube import admission, discovery, errors, served_schema
 from metalmend.kube.client import ClusterUnavailable, async_client, load_config, whoami
 from metalmend.kube.health import serving
 from metalmend.kube.leader import LeaseTiming
 from metalmend.kube.manager import LeaderElection, Manager
+from metalmend.kube.shards import Sharding
 from metalmend.log import fields
 from metalmend.policy.remediation import PowerOwner
 from metalmend.settings import Settings, health_address
@@ -91,7 +92,21 @@ async def run(config: RunConfig) -> None:
             identity=f"{socket.gethostname()}_{uuid.uuid4()}",
             timing=config.lease_timing,
         )
-    manager = Manager(client, leader_election=election)
+    sharding = None
+    if runtime.shard and election is not None:
+        member = runtime.shard_id or shard_member(socket.gethostname())
+        sharding = Sharding(
+            member=member,
+            ring=election.lease_name,
+            namespace=election.namespace,
+            identity=f"{member}_{uuid.uuid4()}",
+            timing=config.lease_timing,
+        )
+        settings = dataclasses.replace(
+            settings, runtime=dataclasses.replace(settings.runtime, shard_id=member)
+        )
+        log.info("sharding", extra=fields(replica=member, lease=sharding.lease_name))
+    manager = Manager(client, leader_election=election, sharding=sharding)
     # Cluster API's Machines, OpenShift's, or both: whichever the API server serves (one
     # log line for a kind it does not), read through one adapter (controllers/machines.py).
     machine_kinds.use_kinds(manager, await machine_kinds.served_machine_kinds(client))
@@ -103,6 +118,9 @@ async def run(config: RunConfig) -> None:
         CONTROLLERS[name](manager, settings)
         for key in manager.informers.keys() - before:
             needs.setdefault(discovery.kind_of(manager.informers[key].resource), []).append(name)
+    if sharding is not None and "host-power" in controllers:
+        # Not a --controllers name: the leader's half of sharding (docs/sharding.md).
+        sharder.setup(manager, settings, sharding)
     # A kind not served (a CRD that a Helm upgrade did not install): said now, in one line,
     # instead of informers retrying and warning forever while /readyz stays 503.
     if missing := await discovery.unserved(
@@ -152,6 +170,14 @@ async def run(config: RunConfig) -> None:
             running.cancel()
             await asyncio.gather(running, return_exceptions=True)
     await client.close()
+
+
+def shard_member(hostname: str) -> str:
+    """A replica's default name in the ring: its host name (a Pod's name), lower-cased,
+    cut to a DNS label of 50 characters (settings.SHARD_ID)."""
+    kept = (c if (c.isascii() and c.isalnum()) or c == "-" else "-" for c in hostname.lower())
+    name = "".join(kept)
+    return name[:50].strip("-") or "metalmend"
 
 
 # Controllers that send power commands, or fence on host-power's own evidence: never

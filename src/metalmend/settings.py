@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -62,6 +63,8 @@ from metalmend.teardown.policy.settings import TeardownSettings
 from metalmend.web.settings import ServeSettings
 
 ENV_PREFIX = "METALMEND_"
+# A replica's name in the shard ring: a label value and part of its Lease's name.
+SHARD_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,48}[a-z0-9])?")
 ALL_CONTROLLERS = "all"
 # Every controller ``metalmend run`` can start, in the order ``all`` starts them; the
 # registry (metalmend.controllers.registry) maps each name to its setup, and a test holds
@@ -130,6 +133,17 @@ class RuntimeSettings:
 
     log_level: LogLevel = LogLevel.INFO
     """info: one line per action taken on a host, nothing per idle reconcile."""
+
+    shard: bool = False
+    """Share the hosts between every replica run with it (docs/sharding.md): each replica
+    holds a Lease of its own, the leader assigns each BareMetalHost to one live replica (a
+    label) and host-power acts only on its own. Needs ``leader_elect``. Off: one replica
+    (the leader) does everything, as before."""
+
+    shard_id: str | None = None
+    """This replica's name in the ring (a label value); None: the host name, which in a
+    Pod is the Pod's name (the chart's StatefulSet keeps it across restarts, so a replica
+    restarted gets its hosts back)."""
 
     @property
     def controller_names(self) -> list[str]:
@@ -444,6 +458,16 @@ def _check_runtime(runtime: RuntimeSettings, raw: Mapping[Path_, tuple[str, Any]
         raise SettingsError(
             f"{source('health_bind')} must be host:port with a port from 0 to 65535,"
             f" not {runtime.health_bind!r}"
+        )
+    if runtime.shard and not runtime.leader_elect:
+        raise SettingsError(
+            f"{source('shard')} needs {source('leader_elect')}: the leader assigns the hosts"
+            " to the replicas (docs/sharding.md)"
+        )
+    if runtime.shard_id is not None and not SHARD_ID.fullmatch(runtime.shard_id):
+        raise SettingsError(
+            f"{source('shard_id')} must be a DNS label (lower-case letters, digits and '-',"
+            f" at most 50 characters), not {runtime.shard_id!r}"
         )
     named = [c for c in runtime.controllers if c != ALL_CONTROLLERS]
     if unknown := [c for c in named if c not in CONTROLLER_NAMES]:

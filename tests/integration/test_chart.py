@@ -31,6 +31,11 @@ HOSTS = ["--set", f"run.secretNamespaces={{{','.join(HOST_NAMESPACES)}}}"]
 # serve's SQLite on a claim the chart creates (an emptyDir is refused: below)
 VALUES = [*HOSTS, "--set", "serve.database.persistentVolumeClaim.create=true"]
 KUBE_VERSION = "1.36.3"
+# The optional admission policies, so that every one of deploy/policies/ is rendered.
+OPTIONAL_POLICIES = [
+    "--set", "policies.rebootAnnotationWriters.enabled=true",
+    "--set", "policies.shardLabelWriters.enabled=true",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +76,7 @@ def deploy_objects(*parts: str) -> dict[tuple[str, str], dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def rendered(helm: Path) -> dict[tuple[str, str], dict[str, Any]]:
-    result = render(helm, *VALUES, "--set", "policies.rebootAnnotationWriters.enabled=true")
+    result = render(helm, *VALUES, *OPTIONAL_POLICIES)
     assert result.returncode == 0, result.stderr
     return by_kind_and_name(objects(result.stdout))
 
@@ -223,6 +228,42 @@ def test_controller_deployment_leads_probes_and_requests(
     assert run["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
+SHARDED = ["--set", "run.shard.enabled=true", "--set", "run.replicas=4"]
+
+
+def test_sharded_replicas_are_a_statefulset_spread_over_nodes_with_a_disruption_budget(
+    helm: Path, rendered: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    """docs/sharding.md: every replica works on its share; stable Pod names (each
+    replica's name in the ring), spread over Nodes, at most one down for a drain."""
+    result = render(helm, *VALUES, *SHARDED)
+    assert result.returncode == 0, result.stderr
+    sharded = by_kind_and_name(objects(result.stdout))
+    assert ("Deployment", "metalmend") not in sharded
+    run = sharded[("StatefulSet", "metalmend")]["spec"]
+    assert run["replicas"] == 4
+    assert run["podManagementPolicy"] == "Parallel"
+    (container,) = run["template"]["spec"]["containers"]
+    assert "--shard" in container["args"]
+    assert "--leader-elect" in container["args"]  # the leader assigns the hosts
+    pods = run["selector"]["matchLabels"]
+    assert run["template"]["spec"]["topologySpreadConstraints"] == [
+        {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+         "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": pods}},
+    ]  # fmt: skip
+    budget = sharded[("PodDisruptionBudget", "metalmend")]["spec"]
+    assert budget == {"maxUnavailable": 1, "selector": {"matchLabels": pods}}
+    # Not sharded (the default): the Deployment, one leading, no --shard; a budget too.
+    (default,) = rendered[("Deployment", "metalmend")]["spec"]["template"]["spec"]["containers"]
+    assert "--shard" not in default["args"]
+    assert ("PodDisruptionBudget", "metalmend") in rendered
+    one = by_kind_and_name(objects(render(helm, *VALUES, "--set", "run.replicas=1").stdout))
+    assert ("PodDisruptionBudget", "metalmend") not in one, "one replica: nothing to keep up"
+    # Sharded: only metalmend (and named operators) may move a host (docs/sharding.md).
+    assert ("ValidatingAdmissionPolicy", "metalmend-shard-label-writers") in sharded
+    assert ("ValidatingAdmissionPolicy", "metalmend-shard-label-writers") not in one
+
+
 def test_the_bmc_ca_bundle_comes_from_a_configmap(
     helm: Path, rendered: dict[tuple[str, str], dict[str, Any]]
 ) -> None:
@@ -320,10 +361,14 @@ def test_rendered_chart_passes_server_side_dry_run(helm: Path, plane: ControlPla
     assert crds.returncode == 0, crds.stderr
     for namespace in (NAMESPACE, *HOST_NAMESPACES):
         kubectl(plane, "create", "namespace", namespace)
-    result = render(helm, *VALUES, "--set", "policies.rebootAnnotationWriters.enabled=true")
+    result = render(helm, *VALUES, *OPTIONAL_POLICIES)
     applied = kubectl(plane, "apply", "--dry-run=server", "-f", "-", stdin=result.stdout)
     assert applied.returncode == 0, applied.stderr
     assert "(server dry run)" in applied.stdout
+    sharded = render(helm, *VALUES, *SHARDED)  # the StatefulSet, its spread and budget
+    applied = kubectl(plane, "apply", "--dry-run=server", "-f", "-", stdin=sharded.stdout)
+    assert applied.returncode == 0, applied.stderr
+    assert "statefulset.apps/metalmend created (server dry run)" in applied.stdout
 
 
 def test_helm_install_creates_every_object(
@@ -334,7 +379,7 @@ def test_helm_install_creates_every_object(
     installed = subprocess.run(
         [str(helm), "install", "metalmend", str(CHART), "--kubeconfig", str(plane.kubeconfig),
          "--namespace", NAMESPACE, "--create-namespace", *VALUES,
-         "--set", "policies.rebootAnnotationWriters.enabled=true"],
+         *OPTIONAL_POLICIES],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr

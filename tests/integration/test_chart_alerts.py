@@ -171,6 +171,7 @@ def expected_thresholds(power_retry_cap: float, erase_timeout: float) -> dict[st
         "MetalmendFencingEvidenceMissing.for": 2 * d.power.command_retry,
         "MetalmendFenceFailed.window": d.remediation.retry_cap,
         "MetalmendNoLeader.for": 4 * LeaseTiming().lease_duration,
+        "MetalmendHostsWithoutLiveShard.for": 4 * LeaseTiming().lease_duration,
         "MetalmendReconcileErrors.for": 5 * power_retry_cap,
         "MetalmendLongGcPauses.above": LeaseTiming().retry_period / 2,
         "MetalmendDriveEraseNotFinished.above": erase_timeout / 2,

@@ -289,3 +289,39 @@ async def test_repeated_events_are_aggregated_even_across_restarts(
     assert by_reason["PowerFailed"].type == "Warning"
     assert by_reason["PowerFailed"].involvedObject.name == "noisy"
     assert by_reason["PoweredOn"].count == 1
+
+
+async def test_a_stop_releases_the_lease_even_after_a_renewal_it_did_not_see(
+    aclient: AsyncClient, namespace: str
+) -> None:
+    """A stop that interrupts a renewal after the API server applied it leaves the elector
+    with an older version of its Lease: the release (409) reads it again and still hands
+    it back, so a standby (or, with sharding, the leader) need not wait for its expiry."""
+    from lightkube.models.coordination_v1 import LeaseSpec
+
+    from metalmend.kube.leader import LeaderElector
+
+    elector = LeaderElector(aclient, "unseen", namespace, "me", TIMING)
+    leading = asyncio.Event()
+
+    async def lead() -> None:
+        leading.set()
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(elector.run(lead))
+    try:
+        await asyncio.wait_for(leading.wait(), 60)
+        # The renewal that landed unseen: the same holder, a newer version.
+        current = await aclient.get(Lease, "unseen", namespace=namespace)
+        assert current.spec is not None
+        current.spec = LeaseSpec(
+            holderIdentity="me", leaseDurationSeconds=3, renewTime=dt.datetime.now(dt.UTC),
+            acquireTime=current.spec.acquireTime, leaseTransitions=current.spec.leaseTransitions,
+        )  # fmt: skip
+        await aclient.replace(current)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    released = await aclient.get(Lease, "unseen", namespace=namespace)
+    assert released.spec is not None
+    assert not released.spec.holderIdentity, "released despite the version it had not seen"

@@ -1,6 +1,6 @@
 """deploy/policies/ on the real API server: malformed reboot values refused at admission,
-only named users and groups may touch reboot annotations, and only named ones may change
-spec.bmc of an existing host."""
+only named users and groups may touch reboot annotations or the shard labels, and only
+named ones may change spec.bmc of an existing host."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from lightkube.models.rbac_v1 import Subject
 from lightkube.resources.core_v1 import Secret
 from lightkube.types import PatchType
 
+from metalmend.api.names import SHARD_DRAIN_LABEL as DRAIN
+from metalmend.api.names import SHARD_REPLICA_LABEL as REPLICA
 from metalmend.api.resources import BareMetalHost
 from metalmend_lab.controlplane import ControlPlane
 from tests.support import Deadline, grant
@@ -152,6 +154,59 @@ def test_only_named_writers_touch_reboot_annotations(
     annotate(bob, namespace, "h1", {"reboot.metal3.io/bob": None})
     final = kube.get(BareMetalHost, "h1", namespace=namespace).metadata.annotations
     assert final == {"owner": "alice"}
+
+
+@pytest.fixture
+def shard_policy(kube: Client, namespace: str) -> Iterator[None]:
+    yield from scoped(kube, "shard-label-writers.yaml", namespace)
+
+
+def label(client: Client, namespace: str, name: str, changes: dict[str, str | None]) -> Any:
+    return client.patch(
+        BareMetalHost, name, {"metadata": {"labels": changes}},
+        namespace=namespace, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+
+
+def test_only_named_writers_touch_shard_labels(
+    control_plane: ControlPlane, kube: Client, namespace: str, shard_policy: None
+) -> None:
+    """docs/sharding.md: moving a host between replicas by hand would skip the drain the
+    old owner acknowledges. The narrowest role that reaches the refusal: patch on hosts."""
+    everyone = Subject(kind="Group", name="system:authenticated")
+    grant(
+        kube, namespace, "edit-hosts", everyone,
+        group="metal3.io", resources=["baremetalhosts"], verbs=["get", "patch"],
+    )  # fmt: skip
+    kube.create(host("h1", {}), namespace=namespace)
+    kube.create(host("probe", {}), namespace=namespace)
+    probes = iter(range(1000))
+    # Enforced? The admin is not a named writer either (a new value each time: see above).
+    refused(lambda: label(kube, namespace, "probe", {REPLICA: f"r{next(probes)}"}))
+    alice = Client(KubeConfig.from_file(control_plane.user_kubeconfig("alice", ["site-ops"])))
+    metalmend = Client(
+        KubeConfig.from_file(
+            control_plane.user_kubeconfig(
+                "system:serviceaccount:metalmend-system:metalmend", ["system:authenticated"]
+            )
+        )
+    )
+    carol = Client(
+        KubeConfig.from_file(control_plane.user_kubeconfig("carol", ["metalmend:shard-admins"]))
+    )
+    label(metalmend, namespace, "h1", {REPLICA: "r0"})  # the leader assigns
+    for changes in ({REPLICA: "r1"}, {REPLICA: None}, {DRAIN: "true"}):
+        with pytest.raises(ApiError) as caught:
+            label(alice, namespace, "h1", changes)
+        assert caught.value.status.code == 403
+        message = str(caught.value.status.message)
+        assert "alice may not add, change or remove the shard labels" in message
+    label(alice, namespace, "h1", {"rack": "r7"})  # other labels: as RBAC says
+    label(metalmend, namespace, "h1", {DRAIN: "true"})  # the leader asks for a drain
+    label(metalmend, namespace, "h1", {REPLICA: None, DRAIN: None})  # the owner lets go
+    label(carol, namespace, "h1", {REPLICA: "r2"})  # an operator named in the ConfigMap
+    final = kube.get(BareMetalHost, "h1", namespace=namespace).metadata.labels
+    assert final == {"rack": "r7", REPLICA: "r2"}
 
 
 def set_bmc(client: Client, namespace: str, name: str, bmc: dict[str, Any]) -> Any:

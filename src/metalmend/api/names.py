@@ -111,3 +111,11 @@ OPENSHIFT_NODE_MACHINE = "machine.openshift.io/machine"
 REMEDIATED_NODE = "metalmend.dev/node"
 # On the same: the NodeHealthCheck that made it (a label, to list them).
 NODE_HEALTH_CHECK_LABEL = "metalmend.dev/node-health-check"
+
+# Sharding (docs/sharding.md). On a BareMetalHost: the replica of `metalmend run` that owns
+# it (written by the leader, removed by that replica when it lets the host go), and the
+# leader's request that the owner let it go (removed with the owner label). On each
+# replica's Lease: the ring it belongs to (the leader Lease's name) and the replica's name.
+SHARD_REPLICA_LABEL = "shard.metalmend.dev/replica"
+SHARD_DRAIN_LABEL = "shard.metalmend.dev/drain"
+SHARD_RING_LABEL = "shard.metalmend.dev/ring"

@@ -95,6 +95,8 @@ RUN_FLAGS: dict[str, tuple[str, str]] = {
     "controllers": ("runtime", "controllers"),
     "leader_elect": ("runtime", "leader_elect"),
     "leader_election_namespace": ("runtime", "leader_election_namespace"),
+    "shard": ("runtime", "shard"),
+    "shard_id": ("runtime", "shard_id"),
     "health_bind": ("runtime", "health_bind"),
     "namespace": ("runtime", "namespace"),
     "secret_namespaces": ("runtime", "secret_namespaces"),
@@ -142,6 +144,17 @@ def run_command(
     leader_election_namespace: Annotated[
         str | None, typer.Option(help="Namespace of the Lease (default: our own, or 'default').")
     ] = DEFAULTS.runtime.leader_election_namespace,
+    shard: Annotated[
+        bool,
+        typer.Option(
+            help="Share the hosts with the other replicas run with --shard (needs"
+            " --leader-elect; docs/sharding.md)."
+        ),
+    ] = DEFAULTS.runtime.shard,
+    shard_id: Annotated[
+        str | None,
+        typer.Option(help="This replica's name among the shards (default: the host name)."),
+    ] = DEFAULTS.runtime.shard_id,
     health_bind: Annotated[
         str, typer.Option(help="host:port for /healthz, /readyz and /metrics.")
     ] = DEFAULTS.runtime.health_bind,

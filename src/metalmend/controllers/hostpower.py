@@ -85,9 +85,12 @@ class HostPowerController:
         self.clock = manager.clock
         # (CREDENTIALS) hosts indexed by the Secret they name; one labelled-Secret informer
         # per namespace whose BMC Secrets may be read.
+        # Sharded (docs/sharding.md): only the hosts the leader assigned to this replica.
+        self.member = settings.runtime.shard_id if settings.runtime.shard else None
         self.hosts = manager.informer(
             BareMetalHost,
             namespace=settings.runtime.namespace,
+            labels={names.SHARD_REPLICA_LABEL: self.member} if self.member else None,
             indexes=indexes.of(indexes.HOSTS_BY_BMC_SECRET),
         )
         self.secrets = bmc_secrets(manager, settings)
@@ -158,6 +161,10 @@ class HostPowerController:
     # ---- reconcile: begin (schedule, BMC read, decide), act, succeeded ---------------------
 
     async def reconcile(self, key: str) -> Result:
+        if self.member is not None:
+            host = self.hosts.store.get(key)
+            if host is not None and names.SHARD_DRAIN_LABEL in (host.metadata.labels or {}):
+                return await self.let_go(key, host)
         begun = await self.begin(key)
         if isinstance(begun, Result):
             return begun
@@ -167,6 +174,25 @@ class HostPowerController:
             if attempt.ended is not None:
                 return attempt.ended
         return self.succeeded(attempt, decision)
+
+    async def let_go(self, key: str, host: Any) -> Result:
+        """The leader moves the host to another replica (docs/sharding.md): acknowledge by
+        removing both shard labels, on the version that asked. Nothing of this host is in
+        flight here (the work queue runs one reconcile of a key at a time), and nothing
+        more will be: the host leaves this replica's informer with its label. What a
+        reboot in progress needs is in its status, where the new owner reads it."""
+        changes: dict[str, str | None] = {
+            names.SHARD_REPLICA_LABEL: None,
+            names.SHARD_DRAIN_LABEL: None,
+        }
+        await self.writer.patch_metadata(
+            BareMetalHost, host, "labels", changes, require_version=True
+        )
+        self._schedules.pop(key, None)
+        self._sent.pop(key, None)
+        self._waiting.discard(key)
+        log.info("host handed over", extra=fields(host=key, replica=self.member))
+        return DONE
 
     async def begin(self, key: str) -> Result | tuple[Attempt, policy.Decision]:
         """Wait for the host's schedule, or read its BMC and decide. A Result when the
@@ -439,7 +465,9 @@ def setup(manager: Manager, settings: Settings) -> None:
     # worker too, and healthy hosts must still find a free one (busy BMCs never block:
     # the pool answers Busy and the key is requeued).
     workers = controller.bmcs.settings.max_in_flight + 4
-    runner = manager.add(Controller("host-power", controller.reconcile, workers=workers))
+    runner = manager.add(
+        Controller("host-power", controller.reconcile, workers=workers), sharded=True
+    )
     controller.runner = runner
     metrics.from_cache("host-power", lambda: controller.cache_samples())
     metrics.from_cache(

@@ -317,3 +317,37 @@ def fencing(controller: str, method: str) -> Iterator[None]:
         FENCES.labels(controller, method, "error").inc()
         raise
     FENCES.labels(controller, method, "success").inc()
+
+
+SHARD_HOSTS = cache_gauge(
+    CacheGauge(
+        "metalmend_shard_hosts",
+        "BareMetalHosts by the replica of metalmend run that owns them (label"
+        ' shard.metalmend.dev/replica), counted by the leader; replica="none": hosts no'
+        " live replica owns (unlabelled, or naming a replica whose Lease expired).",
+        ("replica",),
+    )
+)
+SHARD_REPLICAS = cache_gauge(
+    CacheGauge(
+        "metalmend_shard_replicas_live",
+        "Replicas of metalmend run whose shard Lease is live, as the leader sees them.",
+        (),
+    )
+)
+
+
+def shard_samples(hosts: Iterable[Any], live: Iterable[str]) -> list[Sample]:
+    """Hosts per live replica (every live replica listed, zeros included) and ``none``;
+    a label naming no live replica counts as ``none``, so no host adds a series."""
+    members = set(live)
+    counts = Tally(
+        owner if owner in members else "none"
+        for owner in ((h.metadata.labels or {}).get(names.SHARD_REPLICA_LABEL) for h in hosts)
+    )
+    samples: list[Sample] = [
+        (SHARD_HOSTS.name, (member,), float(counts.get(member, 0))) for member in sorted(members)
+    ]
+    samples.append((SHARD_HOSTS.name, ("none",), float(counts.get("none", 0))))
+    samples.append((SHARD_REPLICAS.name, (), float(len(members))))
+    return samples

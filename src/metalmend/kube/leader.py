@@ -58,8 +58,10 @@ class LeaderElector:
         timing: LeaseTiming = LeaseTiming(),
         clock: Clock = SYSTEM_CLOCK,
         release_on_cancel: bool = True,
+        labels: dict[str, str] | None = None,
     ) -> None:
         self.client = client
+        self.labels = dict(labels or {})  # kept on the Lease (a shard's ring and name)
         self.release_on_cancel = release_on_cancel
         self.name = name
         self.namespace = namespace
@@ -100,9 +102,13 @@ class LeaderElector:
             if done:
                 work.result()  # let lead()'s own exception through
                 return
-            if await self._try_acquire_or_renew():
+            # A renewal may not outlast the renew deadline (client-go gives it a context
+            # of renewDeadline): an API server that accepts the connection and never
+            # answers must not keep the work running past it, towards the Lease's expiry.
+            left = self.timing.renew_deadline - (time.monotonic() - last_renew)
+            if await self._try_acquire_or_renew(within=max(left, 0.0)):
                 last_renew = time.monotonic()
-            elif time.monotonic() - last_renew > self.timing.renew_deadline:
+            elif time.monotonic() - last_renew >= self.timing.renew_deadline:
                 raise LeadershipLost(f"could not renew lease {self.namespace}/{self.name}")
 
     def _set_leading(self, leading: bool) -> None:
@@ -114,9 +120,16 @@ class LeaderElector:
         self.leading = leading
         metrics.LEADER.labels(f"{self.namespace}/{self.name}").set(1 if leading else 0)
 
-    async def _try_acquire_or_renew(self) -> bool:
+    async def _try_acquire_or_renew(self, within: float | None = None) -> bool:
         try:
-            return await self._acquire_or_renew()
+            async with asyncio.timeout(within):
+                return await self._acquire_or_renew()
+        except TimeoutError:
+            log.warning(
+                "lease update failed",
+                extra=fields(lease=self.name, error=f"no answer within {within:.1f}s"),
+            )
+            return False
         except ApiError as error:
             if not errors.is_conflict(error):
                 log.warning(
@@ -145,7 +158,12 @@ class LeaderElector:
                 leaseTransitions=0,
             )
             created = await self.client.create(
-                Lease(metadata=ObjectMeta(name=self.name, namespace=self.namespace), spec=spec)
+                Lease(
+                    metadata=ObjectMeta(
+                        name=self.name, namespace=self.namespace, labels=self.labels or None
+                    ),
+                    spec=spec,
+                )
             )
             self._observe(created)
             return True
@@ -163,6 +181,8 @@ class LeaderElector:
             renewTime=now,
             leaseTransitions=(spec.leaseTransitions or 0) + (0 if ours or not holder else 1),
         )
+        if self.labels and lease.metadata is not None:
+            lease.metadata.labels = {**(lease.metadata.labels or {}), **self.labels}
         # replace() sends metadata.resourceVersion: a concurrent writer makes this a 409.
         self._observe(await self.client.replace(lease))
         return True
@@ -180,12 +200,29 @@ class LeaderElector:
         lease = self._lease
         if lease is None or lease.spec is None or lease.spec.holderIdentity != self.identity:
             return
-        lease.spec = LeaseSpec(
-            leaseDurationSeconds=1,
-            renewTime=self.clock.now(),
-            leaseTransitions=lease.spec.leaseTransitions,
-        )
         try:
-            await self.client.replace(lease)
+            # Bounded: a silent API server must not hold a stopping process (its Lease
+            # then expires as if it had been killed).
+            async with asyncio.timeout(self.timing.retry_period):
+                try:
+                    await self.client.replace(self._released(lease))
+                except ApiError as error:
+                    # A renewal our stop interrupted may have landed after we last read
+                    # the Lease: read it again, and release it if it is still ours.
+                    if not errors.is_conflict(error):
+                        raise
+                    lease = await self.client.get(Lease, self.name, namespace=self.namespace)
+                    if lease.spec is None or lease.spec.holderIdentity != self.identity:
+                        return
+                    await self.client.replace(self._released(lease))
+        except TimeoutError:
+            log.warning("could not release lease", extra=fields(lease=self.name, error="no answer"))
         except (ApiError, httpx2.HTTPError, OSError) as error:
             log.warning("could not release lease", extra=fields(lease=self.name, error=str(error)))
+
+    def _released(self, lease: Lease) -> Lease:
+        transitions = lease.spec.leaseTransitions if lease.spec is not None else None
+        lease.spec = LeaseSpec(
+            leaseDurationSeconds=1, renewTime=self.clock.now(), leaseTransitions=transitions
+        )
+        return lease

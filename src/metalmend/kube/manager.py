@@ -43,6 +43,7 @@ from metalmend.kube.controller import Controller
 from metalmend.kube.events import EventRecorder
 from metalmend.kube.informer import Informer
 from metalmend.kube.leader import LeaderElector, LeaseTiming
+from metalmend.kube.shards import Sharding
 from metalmend.kube.store import IndexFunc
 from metalmend.log import fields
 
@@ -71,11 +72,18 @@ class Manager:
         client: AsyncClient,
         *,
         leader_election: LeaderElection | None = None,
+        sharding: Sharding | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.client = client
         self.clock = clock
         self.leader_election = leader_election
+        # With sharding, controllers added with ``sharded=True`` run on every replica while
+        # it holds its own shard Lease (kube/shards.py); the others only on the leader.
+        self.sharding = sharding
+        self.sharded_controllers: list[Controller] = []
+        self.shard_elector: LeaderElector | None = None
+        self.sharded_running = False
         self.events = EventRecorder(client, clock=clock)
         self.informers: dict[tuple[Any, ...], Informer] = {}
         self.controllers: list[Controller] = []
@@ -119,9 +127,18 @@ class Manager:
                 informer.store.add_index(name, func)
         return informer
 
-    def add(self, controller: Controller) -> Controller:
-        self.controllers.append(controller)
+    def add(self, controller: Controller, *, sharded: bool = False) -> Controller:
+        """Run ``controller`` with the others; ``sharded`` (only with ``sharding``): on
+        every replica, over the objects assigned to it, while it holds its shard Lease."""
+        if sharded and self.sharding is not None:
+            self.sharded_controllers.append(controller)
+        else:
+            self.controllers.append(controller)
         return controller
+
+    @property
+    def all_controllers(self) -> list[Controller]:
+        return [*self.controllers, *self.sharded_controllers]
 
     # ---- state for /readyz and /healthz -------------------------------------------------
 
@@ -138,6 +155,14 @@ class Manager:
             problems += [p for c in self.controllers if (p := c.failing())]
         if self.api_silent_since is not None:
             problems.append(f"API server not answering: {self.api_silence}")
+        if not problems and self.sharding is not None:
+            # Every replica works on its own hosts: ready once it holds its shard Lease.
+            if not self.sharded_running:
+                problems.append(
+                    f"waiting for the shard lease {self.sharding.namespace}/"
+                    f"{self.sharding.lease_name}"
+                )
+            return problems
         if not problems and not self.controllers_running:
             if self.leader_election is not None:
                 problems.append(
@@ -150,7 +175,7 @@ class Manager:
 
     def not_live(self) -> list[str]:
         """Why this process should be restarted (empty: live)."""
-        problems = [c.died for c in self.controllers if c.died]
+        problems = [c.died for c in self.all_controllers if c.died]
         now = time.monotonic()
         for informer in self.informers.values():
             since = informer.failing_since
@@ -234,6 +259,49 @@ class Manager:
     async def _sync_then_lead(self) -> None:
         await self.wait_synced()
         log.info("caches synced", extra=fields(informers=len(self.informers)))
+        if self.sharding is not None:
+            # Both Leases at once; losing either ends run (LeadershipLost): the process
+            # restarts with nothing carried over.
+            # (Not a TaskGroup: the caller expects LeadershipLost itself, not a group.)
+            tasks = [
+                asyncio.create_task(self._shard(self.sharding), name="shard"),
+                asyncio.create_task(self._lead(), name="lead"),
+            ]
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            return
+        await self._lead()
+
+    async def _shard(self, sharding: Sharding) -> None:
+        self.shard_elector = LeaderElector(
+            self.client,
+            sharding.lease_name,
+            sharding.namespace,
+            sharding.identity,
+            sharding.timing,
+            self.clock,
+            labels=sharding.lease_labels,
+        )
+        await self.shard_elector.run(self._run_sharded)
+
+    async def _run_sharded(self) -> None:
+        self.sharded_running = True
+        try:
+            async with asyncio.TaskGroup() as group:
+                for controller in self.sharded_controllers:
+                    group.create_task(controller.run(), name=f"controller {controller.name}")
+                if not self.sharded_controllers:
+                    await asyncio.Event().wait()  # hold the shard lease until stopped
+        finally:
+            self.sharded_running = False
+
+    async def _lead(self) -> None:
         if self.leader_election is None:
             await self._run_controllers()
             return
