@@ -1,10 +1,6 @@
 """Shipyard's API under ``/shipyard/api/v1.0`` (docs/site-actions.md): configdocs (a
 buffer over the design store, committed, read and compared by version) and actions
-<<<<<<< HEAD
 (stored, run by ``metalmend.siteactions.worker``). Shipyard's API reference:
-=======
-(stored, run by ``siteactions.worker``). Shipyard's API reference:
->>>>>>> fix/39-docs
 https://airship-shipyard.readthedocs.io/en/latest/API.html.
 
 The router reads requests, asks permissions and answers; what configdocs and the admission

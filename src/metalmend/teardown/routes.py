@@ -1,16 +1,9 @@
 """Promenade's node-teardown endpoints (Airship's node teardown spec, airship-specs
 ``specs/approved/workflow_node-teardown.rst``), under ``/promenade/api/v1.0``.
 
-<<<<<<< HEAD
 Here: drain, clear-labels, shutdown-kubelet, remove-from-cluster and decommission (its
 steps in ``metalmend.teardown.decommission``); remove-etcd and etcd-cluster-health-statuses
 in ``metalmend.teardown.etcd.routes``.
-=======
-Here: drain, clear-labels, shutdown-kubelet and remove-from-cluster; remove-etcd and
-etcd-cluster-health-statuses are in ``teardown.etcd.routes``, decommission (every step in
-order, docs/teardown.md) in ``teardown.decommission``. All are mounted under the same
-prefix by ``serve.app``.
->>>>>>> fix/39-docs
 
 Each request is synchronous, as in the spec: the answer comes when the step has finished
 or failed. Order of checks: the token (401), the permission (403), the request (400), the
