@@ -268,10 +268,11 @@ async def serving(kubeconfig: Path, url: str) -> AsyncIterator[tuple[httpx.Async
     client = AsyncClient(KubeConfig.from_file(kubeconfig))
     database = Database.open(url)
     database.upgrade()
-    app = create_app(compose(
+    root = compose(
         client, database=database, drives=object(),  # type: ignore[arg-type]
         destroy=DestroySettings(lease_seconds=1.5),
-    ))  # fmt: skip
+    )  # fmt: skip
+    app = create_app(root)
     transport = httpx.ASGITransport(app=app)
     try:
         async with (

@@ -56,11 +56,12 @@ class Service:
         client = AsyncClient(KubeConfig.from_file(self.kubeconfig))
         database = Database.open(self.url)
         database.upgrade()
-        app = create_app(compose(
+        root = compose(
             client, database=database, drives=object(),  # type: ignore[arg-type]
             destroy=DestroySettings(lease_seconds=1.5), redeploy=self.timing,
             site_namespaces=(self.namespace,),
-        ))  # fmt: skip
+        )  # fmt: skip
+        app = create_app(root)
         transport = httpx.ASGITransport(app=app)
         base = f"http://serve{SHIPYARD}"
         async with (
@@ -317,10 +318,11 @@ async def replica(
     """One replica of the service with its own connections to ``database``, its action
     worker not started (httpx's transport runs no lifespan): what it stores stays Pending."""
     client = AsyncClient(KubeConfig.from_file(kubeconfig))
-    app = create_app(compose(
+    root = compose(
         client, database=database, drives=object(),  # type: ignore[arg-type]
         redeploy=TIMING, site_namespaces=(namespace,),
-    ))  # fmt: skip
+    )  # fmt: skip
+    app = create_app(root)
     transport = httpx.ASGITransport(app=app)
     try:
         base = f"http://serve{SHIPYARD}"

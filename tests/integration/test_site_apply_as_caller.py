@@ -504,11 +504,12 @@ async def without_worker(service: Service) -> AsyncIterator[httpx.AsyncClient]:
     client = AsyncClient(KubeConfig.from_file(service.kubeconfig))
     database = Database.open(service.url)
     database.upgrade()
-    app = create_app(compose(
+    root = compose(
         client, database=database, drives=object(),  # type: ignore[arg-type]
         destroy=DestroySettings(lease_seconds=1.5), redeploy=TIMING,
         site_namespaces=(service.namespace,),
-    ))  # fmt: skip
+    )  # fmt: skip
+    app = create_app(root)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(
         transport=transport, base_url=f"http://serve{SHIPYARD}", timeout=60
