@@ -30,6 +30,7 @@ from metalmend.db import Database
 from metalmend.designs.documents import parse
 from metalmend.designs.store import DesignStore
 from metalmend.serve.app import create_app
+from metalmend.serve.root import compose
 from metalmend_lab import lab, siteetcd
 from tests.support import Deadline, started
 
@@ -109,7 +110,7 @@ async def http(
 ) -> AsyncIterator[httpx.AsyncClient]:
     kubeconfig = site_lab.plane.service_account_kubeconfig("metalmend-system", "metalmend-serve")
     client = AsyncClient(KubeConfig.from_file(kubeconfig))
-    transport = httpx.ASGITransport(app=create_app(client, database=database))
+    transport = httpx.ASGITransport(app=create_app(compose(client, database=database)))
     headers = {"Authorization": f"Bearer {admin_token}"}
     async with httpx.AsyncClient(
         transport=transport, base_url="http://serve", timeout=120, headers=headers

@@ -16,6 +16,7 @@ from lightkube import AsyncClient, Client, KubeConfig
 from metalmend.db import Database
 from metalmend.designs.store import DesignStore
 from metalmend.serve.app import create_app
+from metalmend.serve.root import compose
 from metalmend_lab.controlplane import ControlPlane
 from tests.integration.test_serve_promenade import bearer, lines, serve_kubeconfig, status_of, token
 
@@ -37,7 +38,7 @@ async def http(serve_kubeconfig: Path, database_url: str) -> AsyncIterator[httpx
     client = AsyncClient(KubeConfig.from_file(serve_kubeconfig))
     database = Database.open(database_url)
     database.upgrade()
-    app = create_app(client, database=database)
+    app = create_app(compose(client, database=database))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(
         transport=transport, base_url=f"http://serve{DECKHAND}", timeout=60
@@ -368,7 +369,7 @@ async def test_a_database_that_is_down_is_503_without_its_password(
 ) -> None:
     client = AsyncClient(KubeConfig.from_file(serve_kubeconfig))
     database = Database.open("postgresql+psycopg://design:hunter2@127.0.0.1:1/design")
-    transport = httpx.ASGITransport(app=create_app(client, database=database))
+    transport = httpx.ASGITransport(app=create_app(compose(client, database=database)))
     async with httpx.AsyncClient(transport=transport, base_url=f"http://serve{DECKHAND}") as h:
         answer = await h.get("/revisions", headers=admin)
     await client.close()

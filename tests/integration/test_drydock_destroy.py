@@ -36,6 +36,7 @@ from metalmend.db import Database
 from metalmend.destroy import routes as drydock
 from metalmend.destroy.policy.destroy import DestroySettings
 from metalmend.serve.app import create_app
+from metalmend.serve.root import compose
 from metalmend.web import deps
 from metalmend_lab.controlplane import ControlPlane
 from metalmend_lab.servedeploy import grant_bmc_credentials
@@ -212,14 +213,15 @@ async def service(
     kubeconfig: Path, database: Database, bmc: Bmc, settings: DestroySettings = FAST
 ) -> AsyncIterator[Service]:
     client = AsyncClient(KubeConfig.from_file(kubeconfig))
-    app = create_app(client, database=database, drives=Pool(bmc), destroy=settings)
-    drydock.start(app)  # the lifespan's work (httpx's transport runs no lifespan)
+    root = compose(client, database=database, drives=Pool(bmc), destroy=settings)
+    app = create_app(root)
+    root.start()  # the lifespan's work (httpx's transport runs no lifespan)
     transport = httpx.ASGITransport(app=app)
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://serve", timeout=60) as h:
             yield Service(h, app, bmc, client)
     finally:
-        await drydock.stop(app)
+        await root.stop()
         await client.close()
 
 

@@ -35,6 +35,7 @@ from metalmend.db.database import UNAVAILABLE
 from metalmend.destroy.policy.destroy import DestroySettings
 from metalmend.destroy.routes import Drydock
 from metalmend.serve.app import create_app
+from metalmend.serve.root import compose
 from metalmend.siteactions.routes import Shipyard
 from metalmend.web import deps
 from metalmend_lab.controlplane import ControlPlane
@@ -267,10 +268,11 @@ async def serving(kubeconfig: Path, url: str) -> AsyncIterator[tuple[httpx.Async
     client = AsyncClient(KubeConfig.from_file(kubeconfig))
     database = Database.open(url)
     database.upgrade()
-    app = create_app(
+    root = compose(
         client, database=database, drives=object(),  # type: ignore[arg-type]
         destroy=DestroySettings(lease_seconds=1.5),
     )  # fmt: skip
+    app = create_app(root)
     transport = httpx.ASGITransport(app=app)
     try:
         async with (

@@ -32,6 +32,7 @@ from metalmend.db import Database
 from metalmend.designs.documents import parse
 from metalmend.designs.store import DesignStore
 from metalmend.serve.app import create_app
+from metalmend.serve.root import compose
 from metalmend.teardown.etcd.routes import EtcdAccess
 from metalmend_lab.assets import find_binaries
 from metalmend_lab.controlplane import LOOPBACK, Component, ControlPlane, free_port
@@ -150,7 +151,7 @@ async def serve(serve_kubeconfig: Path, database_url: str) -> AsyncIterator[Serv
     client = AsyncClient(KubeConfig.from_file(serve_kubeconfig))
     database = Database.open(database_url)
     database.upgrade()
-    app = create_app(client, database=database)  # the default settings: nothing allowed
+    app = create_app(compose(client, database=database))  # the default settings: nothing allowed
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://serve", timeout=60) as h:
         yield Serve(h, DesignStore(database))
@@ -426,7 +427,7 @@ async def test_an_allowed_design_url_that_redirects_is_not_followed(
             # allowed, and its CA trusted (serve.design_ca_bundle)
             access = EtcdAccess.from_settings([f"{allowed.url}/designs/"], [], ca.pair.cert)
             client = AsyncClient(KubeConfig.from_file(serve_kubeconfig))
-            app = create_app(client, etcd_access=access)
+            app = create_app(compose(client, etcd_access=access))
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://serve") as h:
                 answer = await h.get(
@@ -515,7 +516,7 @@ async def test_a_secret_named_in_the_settings_needs_no_binding_but_its_label(
     database = Database.open(database_url)
     database.upgrade()
     access = EtcdAccess.from_settings([], [f"{namespace}/etcd-any"])
-    app = create_app(client, database=database, etcd_access=access)
+    app = create_app(compose(client, database=database, etcd_access=access))
     store = DesignStore(database)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://serve", timeout=60

@@ -37,6 +37,7 @@ from metalmend.policy import interlock as il
 from metalmend.policy import machineremediation as mr_policy
 from metalmend.policy import remediation as m3_policy
 from metalmend.serve.app import create_app
+from metalmend.serve.root import compose
 from metalmend.settings import RuntimeSettings, Settings
 from metalmend.teardown.interlock import Interlock
 from metalmend.teardown.policy.settings import TeardownSettings
@@ -77,7 +78,7 @@ def database(tmp_path: Path) -> Iterator[Database]:
 @pytest.fixture
 async def http(serve_kubeconfig: Path, database: Database) -> AsyncIterator[httpx.AsyncClient]:
     client = AsyncClient(KubeConfig.from_file(serve_kubeconfig))
-    app = create_app(client, TeardownSettings(eviction_retry=0.5), database=database)
+    app = create_app(compose(client, TeardownSettings(eviction_retry=0.5), database=database))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://serve", timeout=60) as h:
         yield h

@@ -24,6 +24,7 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 from lightkube.types import PatchType
 
 from metalmend.serve.app import create_app
+from metalmend.serve.root import compose
 from metalmend.teardown import drain as nodes
 from metalmend.teardown.params import DrainRequest
 from metalmend.teardown.policy.settings import TeardownSettings
@@ -48,7 +49,7 @@ def serve_kubeconfig(control_plane: ControlPlane, kube: Client) -> Path:
 @pytest.fixture
 async def http(serve_kubeconfig: Path) -> AsyncIterator[httpx.AsyncClient]:
     client = AsyncClient(KubeConfig.from_file(serve_kubeconfig))
-    app = create_app(client, TeardownSettings(eviction_retry=0.5))
+    app = create_app(compose(client, TeardownSettings(eviction_retry=0.5)))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://serve", timeout=60) as h:
         yield h

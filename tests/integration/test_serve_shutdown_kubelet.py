@@ -21,6 +21,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node
 
 from metalmend.serve.app import create_app
+from metalmend.serve.root import compose
 from metalmend.teardown.policy.settings import TeardownSettings
 from metalmend_lab.controlplane import ControlPlane
 from metalmend_lab.inventory import HostSpec
@@ -45,7 +46,7 @@ __all__ = ["serve_kubeconfig"]  # a fixture, used by name
 @pytest.fixture
 async def http(serve_kubeconfig: Path) -> AsyncIterator[httpx.AsyncClient]:
     client = AsyncClient(KubeConfig.from_file(serve_kubeconfig))
-    app = create_app(client, SETTINGS)
+    app = create_app(compose(client, SETTINGS))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://serve", timeout=60) as h:
         yield h

@@ -23,6 +23,7 @@ from lightkube.resources.core_v1 import ConfigMap
 from metalmend.db import Database
 from metalmend.db import database as database_module
 from metalmend.serve.app import create_app
+from metalmend.serve.root import compose
 from metalmend.serve.storeguard import CONFIGMAP, StoreRefused, guard
 from metalmend.web.settings import ServeSettings
 from metalmend_lab.controlplane import ControlPlane, free_port
@@ -115,7 +116,7 @@ async def test_a_store_swapped_under_a_running_serve_stops_every_route_with_a_50
     opened(other).dispose()
     served = await guard(serve_client, database, ServeSettings(), SERVE_SA)
     viewer = token(control_plane, kube, namespace, "viewer", "metalmend-drydock-viewer")
-    app = create_app(serve_client, database=database, drives=object())  # type: ignore[arg-type]
+    app = create_app(compose(serve_client, database=database, drives=object()))  # type: ignore[arg-type]
     transport = httpx.ASGITransport(app=app)
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://serve") as http:

@@ -30,6 +30,7 @@ from metalmend.db import Database
 from metalmend.designs.store import DesignStore
 from metalmend.destroy.policy.destroy import DestroySettings
 from metalmend.serve.app import create_app
+from metalmend.serve.root import compose
 from metalmend.siteactions.policy.redeploy import RedeploySettings
 from metalmend_lab.controlplane import ControlPlane
 from tests.integration.test_serve_promenade import bearer, lines, serve_kubeconfig, status_of, token
@@ -55,11 +56,12 @@ class Service:
         client = AsyncClient(KubeConfig.from_file(self.kubeconfig))
         database = Database.open(self.url)
         database.upgrade()
-        app = create_app(
+        root = compose(
             client, database=database, drives=object(),  # type: ignore[arg-type]
             destroy=DestroySettings(lease_seconds=1.5), redeploy=self.timing,
             site_namespaces=(self.namespace,),
         )  # fmt: skip
+        app = create_app(root)
         transport = httpx.ASGITransport(app=app)
         base = f"http://serve{SHIPYARD}"
         async with (
@@ -316,10 +318,11 @@ async def replica(
     """One replica of the service with its own connections to ``database``, its action
     worker not started (httpx's transport runs no lifespan): what it stores stays Pending."""
     client = AsyncClient(KubeConfig.from_file(kubeconfig))
-    app = create_app(
+    root = compose(
         client, database=database, drives=object(),  # type: ignore[arg-type]
         redeploy=TIMING, site_namespaces=(namespace,),
     )  # fmt: skip
+    app = create_app(root)
     transport = httpx.ASGITransport(app=app)
     try:
         base = f"http://serve{SHIPYARD}"

@@ -42,6 +42,7 @@ from metalmend.destroy.policy.destroy import DestroySettings
 from metalmend.destroy.store import TaskStore
 from metalmend.kube.crds import install_crds
 from metalmend.serve.app import create_app
+from metalmend.serve.root import compose
 from metalmend.siteactions import model
 from metalmend.siteactions.policy.actions import ActionLifecycle, new_action_id
 from metalmend.siteactions.store import ActionStore
@@ -503,11 +504,12 @@ async def without_worker(service: Service) -> AsyncIterator[httpx.AsyncClient]:
     client = AsyncClient(KubeConfig.from_file(service.kubeconfig))
     database = Database.open(service.url)
     database.upgrade()
-    app = create_app(
+    root = compose(
         client, database=database, drives=object(),  # type: ignore[arg-type]
         destroy=DestroySettings(lease_seconds=1.5), redeploy=TIMING,
         site_namespaces=(service.namespace,),
     )  # fmt: skip
+    app = create_app(root)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(
         transport=transport, base_url=f"http://serve{SHIPYARD}", timeout=60

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from lightkube import AsyncClient, KubeConfig
 
 from metalmend.serve.app import create_app
+from metalmend.serve.root import compose
 
 # Nothing listens there: a request that reached the API server would fail loudly.
 UNREACHABLE = "https://127.0.0.1:9"
@@ -27,7 +28,7 @@ def app() -> FastAPI:
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
         "current-context": "c",
     })  # fmt: skip
-    return create_app(AsyncClient(config))
+    return create_app(compose(AsyncClient(config)))
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from lightkube import AsyncClient, KubeConfig
 
 from metalmend.log import FieldsFormatter
 from metalmend.serve.app import create_app
+from metalmend.serve.root import compose
 from tests.unit.test_serve_app import assert_status
 
 UNREACHABLE = "https://127.0.0.1:9"
@@ -32,7 +33,7 @@ def app() -> FastAPI:
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
         "current-context": "c",
     })  # fmt: skip
-    return create_app(AsyncClient(config))
+    return create_app(compose(AsyncClient(config)))
 
 
 @pytest.fixture

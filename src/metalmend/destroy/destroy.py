@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from lightkube import ApiError, AsyncClient
@@ -36,6 +36,7 @@ from metalmend.bmc.storage import EraseFailed, EraseStatus
 from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.db.lease import LeaseLost
 from metalmend.destroy import metrics
+from metalmend.destroy.model import Task
 from metalmend.destroy.policy import destroy as policy
 from metalmend.errors import Conflict, NotFound
 from metalmend.kube import errors
@@ -122,6 +123,27 @@ class HostChanges:
             self.task.cancel()
             self.task = None
         self.key = None
+
+
+@dataclass(frozen=True)
+class DestroyNodes:
+    """The task worker's runner (``destroy.worker.NodeRunner``): makes the destroy of one
+    node of a task from what every destroy shares, built once by ``metalmend serve``'s
+    composition root (``metalmend.serve.root``)."""
+
+    client: AsyncClient
+    pool: DrivePool
+    claims: Interlock
+    events: EventRecorder
+    settings: policy.DestroySettings
+    clock: Clock = SYSTEM_CLOCK
+
+    def __call__(self, task: Task, node: str, state: policy.NodeState, save: Save) -> DestroyNode:
+        return DestroyNode(
+            self.client, self.pool, self.claims, self.events, self.settings, node=node,
+            preserve=task.preserve_local_storage, by=task.created_by, state=state,
+            save=save, clock=self.clock,
+        )  # fmt: skip
 
 
 class DestroyNode:

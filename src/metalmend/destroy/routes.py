@@ -21,20 +21,16 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from metalmend.clock import SYSTEM_CLOCK, Clock
-from metalmend.db import Database
 from metalmend.destroy import model
-from metalmend.destroy.destroy import DestroyNode, DrivePool
 from metalmend.destroy.model import Task
-from metalmend.destroy.policy.destroy import DestroySettings, NodeState, TaskStatus
+from metalmend.destroy.policy.destroy import NodeState, TaskStatus
 from metalmend.destroy.store import NodesBusy, TaskStore
 from metalmend.destroy.worker import TaskWorker
-from metalmend.kube.events import EventRecorder
 from metalmend.log import fields
 from metalmend.policy import interlock as claims
 from metalmend.teardown.interlock import Interlock
@@ -60,7 +56,7 @@ router = APIRouter(tags=["drydock"])
 
 @dataclass
 class Drydock:
-    """The task store and its worker, one per application."""
+    """The task store and its worker, one per application (``metalmend.serve.root``)."""
 
     store: TaskStore
     worker: TaskWorker
@@ -68,45 +64,11 @@ class Drydock:
     clock: Clock = SYSTEM_CLOCK
 
 
-def install(
-    app: FastAPI,
-    client: Any,
-    interlock: Interlock,
-    database: Database | None,
-    pool: DrivePool | None,
-    settings: DestroySettings,
-    clock: Clock = SYSTEM_CLOCK,
-) -> None:
-    """Serve the task API on ``app``; without a database or a BMC pool it answers 503.
-    The worker is started by the application's lifespan (``start``)."""
+def install(app: FastAPI, served: Drydock | None) -> None:
+    """Serve the task API on ``app``; without its store and worker (built by
+    ``metalmend.serve.root``: none without a database or a BMC pool) it answers 503."""
     app.include_router(router, prefix=PREFIX)
-    if database is None or pool is None:
-        deps.provide(app, Drydock, None)
-        return
-    store = TaskStore(database)
-    events = EventRecorder(client, component="metalmend-serve")
-
-    def runner(task: Task, node: str, state: NodeState, save: Any) -> DestroyNode:
-        return DestroyNode(
-            client, pool, interlock, events, settings, node=node,
-            preserve=task.preserve_local_storage, by=task.created_by, state=state,
-            save=save, clock=clock,
-        )  # fmt: skip
-
-    worker = TaskWorker(store, runner, settings, clock)
-    deps.provide(app, Drydock, Drydock(store, worker, interlock, clock))
-
-
-def start(app: FastAPI) -> None:
-    served = deps.find(app, Drydock)
-    if served is not None:
-        served.worker.start()
-
-
-async def stop(app: FastAPI) -> None:
-    served = deps.find(app, Drydock)
-    if served is not None:
-        await served.worker.stop()
+    deps.provide(app, Drydock, served)
 
 
 def _drydock(request: Request) -> Drydock:

@@ -34,7 +34,8 @@ MAX_RUNNING = 8  # tasks one replica runs at once; more wait as "queued"
 FAILURES_BEFORE_GIVING_UP = 20  # unexpected failures in a row before a node is failed
 RETRY_SECONDS = 5.0
 
-# Makes the destroy of one node: (task, node, its record, how to save it) -> DestroyNode.
+# Makes the destroy of one node: (task, node, its record, how to save it) -> DestroyNode;
+# metalmend serve's is ``destroy.destroy.DestroyNodes`` (built by ``metalmend.serve.root``).
 NodeRunner = Callable[[Task, str, NodeState, Callable[[NodeState], Awaitable[bool]]], DestroyNode]
 
 

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
 
 import httpx2
 from fastapi import FastAPI, Request
@@ -24,29 +23,19 @@ from lightkube import ApiError, AsyncClient
 from starlette.exceptions import HTTPException
 
 from metalmend import __version__
-from metalmend.clock import SYSTEM_CLOCK
 from metalmend.db import Database, DatabaseUnavailable
 from metalmend.designs import routes as deckhand
-from metalmend.designs.store import DesignStore
 from metalmend.destroy import routes as drydock
-from metalmend.destroy.destroy import DrivePool
-from metalmend.destroy.policy.destroy import DestroySettings
 from metalmend.errors import MetalmendError
-from metalmend.kube import errors, impersonate
-from metalmend.kube.events import EventRecorder
+from metalmend.kube import errors
 from metalmend.log import fields
+from metalmend.serve.root import Root, Services
 from metalmend.siteactions import routes as shipyard
-from metalmend.siteactions.policy.redeploy import RedeploySettings
-from metalmend.siteactions.redeploy import FIELD_MANAGER
-from metalmend.siteactions.steps import SiteServices
-from metalmend.siteactions.store import ActionStore
-from metalmend.siteactions.worker import ActionWorker
 from metalmend.teardown import routes as promenade
 from metalmend.teardown.drain import Drainer
 from metalmend.teardown.etcd import routes as etcd
 from metalmend.teardown.interlock import Interlock
 from metalmend.teardown.params import RequestRejected
-from metalmend.teardown.policy.settings import TeardownSettings
 from metalmend.teardown.shutdown import KubeletShutdown
 from metalmend.web import auth, context, conventions, deps
 from metalmend.web import metrics as webmetrics
@@ -55,22 +44,6 @@ from metalmend.web.bodies import BodyLimits
 from metalmend.web.status import Message, StatusError, body, reason_for, status_of
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Services:
-    """What the endpoints use, built once per application."""
-
-    client: AsyncClient
-    gate: Gate
-    drainer: Drainer
-    kubelet: KubeletShutdown
-    interlock: Interlock  # the teardown claim on a Node's host (docs/design.md, invariant 7)
-    # Design revisions, tasks (docs/design-store.md), upgraded before serving; None only
-    # in tests of other endpoints: the store's endpoints then answer 503 (serve.database).
-    database: Database | None = None
-    bodies: BodyLimits = field(default_factory=BodyLimits)  # web.bodies
-    design_gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
 
 
 def response(
@@ -89,27 +62,16 @@ def response(
     return conventions.status_answer(path, answer, code, sent)
 
 
-def create_app(
-    client: AsyncClient,
-    teardown: TeardownSettings | None = None,
-    *,
-    database: Database | None = None,
-    drives: DrivePool | None = None,
-    destroy: DestroySettings | None = None,
-    redeploy: RedeploySettings | None = None,
-    site_namespaces: tuple[str, ...] = (),
-    limits: auth.Limits | None = None,
-    etcd_access: etcd.EtcdAccess | None = None,
-    bodies: BodyLimits | None = None,
-    site_label_prefixes: tuple[str, ...] = (),
-) -> FastAPI:
+def create_app(root: Root) -> FastAPI:
+    """The application over what the composition root built (``metalmend.serve.root``):
+    its routers mounted, its services provided by type, its workers started and stopped
+    by its lifespan."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        drydock.start(app)  # the task worker (docs/destroy.md)
-        shipyard.start(app)  # the action worker (docs/site-actions.md)
+        root.start()  # the task worker (docs/destroy.md), the action worker (site-actions.md)
         yield
-        await shipyard.stop(app)
-        await drydock.stop(app)
+        await root.stop()
 
     app = FastAPI(
         title="metalmend",
@@ -123,33 +85,12 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
     )
-    teardown = teardown or TeardownSettings()
-    app_services = Services(
-        client=client,
-        gate=Gate(client, limits),
-        drainer=Drainer(client, teardown),
-        kubelet=KubeletShutdown(client, teardown),
-        interlock=Interlock(client),
-        database=database,
-        bodies=bodies or BodyLimits(),
-    )
-    _provide(app, app_services)
-    # Allowed design URLs and etcd credentials Secrets (serve settings; none by default)
-    deps.provide(app, etcd.EtcdAccess, etcd_access or etcd.EtcdAccess())
+    _provide(app, root.services)
     app.include_router(promenade.router, prefix=promenade.PREFIX)
     app.include_router(etcd.router, prefix=promenade.PREFIX)  # remove-etcd, etcd health
     app.include_router(deckhand.router, prefix=deckhand.PREFIX)  # design revisions
-    # destroy_nodes tasks: they need the database and the BMCs (their drives)
-    interlock = app_services.interlock
-    destroy = destroy or DestroySettings()
-    drydock.install(app, client, interlock, database, drives, destroy)
-    # Site actions (Shipyard): they need the database and the task worker (destroy).
-    shipyard.install(
-        app,
-        _shipyard(
-            app, app_services, teardown, destroy, redeploy, site_namespaces, site_label_prefixes
-        ),
-    )
+    drydock.install(app, root.drydock)  # destroy_nodes tasks (docs/destroy.md)
+    shipyard.install(app, root.shipyard)  # configdocs and site actions (site-actions.md)
     for service in ("shipyard", "deckhand", "drydock", "promenade"):  # health and versions
         conventions.install(app, service, health=service != "promenade")
     app.add_middleware(context.ContextMarker)  # X-Context-Marker: checked, echoed, logged
@@ -267,31 +208,4 @@ def _provide(app: FastAPI, services: Services) -> None:
     deps.provide(app, Database, services.database)
     deps.provide(app, BodyLimits, services.bodies)
     deps.provide(app, asyncio.Semaphore, services.design_gate)
-
-
-def _shipyard(
-    app: FastAPI,
-    services: Services,
-    teardown: TeardownSettings,
-    destroy: DestroySettings,
-    redeploy: RedeploySettings | None,
-    namespaces: tuple[str, ...],
-    label_prefixes: tuple[str, ...],
-) -> shipyard.Shipyard | None:
-    """The action store and worker, and what the steps are given (``siteactions.steps``)."""
-    tasks = deps.find(app, drydock.Drydock)
-    if services.database is None or tasks is None:
-        return None
-    steps = SiteServices(
-        client=services.client, design_store=DesignStore(services.database),
-        task_store=tasks.store, task_worker=tasks.worker, interlock=services.interlock,
-        events=EventRecorder(services.client, component="metalmend-shipyard"),
-        drainer=services.drainer, kubelet=services.kubelet, teardown=teardown,
-        clock=SYSTEM_CLOCK, redeploy=redeploy or RedeploySettings(), site_namespaces=namespaces,
-        etcd_credentials_secrets=etcd.access_of_app(app).etcd_credentials_secrets,
-        site_label_prefixes=label_prefixes, gate=services.gate,
-        impersonate=impersonate.impersonator(services.client, FIELD_MANAGER),
-    )  # fmt: skip
-    store = ActionStore(services.database)
-    worker = ActionWorker(store, steps, destroy.lease_seconds)
-    return shipyard.Shipyard(store, worker, namespaces, label_prefixes=label_prefixes)
+    deps.provide(app, etcd.EtcdAccess, services.etcd_access)

@@ -18,14 +18,12 @@ from metalmend.bmc import BmcPool
 from metalmend.db import Database
 from metalmend.designs import designref
 from metalmend.kube.client import async_client, load_config, whoami
+from metalmend.serve import root
 from metalmend.serve.app import create_app
-from metalmend.serve.settings import check
+from metalmend.serve.settings import read
 from metalmend.serve.storeguard import StoreRefused, guard
 from metalmend.settings import Settings
-from metalmend.teardown.etcd.routes import EtcdAccess
-from metalmend.web import auth
 from metalmend.web import metrics as webmetrics
-from metalmend.web.bodies import BodyLimits
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +69,7 @@ async def serve(settings: Settings) -> None:
     """Serve until interrupted. Raises ServeSettingsError, ClusterUnavailable, OSError
     (the port is taken), DatabaseError (StoreRefused: the database holds another store
     than the one recorded in the cluster) before serving anything."""
-    check(settings.serve)
+    parts = read(settings.serve)  # section serve checked before anything is opened
     access_log = logging.getLogger("uvicorn.access")
     if ACCESS_LOG_FILTER not in access_log.filters:
         access_log.addFilter(ACCESS_LOG_FILTER)
@@ -81,9 +79,6 @@ async def serve(settings: Settings) -> None:
     pool = BmcPool(settings.bmc)  # drives only (destroy's wipe): power is host-power's
     options = settings.serve
     stop_metrics = webmetrics.listen(options.metrics_bind)  # serve's /metrics, no token
-    bodies = BodyLimits.of(
-        options.max_body_bytes, options.max_design_documents, options.max_design_values
-    )
     try:
         # Fails fast, in one line, when the cluster or our credentials do not work.
         current = config.get()
@@ -94,28 +89,7 @@ async def serve(settings: Settings) -> None:
         except StoreRefused:
             database.discard()  # a SQLite file this start created: removed, nothing left
             raise
-        app = create_app(
-            client,
-            settings.teardown,
-            database=database,
-            drives=pool,
-            destroy=settings.destroy,
-            redeploy=settings.redeploy,
-            site_namespaces=options.site_namespaces,
-            limits=auth.Limits(
-                token_cache_seconds=options.token_cache_seconds,
-                token_cache_size=options.token_cache_size,
-                auth_failures_burst=options.auth_failures_burst,
-                auth_failure_interval=options.auth_failure_interval,
-            ),
-            etcd_access=EtcdAccess.from_settings(
-                options.design_url_prefixes,
-                options.etcd_credentials_secrets,
-                options.design_ca_bundle,
-            ),
-            bodies=bodies,
-            site_label_prefixes=options.site_label_prefixes,
-        )
+        app = create_app(root.from_settings(settings, parts, client, database, pool))
         listening = uvicorn.Config(
             app,
             host=options.bind_address,

@@ -1,9 +1,16 @@
-"""The checks of section ``serve`` that the settings loader cannot make alone (the section
-itself: ``metalmend.web.settings``)."""
+"""Section ``serve`` read for ``metalmend serve``: the checks the settings loader cannot
+make alone (``check``) and the parts of the application it configures (``read``: the
+section itself is ``metalmend.web.settings``; what is built of it,
+``metalmend.serve.root``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from metalmend.designs import designref
+from metalmend.teardown.etcd.routes import EtcdAccess
+from metalmend.web import auth
+from metalmend.web.bodies import BodyLimits
 from metalmend.web.settings import ServeSettings, is_loopback
 
 
@@ -46,3 +53,37 @@ def check(settings: ServeSettings) -> None:
 def _host_port(bind: str) -> bool:
     host, _, port = bind.rpartition(":")
     return bool(host) and port.isdigit() and 0 < int(port) <= 65535
+
+
+@dataclass(frozen=True)
+class ServeParts:
+    """What section ``serve`` configures in the application (``metalmend.serve.root``)."""
+
+    limits: auth.Limits
+    etcd_access: EtcdAccess
+    bodies: BodyLimits
+    site_namespaces: tuple[str, ...]
+    site_label_prefixes: tuple[str, ...]
+
+
+def read(settings: ServeSettings) -> ServeParts:
+    """The section checked (``check``: raises ServeSettingsError) and read."""
+    check(settings)
+    return ServeParts(
+        limits=auth.Limits(
+            token_cache_seconds=settings.token_cache_seconds,
+            token_cache_size=settings.token_cache_size,
+            auth_failures_burst=settings.auth_failures_burst,
+            auth_failure_interval=settings.auth_failure_interval,
+        ),
+        etcd_access=EtcdAccess.from_settings(
+            settings.design_url_prefixes,
+            settings.etcd_credentials_secrets,
+            settings.design_ca_bundle,
+        ),
+        bodies=BodyLimits.of(
+            settings.max_body_bytes, settings.max_design_documents, settings.max_design_values
+        ),
+        site_namespaces=settings.site_namespaces,
+        site_label_prefixes=settings.site_label_prefixes,
+    )

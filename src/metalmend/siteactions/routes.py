@@ -93,18 +93,6 @@ def install(app: FastAPI, served: Shipyard | None) -> None:
     deps.provide(app, Shipyard, served)
 
 
-def start(app: FastAPI) -> None:
-    served = deps.find(app, Shipyard)
-    if served is not None:
-        served.worker.start()
-
-
-async def stop(app: FastAPI) -> None:
-    served = deps.find(app, Shipyard)
-    if served is not None:
-        await served.worker.stop()
-
-
 def _shipyard(request: Request) -> Shipyard:
     served = deps.find(request.app, Shipyard)
     if served is None:
