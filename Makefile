@@ -21,10 +21,8 @@ TEST_WORKERS ?= 2
 
 # Every tool a test needs is built here, before pytest starts (cold Go builds take minutes
 # on a busy machine: never inside a test, under its timeout); the tests only use the
-# cached results and name the make target when one is missing. Not yet `openshift`: its
-# build has not been run to the end here (tools/openshift/build.sh); until it is, the tests
-# that need it (tests/integration/test_openshift_*.py) fail naming `make openshift`.
-test: venv k8s helm metal3 promtool prometheus capi tools test-image lint
+# cached results and name the make target when one is missing.
+test: venv k8s helm metal3 promtool prometheus capi openshift tools test-image lint
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 venv: $(STAMP)
@@ -72,9 +70,10 @@ capi:
 	@bash tools/capi/build.sh >/dev/null
 
 # OpenShift's MachineHealthCheck controller (machine-api-operator's cmd/machine-healthcheck)
-# and machine-api CRDs, for the lab's OpenShift mode (tests/e2e/test_openshift_lab.py):
-# built once from its Go module with three replace lines deleted (tools/openshift/build.sh
-# says which and why), cached by version.
+# (and its nodelink-controller) and machine-api CRDs, for the tests where OpenShift's own
+# check drives metalmend (tests/integration/test_openshift_*.py): built once from its Go
+# module with three replace lines deleted (tools/openshift/build.sh says which and why),
+# cached by version.
 openshift:
 	@bash tools/openshift/build.sh >/dev/null
 

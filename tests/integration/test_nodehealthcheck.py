@@ -77,11 +77,21 @@ class Run:
             self.task = None
 
 
+HEARTBEAT = 5.0  # seconds between a Node's status reports (the lab's grace period is 20 s)
+
+
 class World:
     def __init__(self, client: AsyncClient, namespace: str) -> None:
         self.client, self.ns = client, namespace
         self.nodes: list[str] = []
         self.checks: list[str] = []
+        # What each Node's "kubelet" reports: Ready or not, and since when. Reported again
+        # every HEARTBEAT seconds, as a kubelet does: a Node whose status goes unreported
+        # for the controller manager's grace period turns Ready=Unknown, which no check of
+        # this file counts as unhealthy, so a test slower than that on a busy machine
+        # waited forever for a Node it had made NotReady to count as unhealthy.
+        self.reported: dict[str, tuple[bool, str]] = {}
+        self._heartbeat: asyncio.Task[None] | None = None
 
     def node_name(self, name: str) -> str:
         return f"{self.ns}-{name}"
@@ -120,11 +130,25 @@ class World:
 
     async def ready(self, name: str, ready: bool) -> None:
         now = dt.datetime.now(dt.UTC).isoformat()
+        self.reported[name] = (ready, now)
+        await self._report(name, ready, now, now)
+        if self._heartbeat is None:
+            self._heartbeat = asyncio.create_task(self._beat())
+
+    async def _report(self, name: str, ready: bool, since: str, now: str) -> None:
         condition = {"type": "Ready", "status": "True" if ready else "False", "reason": "Test",
-                     "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
+                     "lastHeartbeatTime": now, "lastTransitionTime": since}  # fmt: skip
         await self.client.patch(
             Node.Status, self.node_name(name), {"status": {"conditions": [condition]}}
         )
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT)
+            now = dt.datetime.now(dt.UTC).isoformat()
+            for name, (ready, since) in list(self.reported.items()):
+                with contextlib.suppress(ApiError):  # a Node deleted (fenced) meanwhile
+                    await self._report(name, ready, since, now)
 
     async def power(self, host: str, on: bool) -> None:
         """As host-power reports it: off for the reboot keys on the host now."""
@@ -197,6 +221,10 @@ class World:
         }
 
     async def cleanup(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
         for check in self.checks:
             with contextlib.suppress(ApiError):
                 await self.client.delete(NodeHealthCheck, check)
