@@ -290,11 +290,16 @@ def test_a_hung_node_is_fenced_by_taint_through_its_host_with_metalmend_killed_a
         )
         assert {"remediation", "off", "tainted"} <= set(kills), kills
         assert at["untainted"] >= at["powered_on"]
-        reasons = {
-            e.reason for e in client.list(Event, namespace="default")
-            if e.involvedObject.kind == "NodeHealthCheck" and e.involvedObject.name == CHECK
-        }  # fmt: skip
-        assert {"RemediationCreated", "RemediationRemoved"} <= reasons, reasons
+
+        def reasons() -> set[str]:
+            return {
+                e.reason for e in client.list(Event, namespace="default")
+                if e.involvedObject.kind == "NodeHealthCheck" and e.involvedObject.name == CHECK
+            }  # fmt: skip
+
+        # Events are recorded after the writes they tell of: waited for, not read once.
+        wanted = {"RemediationCreated", "RemediationRemoved"}
+        wait(lambda: wanted <= reasons(), PHASE, f"the check's Events {sorted(wanted)}")
     finally:
         for thread in starting:  # a start under way when something failed
             thread.join()
