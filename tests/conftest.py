@@ -12,12 +12,14 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from lightkube import ApiError, AsyncClient, Client, KubeConfig
+import yaml
+from lightkube import ApiError, AsyncClient, Client, KubeConfig, codecs
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Namespace
 
 from metalmend.kube.crds import install_crds
-from metalmend_lab.controlplane import ControlPlane, ControlPlaneConfig
+from metalmend_lab.controlplane import ADMIN_USER, ControlPlane, ControlPlaneConfig
+from metalmend_lab.policies import NODE_NAME_WRITERS_CONFIGMAP, PARAMS_NAMESPACE, POLICIES
 
 # The databases of metalmend serve's stores: `database_url` is a SQLite file or a fresh
 # PostgreSQL database of a throwaway cluster (tests/postgres.py), one test per kind.
@@ -114,3 +116,22 @@ def namespace(kube: Client, request: pytest.FixtureRequest) -> Iterator[str]:
     kube.create(Namespace(metadata=ObjectMeta(name=name)))
     yield name
     kube.delete(Namespace, name)
+
+
+@pytest.fixture
+def node_names_guarded(kube: Client) -> None:
+    """deploy/policies/node-name-writers.yaml in force in this session's cluster (applied
+    again by each test that asks: one that removes it puts it back), with the tests' admin
+    its one writer: without it, metalmend trusts no host's ``metalmend.dev/node-name``
+    (api/links.node_host)."""
+    guard_node_names(kube)
+
+
+def guard_node_names(kube: Client) -> None:
+    with contextlib.suppress(ApiError):
+        kube.create(Namespace(metadata=ObjectMeta(name=PARAMS_NAMESPACE)))
+    for document in yaml.safe_load_all((POLICIES / "node-name-writers.yaml").read_text()):
+        if document["kind"] == "ConfigMap":
+            assert document["metadata"]["name"] == NODE_NAME_WRITERS_CONFIGMAP
+            document["data"]["users"] = ADMIN_USER
+        kube.apply(codecs.from_dict(document), force=True)

@@ -1,6 +1,7 @@
 """The chart's admission policies in the lab, as `helm install` puts them with its default
 values (deploy/chart/values.yaml ``policies``): MachineHealthCheck and NodeHealthCheck
-admission, reboot annotation values, and who may change ``spec.bmc`` of a host. A lab
+admission, reboot annotation values, who may change ``spec.bmc`` of a host, and who may
+name a host's Node (``metalmend.dev/node-name``: the lab admin). A lab
 without them taught the wrong lesson: there, anyone who could patch a host could re-address
 its BMC.
 
@@ -26,15 +27,17 @@ from metalmend_lab.controlplane import ADMIN_USER
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 POLICIES = DEPLOY / "policies"
 # The files of the chart's defaults (policies.machineHealthCheck, nodeHealthCheck,
-# rebootAnnotationValues, bmcSpecWriters.enabled: true; rebootAnnotationWriters is off by
-# default).
+# rebootAnnotationValues, bmcSpecWriters.enabled and nodeNameWriters.enabled: true;
+# rebootAnnotationWriters is off by default).
 CHART_DEFAULTS = (
     "machinehealthcheck-admission.yaml",
     "nodehealthcheck-admission.yaml",
     "reboot-annotation-values.yaml",
     "bmc-spec-writers.yaml",
+    "node-name-writers.yaml",
 )
 BMC_WRITERS_CONFIGMAP = "metalmend-bmc-writers"
+NODE_NAME_WRITERS_CONFIGMAP = "metalmend-node-name-writers"
 BMC_SECRET_BINDING = "metalmend-bmc-secret-binding"  # its writers are in the policy itself
 PARAMS_NAMESPACE = "metalmend-system"  # where the chart's release (and its params) live
 LAB_ADMIN_ACCOUNT = "lab-admin"  # servedeploy's caller token
@@ -56,6 +59,9 @@ def install(client: Client, writers: Sequence[str] | None = None) -> list[str]:
             users = ",".join(writers or bmc_writers())
             if document["kind"] == "ConfigMap" and name == BMC_WRITERS_CONFIGMAP:
                 document["data"]["users"] = users
+            if document["kind"] == "ConfigMap" and name == NODE_NAME_WRITERS_CONFIGMAP:
+                # the lab admin names each host's Node (lab.hosts), as an operator does
+                document["data"]["users"] = ADMIN_USER
             if name == BMC_SECRET_BINDING and document["kind"] == "ValidatingAdmissionPolicy":
                 # The same writers, written into the policy as the chart renders them (its
                 # one parameter kind is the Secrets): creating a host that names a Secret

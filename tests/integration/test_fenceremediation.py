@@ -54,6 +54,9 @@ NodeHealthCheck = create_global_resource(
     "remediation.medik8s.io", "v1alpha1", "NodeHealthCheck", "nodehealthchecks"
 )
 
+# the hosts' word on their Node counts only while its writers are guarded (api/links.node_host)
+pytestmark = pytest.mark.usefixtures("node_names_guarded")
+
 
 @pytest.fixture
 async def nhc(aclient: AsyncClient, namespace: str) -> AsyncIterator[Any]:

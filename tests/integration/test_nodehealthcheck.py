@@ -39,6 +39,9 @@ from metalmend.policy.fencing import POWERED_OFF_FOR
 from metalmend.settings import FenceMethod, RemediationSettings, RuntimeSettings, Settings
 from tests.support import reconciles, until
 
+# the hosts' word on their Node counts only while its writers are guarded (api/links.node_host)
+pytestmark = pytest.mark.usefixtures("node_names_guarded")
+
 DURATION = 2  # seconds a Ready=False must last
 
 

@@ -10,6 +10,8 @@ control plane runs them): each attempt made with the narrowest identity that rea
   change, and it cannot write the host that names it.
 - A remediation whose Node stops being its host's (the host no longer names it) or is gone
   (a Node linked by its host's uid) stops and releases the host.
+- A tenant who may edit hosts of its namespace cannot make its host name a Node (the
+  node-name writers policy), and without that policy in force a host's word fences nothing.
 - A tenant ServiceAccount allowed only ``create nodehealthchecks`` makes a check with a
   template of its own namespace: Nodes of hosts elsewhere are reported (status and Event),
   never remediated; its own namespace's are.
@@ -30,6 +32,7 @@ from lightkube import ApiError, AsyncClient, Client, KubeConfig, codecs
 from lightkube.models.core_v1 import NodeSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
+from lightkube.resources.admissionregistration_v1 import ValidatingAdmissionPolicyBinding
 from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 from lightkube.types import PatchType
@@ -44,9 +47,13 @@ from metalmend.api.resources import (
     NodeHealthCheck,
 )
 from metalmend_lab.controlplane import ControlPlane
+from tests.conftest import guard_node_names
 from tests.integration.test_nodehealthcheck import DURATION, Run
 from tests.integration.test_nodehealthcheck import World as Base
 from tests.support import grant, until
+
+# the hosts' word on their Node counts only while its writers are guarded (api/links.node_host)
+pytestmark = pytest.mark.usefixtures("node_names_guarded")
 
 UNHEALTHY = [
     {"type": "Ready", "status": "False", "duration": f"{DURATION}s"},
@@ -441,3 +448,105 @@ async def until_refused(attempt: Any) -> str:
 
 async def _accepted(outcome: Any) -> bool:
     return await outcome == ""
+
+
+async def test_a_host_editor_may_not_name_a_node_for_its_host(
+    world: World, kube: Client, control_plane: ControlPlane
+) -> None:
+    """The narrowest identity that could aim a check at another server's Node: a tenant
+    who may get, create and patch BareMetalHosts of its own namespace, and nothing else.
+    With deploy/policies/node-name-writers.yaml in force it can neither make its host name a
+    Node, nor create a host that names one, nor unsay a host's word; what the policy does
+    not guard it may still change, and a listed writer may name the Node."""
+    ns = world.ns
+    await world.host("host-t", node="")  # the tenant's own host, naming no Node
+    victim = world.node_name("victim")
+    subject = Subject(kind="ServiceAccount", name="host-editor", namespace=ns)
+    grant(kube, ns, "host-editor", subject, resources=["baremetalhosts"],
+          verbs=["get", "create", "patch"], group="metal3.io")  # fmt: skip
+    path = control_plane.service_account_kubeconfig(ns, "host-editor")
+    account = f"system:serviceaccount:{ns}:host-editor"
+    tries = iter(range(1_000_000))
+
+    async with AsyncClient(KubeConfig.from_file(path), field_manager="tenant") as as_tenant:
+
+        async def name_it() -> str:
+            patch = {"metadata": {"annotations": {names.HOST_NODE: victim}}}
+            try:
+                await as_tenant.patch(BareMetalHost, "host-t", patch, namespace=ns,
+                                      patch_type=PatchType.MERGE)  # fmt: skip
+            except ApiError as error:
+                return f"{error.status.code} {error.status.message}"
+            # made before the policy was enforced (it takes a moment): unsay it, try again
+            unsay = {"metadata": {"annotations": {names.HOST_NODE: None}}}
+            await world.client.patch(BareMetalHost, "host-t", unsay, namespace=ns,
+                                     patch_type=PatchType.MERGE)  # fmt: skip
+            return ""
+
+        why = await until_refused(name_it)
+        assert why.startswith("403 "), why
+        assert (
+            f"{account} may not add, change or remove metalmend.dev/node-name of"
+            " BareMetalHost host-t"
+        ) in why, why
+        assert "metalmend-system/metalmend-node-name-writers" in why
+        # nor create a host that names it
+        body = BareMetalHost(
+            metadata=ObjectMeta(name=f"host-new-{next(tries)}",
+                                annotations={names.HOST_NODE: victim}),
+            spec={"online": True},
+        )  # fmt: skip
+        with pytest.raises(ApiError) as created:
+            await as_tenant.create(body, namespace=ns)
+        assert created.value.status.code == 403
+        assert "may not add, change or remove metalmend.dev/node-name" in str(
+            created.value.status.message
+        )
+        # what the policy does not guard, it still may
+        await as_tenant.patch(BareMetalHost, "host-t", {"spec": {"online": False}},
+                              namespace=ns, patch_type=PatchType.MERGE)  # fmt: skip
+        # a writer (here the tests' admin) names the Node; the tenant cannot unsay it
+        await world.client.patch(
+            BareMetalHost, "host-t", {"metadata": {"annotations": {names.HOST_NODE: victim}}},
+            namespace=ns, patch_type=PatchType.MERGE,
+        )  # fmt: skip
+        with pytest.raises(ApiError) as unsaid:
+            await as_tenant.patch(
+                BareMetalHost, "host-t", {"metadata": {"annotations": {names.HOST_NODE: None}}},
+                namespace=ns, patch_type=PatchType.MERGE,
+            )  # fmt: skip
+        assert unsaid.value.status.code == 403
+    host: Any = await world.client.get(BareMetalHost, "host-t", namespace=ns)
+    assert host.metadata.annotations[names.HOST_NODE] == victim
+
+
+async def test_without_the_node_name_policy_a_hosts_word_fences_nothing(
+    world: World, run: Run, kube: Client
+) -> None:
+    """The policy's binding gone (uninstalled, or never installed): a Node linked only by
+    its host's word (a providerID without the host's uid) is reported, never remediated,
+    and the report says what to install; once the policy is back in force, it is
+    remediated. A Node whose providerID carries its host's uid needs no policy."""
+    ns = world.ns
+    await world.host("host-k")  # names Node k
+    await world.node("k", "k3s://k", ready=False)
+    await world.host("host-u", node="")  # linked by its uid
+    host_u: Any = await world.client.get(BareMetalHost, "host-u", namespace=ns)
+    await world.node("u", f"baremetalhost:///{ns}/host-u/{host_u.metadata.uid}", ready=False)
+    kube.delete(ValidatingAdmissionPolicyBinding, names.NODE_NAME_POLICY)
+    try:
+        await world.check("workers", maxUnhealthy="100%", unhealthyConditions=UNHEALTHY)
+        await run.start()
+        node_k = world.node_name("k")
+        await until(lambda: _lists(world, "workers", {node_k}), within=DURATION + 20)
+        why = (await not_remediated(world, "workers"))[node_k]
+        assert (
+            f"host {ns}/host-k names Node {node_k} (metalmend.dev/node-name), but"
+            f" ValidatingAdmissionPolicy {names.NODE_NAME_POLICY} has no binding"
+        ) in why, why
+        assert "deploy/policies/node-name-writers.yaml" in why
+        await until(lambda: _keyed(world, "host-u"), within=DURATION + 20)
+        assert await reboot_keys(world, "host-k") == []
+    finally:
+        guard_node_names(kube)
+    await until(lambda: _keyed(world, "host-k"), within=DURATION + 20)

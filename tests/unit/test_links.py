@@ -281,6 +281,34 @@ def test_node_host(
     assert bool(found.problem) is (host is None)
 
 
+UNGUARDED = "ValidatingAdmissionPolicy metalmend-node-name-writers is not installed"
+
+
+@pytest.mark.parametrize(
+    ("provider", "naming", "by_uid", "host"),
+    [
+        # the host's word alone: not trusted while anyone who edits hosts could write it
+        pytest.param(None, [H1], None, None, id="named by its host"),
+        pytest.param("metal3://t1/h1", [H1], None, None, id="named, providerID agrees"),
+        pytest.param("k3s://n1", [H1], None, None, id="named, another scheme"),
+        # a providerID with the host's uid needs no guard
+        pytest.param("baremetalhost:///t1/h1/uid-h1", [], H1, "t1/h1", id="openshift uid"),
+        pytest.param("baremetalhost:///t1/h1/uid-h1", [H1], H1, "t1/h1",
+                     id="uid, and the same host names it"),
+        pytest.param("metal3://uid-h1", [], H1, "t1/h1", id="legacy uid"),
+    ],
+)  # fmt: skip
+def test_the_hosts_word_counts_only_while_its_writers_are_guarded(
+    provider: str | None, naming: list[HostFacts], by_uid: HostFacts | None, host: str | None
+) -> None:
+    found = links.node_host("n1", provider, naming, by_uid, unguarded=UNGUARDED)
+    assert found.key == host
+    if host is None:
+        assert UNGUARDED in found.problem
+        assert "deploy/policies/node-name-writers.yaml" in found.problem
+        assert "baremetalhost:///t1/h1/<the host's uid>" in found.problem
+
+
 def test_the_nodes_own_annotation_is_named_as_proving_nothing() -> None:
     found = links.node_host("n1", None, [], None, annotation="t1/h1")
     assert "metalmend.dev/baremetalhost: t1/h1 proves nothing" in found.problem

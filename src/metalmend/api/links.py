@@ -401,11 +401,15 @@ def node_fence_refusal(node_name: str, node_provider_id: str | None, host: HostF
 #   (``metal3://<namespace>/<host>[/<machine>]``), must name that one (a providerID is set
 #   once, at registration: a later rewrite cannot opt a Node out).
 #
+#   The host's word is trusted only while who may write it is guarded: the admission policy
+#   names.NODE_NAME_POLICY (deploy/policies/node-name-writers.yaml) and its Deny binding in
+#   force (kube/admission.PolicyInForce, read at every decision). Without it, anyone who may
+#   edit hosts in a namespace could make their own host name another server's Node, which
+#   a check would then fence while that server still runs (split brain); a providerID that
+#   carries the host's uid needs no such guard.
+#
 # The Node's annotation names.NODE_HOST and a providerID without a uid are never proof: read
-# only to say what is missing. An admission policy guarding the annotation was the other way;
-# it is not taken, because a controller cannot tell whether the policy was in force when a
-# given value was written (installed later, or removed meanwhile), while the host's word is
-# read again at every decision.
+# only to say what is missing.
 
 BAREMETALHOST_PREFIX = "baremetalhost:///"
 
@@ -442,11 +446,13 @@ def node_host(
     naming: Sequence[HostFacts],
     by_uid: HostFacts | None,
     annotation: str | None = None,
+    unguarded: str = "",
 ) -> NodeHost:
     """The host of Node ``node`` (the rules above). ``naming``: the hosts whose
     names.HOST_NODE annotation names it; ``by_uid``: the host whose uid its providerID
     carries (None if none has it, or it carries none); ``annotation``: the Node's own
-    names.NODE_HOST, for the message only."""
+    names.NODE_HOST, for the message only; ``unguarded``: why who may write names.HOST_NODE
+    is not guarded ("" when names.NODE_NAME_POLICY is in force)."""
     ref = node_provider_ref(provider_id)
     if ref is not None and ref.uid:
         if by_uid is None:
@@ -476,6 +482,16 @@ def node_host(
     if ref is not None and f"{ref.namespace}/{ref.host}" != host.key:
         return NodeHost(None, f"host {host.key} names Node {node}, but the Node's providerID"
                               f" {provider_id} names another host")  # fmt: skip
+    if unguarded:
+        namespace, _, name = host.key.partition("/")
+        return NodeHost(
+            None,
+            f"host {host.key} names Node {node} ({names.HOST_NODE}), but {unguarded}, so"
+            " anyone who may edit hosts of its namespace could have written it: it does not"
+            f" choose a Node to fence. Install deploy/policies/node-name-writers.yaml (the"
+            " chart does: policies.nodeNameWriters), or register the Node with providerID"
+            f" {BAREMETALHOST_PREFIX}{namespace}/{name}/<the host's uid>",
+        )
     return NodeHost(host.key)
 
 

@@ -103,6 +103,10 @@ NODE_HOST = "metalmend.dev/baremetalhost"
 # Node (a kubelet cannot write hosts): what a NodeHealthCheck needs to fence a Node whose
 # providerID does not carry the host's uid.
 HOST_NODE = "metalmend.dev/node-name"
+# The admission policy (and its binding) that names who may write HOST_NODE
+# (deploy/policies/node-name-writers.yaml): the host's word is trusted only while it is in
+# force (api/links.node_host).
+NODE_NAME_POLICY = "metalmend-node-name-writers"
 # On a Node, by OpenShift's nodelink-controller: "<namespace>/<machine>", its
 # machine.openshift.io Machine (kubelet-writable: trusted only when the Machine names the Node
 # back, api/links.py node_machine_confirmed).

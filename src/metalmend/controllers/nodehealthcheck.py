@@ -45,6 +45,7 @@ from metalmend.api.selector import matches
 from metalmend.api.stamps import parse_stamp
 from metalmend.controllers.healthcheck import check_changed, node_health
 from metalmend.controllers.tenancy import node_host_of
+from metalmend.kube.admission import PolicyInForce
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
 from metalmend.kube.own_writes import OwnWrites
@@ -94,6 +95,8 @@ class NodeHealthCheckController:
                 FenceRemediationTemplate, namespace=ns
             ),
         }
+        # who may write the hosts' word on their Node (api/links.node_host)
+        self.node_name_guard = PolicyInForce(manager, names.NODE_NAME_POLICY)
         self.own_writes = OwnWrites()
 
     # ---- observe ----------------------------------------------------------------------
@@ -175,7 +178,7 @@ class NodeHealthCheckController:
     def host_of(self, node: Any) -> tuple[Any | None, str]:
         """The Node's BareMetalHost, as its hosts confirm it (api/links.node_host), or why
         none."""
-        found = node_host_of(node, self.hosts)
+        found = node_host_of(node, self.hosts, self.node_name_guard)
         if found.key is None:
             return None, found.problem
         host = self.hosts.store.get(found.key)
@@ -388,6 +391,9 @@ def setup(manager: Manager, settings: Settings) -> None:
     runner.watch(checks, predicate=check_changed)
     runner.watch(controller.nodes, every_check, predicate=node_changed)
     runner.watch(controller.hosts, every_check, predicate=host_changed)
+    guard = controller.node_name_guard
+    runner.watch(guard.policies, every_check, predicate=guard.concerns)
+    runner.watch(guard.bindings, every_check, predicate=guard.concerns)
     for informer in controller.remediations.values():
         runner.watch(informer, made_by_check)
     for informer in controller.templates.values():

@@ -27,6 +27,7 @@ from metalmend.controllers import machines as machine_kinds
 from metalmend.controllers import metrics
 from metalmend.controllers.powerreads import BmcPowerReader, PowerReader
 from metalmend.controllers.tenancy import node_host_of, report
+from metalmend.kube.admission import PolicyInForce
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
@@ -128,6 +129,8 @@ class RemediationController:
             indexes=indexes.of(indexes.HOSTS_BY_NODE, indexes.HOSTS_BY_UID),
         )
         self.nodes = manager.informer(Node)
+        # who may write the hosts' word on their Node (api/links.node_host)
+        self.node_name_guard = PolicyInForce(manager, names.NODE_NAME_POLICY)
         self.settings = settings.remediation
 
     # ---- observe ------------------------------------------------------------------------
@@ -188,7 +191,7 @@ class RemediationController:
             return ""
         node = self.nodes.store.get(node_name)
         if node is not None:
-            key = node_host_of(node, self.hosts).key or ""
+            key = node_host_of(node, self.hosts, self.node_name_guard).key or ""
         else:
             naming = self.hosts.store.by_index(indexes.HOSTS_BY_NODE.name, node_name)
             key = object_key(naming[0]) if len(naming) == 1 else ""
@@ -267,7 +270,7 @@ class RemediationController:
         node = self.nodes.store.get(node_name) if node_name else None
         if node is not None and found is not None:
             key = object_key(found)
-            confirmed = node_host_of(node, self.hosts)
+            confirmed = node_host_of(node, self.hosts, self.node_name_guard)
             if confirmed.key != key:
                 why = confirmed.problem or f"its host is {confirmed.key}"
                 node, link_problem = (
@@ -532,6 +535,14 @@ def wire(manager: Manager, controller: RemediationController, name: str, wakes: 
     runner.watch(controller.machines, wakes.machine)
     runner.watch(controller.hosts, wakes.host)
     runner.watch(controller.nodes, wakes.node)
+
+    def every_remediation(old: Any, new: Any) -> list[str]:
+        del old, new
+        return sorted(object_key(r) for r in controller.remediations.store.values())
+
+    guard = controller.node_name_guard
+    runner.watch(guard.policies, every_remediation, predicate=guard.concerns)
+    runner.watch(guard.bindings, every_remediation, predicate=guard.concerns)
     if attachments is not None:
 
         def by_attachment(old: Any, new: Any) -> list[str]:

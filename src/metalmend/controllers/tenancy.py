@@ -12,6 +12,7 @@ from metalmend.api.links import REASON_VALID
 from metalmend.api.resources import machine_resource
 from metalmend.api.stamps import stamp
 from metalmend.clock import Clock
+from metalmend.kube import admission
 from metalmend.kube.store import object_key
 from metalmend.kube.writer import Writer
 from metalmend.log import fields
@@ -72,9 +73,10 @@ async def report(
     return updated
 
 
-def node_host_of(node: Any, hosts: Any) -> links.NodeHost:
+def node_host_of(node: Any, hosts: Any, guard: admission.PolicyInForce) -> links.NodeHost:
     """The host of a Node without a Machine, as its hosts confirm it (api/links.node_host),
-    from the hosts informer (indexed by indexes.HOSTS_BY_NODE and HOSTS_BY_UID)."""
+    from the hosts informer (indexed by indexes.HOSTS_BY_NODE and HOSTS_BY_UID); ``guard``:
+    whether names.NODE_NAME_POLICY guards the hosts' word on their Node."""
     provider = links.node_provider_id(node)
     name = node.metadata.name
     naming = [links.host_facts(h) for h in hosts.store.by_index(indexes.HOSTS_BY_NODE.name, name)]
@@ -82,4 +84,4 @@ def node_host_of(node: Any, hosts: Any) -> links.NodeHost:
     found = hosts.store.by_index(indexes.HOSTS_BY_UID.name, uid) if uid else []
     by_uid = links.host_facts(found[0]) if len(found) == 1 else None
     annotation = (node.metadata.annotations or {}).get(names.NODE_HOST)
-    return links.node_host(name, provider, naming, by_uid, annotation)
+    return links.node_host(name, provider, naming, by_uid, annotation, guard.problem())

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import httpx2
 from lightkube import ApiError, AsyncClient
@@ -56,6 +57,21 @@ EXPOSURE = (
 )
 
 
+def judge(name: str, installed: bool, binding: Any | None) -> str | None:
+    """Why the policy ``name`` guards nothing, from what was read of it (None: installed,
+    and bound by the binding of its name with Deny)."""
+    if not installed:
+        return f"ValidatingAdmissionPolicy {name} is not installed"
+    if binding is None:
+        return f"ValidatingAdmissionPolicy {name} has no binding {name}"
+    spec = binding.spec
+    if spec is None or spec.policyName != name:
+        return f"ValidatingAdmissionPolicyBinding {name} does not bind policy {name}"
+    if "Deny" not in (spec.validationActions or []):
+        return f"ValidatingAdmissionPolicyBinding {name} does not Deny (only warns or audits)"
+    return None
+
+
 async def missing(client: AsyncClient, name: str = BMC_SPEC_POLICY) -> str | None:
     """Why the policy ``name`` guards nothing ("" when it could not be read: unknown;
     None when it is installed and bound with Deny)."""
@@ -63,20 +79,37 @@ async def missing(client: AsyncClient, name: str = BMC_SPEC_POLICY) -> str | Non
         await client.get(ValidatingAdmissionPolicy, name)
     except ApiError as error:
         if errors.is_not_found(error):
-            return f"ValidatingAdmissionPolicy {name} is not installed"
+            return judge(name, False, None)
         return ""
     try:
         binding = await client.get(ValidatingAdmissionPolicyBinding, name)
     except ApiError as error:
         if errors.is_not_found(error):
-            return f"ValidatingAdmissionPolicy {name} has no binding {name}"
+            return judge(name, True, None)
         return ""
-    spec = binding.spec
-    if spec is None or spec.policyName != name:
-        return f"ValidatingAdmissionPolicyBinding {name} does not bind policy {name}"
-    if "Deny" not in (spec.validationActions or []):
-        return f"ValidatingAdmissionPolicyBinding {name} does not Deny (only warns or audits)"
-    return None
+    return judge(name, True, binding)
+
+
+class PolicyInForce:
+    """Whether the policy ``name`` is in force now, from two informers (the policies and
+    their bindings, watched): what a controller reads at every decision that trusts a value
+    only that policy guards (names.NODE_NAME_POLICY: api/links.node_host). Until both
+    informers have listed, nothing is known, and nothing is trusted."""
+
+    def __init__(self, manager: Any, name: str) -> None:
+        self.name = name
+        self.policies = manager.informer(ValidatingAdmissionPolicy)
+        self.bindings = manager.informer(ValidatingAdmissionPolicyBinding)
+
+    def problem(self) -> str:
+        """Why it guards nothing ("" when it is in force)."""
+        installed = self.policies.store.get(self.name) is not None
+        return judge(self.name, installed, self.bindings.store.get(self.name)) or ""
+
+    def concerns(self, old: Any | None, new: Any | None) -> bool:
+        """A watch predicate: a change to this policy or its binding."""
+        obj = new if new is not None else old
+        return obj is not None and obj.metadata.name == self.name
 
 
 async def check(
