@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import secrets
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,7 @@ async def test_a_kubelets_own_node_cannot_make_the_check_power_cycle_another_ser
         "ghost-a": (None, {names.NODE_HOST: f"{ns}/host-w2"}),  # the annotation (the probe's)
         "ghost-b": (f"metal3://{ns}/host-w2", {}),  # --provider-id, metal3's form
         "ghost-c": (f"metal3://{ns}/host-w2/m3m-w2", {}),  # CAPM3's longer form
-        "ghost-d": (f"baremetalhost:///{ns}/host-w2/{secrets.token_hex(8)}", {}),  # a guessed uid
+        "ghost-d": (f"baremetalhost:///{ns}/host-w2/{uuid.uuid4()}", {}),  # a guessed uid
     }
     for short, (provider, on_node) in ghosts.items():
         async with kubelet(control_plane, world.node_name(short)) as client:

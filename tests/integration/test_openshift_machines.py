@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import shutil
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -213,7 +214,7 @@ async def test_a_providerid_of_a_host_made_again_under_that_name_links_nothing(
     host: Any = await aclient.create(
         BareMetalHost(metadata=ObjectMeta(name="host-1"), spec={"online": True}), namespace=ns
     )
-    stale = f"baremetalhost:///{ns}/host-1/uid-of-an-older-host"
+    stale = f"baremetalhost:///{ns}/host-1/{uuid.uuid4()}"  # an older host's uid
     machine: Any = await aclient.create(
         OpenShiftMachine(
             metadata=ObjectMeta(name="worker-1", annotations={names.MACHINE_HOST: f"{ns}/host-1"}),

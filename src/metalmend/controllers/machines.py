@@ -26,13 +26,19 @@ links a Machine without them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lightkube import AsyncClient
 
 from metalmend.api import indexes, links, names
-from metalmend.api.resources import MACHINE_KINDS, BareMetalHost, Machine, Metal3Machine
+from metalmend.api.resources import (
+    MACHINE_KINDS,
+    BareMetalHost,
+    Machine,
+    Metal3Machine,
+    OpenShiftMachine,
+)
 from metalmend.kube import discovery
 from metalmend.kube.informer import Informer
 from metalmend.kube.manager import Manager
@@ -116,6 +122,30 @@ def capi_informer(
     capi = manager.informer(Machine, namespace=namespace, indexes=indexes)
     manager.shared(f"capm3-links/{namespace or '*'}", lambda: Capm3Links(manager, capi))
     return capi
+
+
+def openshift_informer(
+    manager: Manager,
+    *,
+    namespace: str | None = None,
+    indexes: Mapping[str, IndexFunc] | None = None,
+) -> Informer | None:
+    """OpenShift's Machines alone, where they are read (None where the API server does not
+    serve them): for what follows a Node's ``machine.openshift.io/machine`` annotation
+    (the NodeHealthCheck), which needs no Machine informer where there is none to read."""
+    kinds = manager.shared(SHARED_NAME, lambda: (Machine,))
+    if OpenShiftMachine not in kinds:
+        return None
+    return manager.informer(OpenShiftMachine, namespace=namespace, indexes=indexes)
+
+
+def openshift_lookup(machines: UnionInformer) -> Callable[[str], Any | None] | None:
+    """The OpenShift Machine of a "namespace/name" among ``machines`` (None where OpenShift's
+    Machines are not read): what a Node's ``machine.openshift.io/machine`` names."""
+    if not any(i.resource is OpenShiftMachine for i in machines.informers):
+        return None
+    api_version = f"{links.OPENSHIFT_MACHINE_GROUP}/v1beta1"
+    return lambda key: find(machines, key, api_version)
 
 
 def find(machines: UnionInformer, key: str, api_version: str = "", uid: str = "") -> Any | None:
