@@ -58,7 +58,7 @@ class Run:
         remediators: bool = True,
     ) -> None:
         """``remediators`` False: node-health-check alone (the test plays the rest)."""
-        manager = Manager(self.client)
+        manager = await self.manager()
         settings = Settings(
             runtime=RuntimeSettings(namespace=self.namespace),
             remediation=fencing or RemediationSettings(),
@@ -69,6 +69,9 @@ class Run:
             fenceremediation.setup(manager, settings, reader=reader)
         self.task = asyncio.create_task(manager.run())
         await manager.wait_synced()
+
+    async def manager(self) -> Manager:
+        return Manager(self.client)
 
     async def kill(self) -> None:
         if self.task is not None:
