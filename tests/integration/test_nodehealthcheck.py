@@ -315,8 +315,10 @@ def _step(kind: str, order: int, timeout: str = "60s", name: str = "t") -> dict[
             {
                 "escalatingRemediations": [
                     _step("FenceRemediationTemplate", 1),
-                    {**_step("Metal3RemediationTemplate", 2),
-                     "remediationTemplate": {"namespace": "m", "name": "t"}},
+                    {
+                        **_step("Metal3RemediationTemplate", 2),
+                        "remediationTemplate": {"namespace": "m", "name": "t"},
+                    },
                 ]
             },
             "template must be of one namespace",

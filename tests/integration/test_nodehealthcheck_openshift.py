@@ -23,6 +23,7 @@ from metalmend.api.reboot import is_reboot_annotation
 from metalmend.api.resources import BareMetalHost, OpenShiftMachine
 from metalmend.controllers import machines as machine_kinds
 from metalmend.kube.manager import Manager
+from tests.integration import test_openshift_machines as openshift_tests
 from tests.integration.test_nodehealthcheck import (
     DURATION,
     Run,
@@ -34,8 +35,11 @@ from tests.integration.test_nodehealthcheck import (
     _status_is,
 )
 from tests.integration.test_nodehealthcheck_trust import not_remediated
-from tests.integration.test_openshift_machines import kube_module, openshift_crds  # noqa: F401
 from tests.support import until
+
+# The fixtures of that module, by the names the tests here ask for.
+kube_module = openshift_tests.kube_module
+openshift_crds = openshift_tests.openshift_crds
 
 
 class OpenShiftRun(Run):
@@ -56,7 +60,7 @@ async def world(aclient: AsyncClient, namespace: str) -> AsyncIterator[World]:
 
 
 @pytest.fixture
-async def run(aclient: AsyncClient, namespace: str, openshift_crds: Path) -> AsyncIterator[Run]:  # noqa: F811
+async def run(aclient: AsyncClient, namespace: str, openshift_crds: Path) -> AsyncIterator[Run]:
     running = OpenShiftRun(aclient, namespace)
     yield running
     await running.kill()
