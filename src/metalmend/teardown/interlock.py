@@ -33,7 +33,7 @@ from metalmend.api.resources import MACHINE_KINDS, BareMetalHost, Metal3Remediat
 from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.errors import Conflict
 from metalmend.errors import errors as error_lines
-from metalmend.kube import errors, writes
+from metalmend.kube import discovery, errors, writes
 from metalmend.kube.store import object_key, split_key
 from metalmend.log import fields
 from metalmend.policy import interlock as policy
@@ -109,8 +109,15 @@ async def _listed(client: AsyncClient, resource: Any, namespace: Any) -> list[An
 
 async def _machines(client: AsyncClient, namespace: Any) -> list[Any]:
     """The Machines of every kind metalmend reads (Cluster API's, OpenShift's) in
-    ``namespace``; a kind not served has none."""
-    return [m for kind in MACHINE_KINDS for m in await _listed(client, kind, namespace)]
+    ``namespace``; a kind the API server does not serve has none (its discovery document
+    says so: listing a group that is not served answers a bare 404 page, not a Status)."""
+    found = []
+    for kind in MACHINE_KINDS:
+        group, version, plural = discovery.kind_of(kind)
+        if await discovery.serves(client, f"{group}/{version}", plural) is False:
+            continue
+        found += await _listed(client, kind, namespace)
+    return found
 
 
 class Interlock:
