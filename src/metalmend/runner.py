@@ -109,9 +109,12 @@ async def run(config: RunConfig) -> None:
     manager = Manager(client, leader_election=election, sharding=sharding)
     # Cluster API's Machines, OpenShift's, or both: whichever the API server serves (one
     # log line for a kind it does not), read through one adapter (controllers/machines.py).
-    machine_kinds.use_kinds(manager, await machine_kinds.served_machine_kinds(client))
+    # A kind served but not readable by this identity (the chart's run.machines) is skipped
+    # the same way.
+    ns = runtime.namespace
+    machine_kinds.use_kinds(manager, await machine_kinds.served_machine_kinds(client, ns))
     # CAPM3's Metal3Machines, where served: a Cluster API Machine's host through them.
-    machine_kinds.use_metal3machines(manager, await machine_kinds.served_metal3machines(client))
+    machine_kinds.use_metal3machines(manager, await machine_kinds.served_metal3machines(client, ns))
     needs: dict[tuple[str, str, str], list[str]] = {}
     for name in controllers:
         before = set(manager.informers)

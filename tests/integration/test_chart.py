@@ -447,3 +447,71 @@ def test_run_with_the_charts_service_account_takes_the_lease(
         _, stderr = process.communicate(timeout=20)
     assert process.returncode == 0, stderr
     assert "forbidden" not in stderr.lower(), stderr
+
+
+# The Machine kinds of each deployment (docs/install.md, "Which of the four deployments is
+# yours"; deploy/examples/chart-values/): run's ClusterRole grants exactly these.
+EXAMPLE_VALUES = REPO / "deploy" / "examples" / "chart-values"
+MACHINE_GROUPS = {"cluster.x-k8s.io", "machine.openshift.io", "infrastructure.cluster.x-k8s.io"}
+CLUSTER_API = {
+    ("cluster.x-k8s.io", "machines"): {"get", "list", "watch", "patch", "delete"},
+    ("cluster.x-k8s.io", "machines/status"): {"patch"},
+    ("cluster.x-k8s.io", "machinehealthchecks"): {"get", "list", "watch"},
+    ("cluster.x-k8s.io", "machinehealthchecks/status"): {"patch"},
+    ("cluster.x-k8s.io", "clusters"): {"get", "list", "watch"},
+}
+METAL3_MACHINES = {("infrastructure.cluster.x-k8s.io", "metal3machines"): {"get", "list", "watch"}}
+OPENSHIFT = {
+    ("machine.openshift.io", "machines"): {"get", "list", "watch", "patch", "delete"},
+    ("machine.openshift.io", "machines/status"): {"patch"},
+}
+SERVE_READS = {("cluster.x-k8s.io", "machines"): {"list"},
+               ("machine.openshift.io", "machines"): {"list"}}  # fmt: skip
+
+
+def machine_grants(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    found: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule.get("apiGroups", []):
+            if group in MACHINE_GROUPS:
+                for resource in rule["resources"]:
+                    found.setdefault((group, resource), set()).update(rule["verbs"])
+    return found
+
+
+@pytest.mark.parametrize(
+    ("deployment", "grants"),
+    [
+        ("plain", {}),
+        ("cluster-api", CLUSTER_API),
+        ("capm3", {**CLUSTER_API, **METAL3_MACHINES}),
+        ("openshift", OPENSHIFT),
+    ],
+)
+def test_each_deployments_values_grant_exactly_its_machine_kinds(
+    helm: Path, deployment: str, grants: dict[tuple[str, str], set[str]]
+) -> None:
+    values = EXAMPLE_VALUES / f"{deployment}.yaml"
+    result = render(helm, "-f", str(values), *VALUES)
+    assert result.returncode == 0, result.stderr
+    docs = by_kind_and_name(objects(result.stdout))
+    assert machine_grants(docs[("ClusterRole", "metalmend")]) == grants
+    # serve's teardown claim reads every Machine kind, whatever the deployment: it must
+    # see each remediation request (docs/security.md)
+    assert machine_grants(docs[("ClusterRole", "metalmend-serve")]) == SERVE_READS
+    run = docs[("Deployment", "metalmend")]["spec"]["template"]["spec"]["containers"][0]
+    wanted = yaml.safe_load(values.read_text())["run"]["controllers"]
+    assert f"--controllers={','.join(wanted)}" in run["args"]
+
+
+def test_the_default_values_grant_every_machine_kind(
+    rendered: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    every = {**CLUSTER_API, **METAL3_MACHINES, **OPENSHIFT}
+    assert machine_grants(rendered[("ClusterRole", "metalmend")]) == every
+
+
+def test_an_unknown_machine_kind_is_refused(helm: Path) -> None:
+    result = render(helm, *VALUES, "--set", "run.machines={capi}")
+    assert result.returncode == 1
+    assert 'run.machines: "capi" is not clusterAPI, metal3Machines or openshift' in result.stderr

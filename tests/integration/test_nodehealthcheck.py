@@ -61,7 +61,7 @@ class Run:
         remediators: bool = True,
     ) -> None:
         """``remediators`` False: node-health-check alone (the test plays the rest)."""
-        manager = Manager(self.client)
+        manager = await self.manager()
         settings = Settings(
             runtime=RuntimeSettings(namespace=self.namespace),
             remediation=fencing or RemediationSettings(),
@@ -72,6 +72,9 @@ class Run:
             fenceremediation.setup(manager, settings, reader=reader)
         self.task = asyncio.create_task(manager.run())
         await manager.wait_synced()
+
+    async def manager(self) -> Manager:
+        return Manager(self.client)
 
     async def kill(self) -> None:
         if self.task is not None:
@@ -315,8 +318,10 @@ def _step(kind: str, order: int, timeout: str = "60s", name: str = "t") -> dict[
             {
                 "escalatingRemediations": [
                     _step("FenceRemediationTemplate", 1),
-                    {**_step("Metal3RemediationTemplate", 2),
-                     "remediationTemplate": {"namespace": "m", "name": "t"}},
+                    {
+                        **_step("Metal3RemediationTemplate", 2),
+                        "remediationTemplate": {"namespace": "m", "name": "t"},
+                    },
                 ]
             },
             "template must be of one namespace",

@@ -9,9 +9,12 @@ restart: confirm off, fence (the Node deleted), power on, the request removed.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
+import secrets
 import shutil
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ import pytest
 from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.models.core_v1 import NodeSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.types import PatchType
 
 from metalmend.api import names
@@ -213,7 +216,7 @@ async def test_a_providerid_of_a_host_made_again_under_that_name_links_nothing(
     host: Any = await aclient.create(
         BareMetalHost(metadata=ObjectMeta(name="host-1"), spec={"online": True}), namespace=ns
     )
-    stale = f"baremetalhost:///{ns}/host-1/uid-of-an-older-host"
+    stale = f"baremetalhost:///{ns}/host-1/{uuid.uuid4()}"  # an older host's uid
     machine: Any = await aclient.create(
         OpenShiftMachine(
             metadata=ObjectMeta(name="worker-1", annotations={names.MACHINE_HOST: f"{ns}/host-1"}),
@@ -240,3 +243,58 @@ async def test_a_providerid_of_a_host_made_again_under_that_name_links_nothing(
         assert host.metadata.uid not in stale
     finally:
         await aclient.delete(Node, node_name)
+
+
+@pytest.fixture
+def tenant(kube: Client) -> Iterator[str]:
+    """Another namespace, where a tenant may make OpenShift Machines."""
+    name = f"tenant-{secrets.token_hex(3)}"
+    kube.create(Namespace(metadata=ObjectMeta(name=name)))
+    yield name
+    kube.delete(Namespace, name)
+
+
+async def test_an_openshift_machine_never_acts_on_a_host_of_another_namespace(
+    aclient: AsyncClient, namespace: str, tenant: str, openshift_crds: Path
+) -> None:
+    """A tenant's Machine in its own namespace names the victim's host (annotation and the
+    providerID with that host's very uid), and asks for remediation as OpenShift's check
+    does; the controllers run cluster-wide, as deployed. The host is never touched; the
+    Machine is told why (docs/security.md, "Kubernetes objects")."""
+    running = Running(aclient, None)  # every namespace
+    _, victim_host, victim_node = await openshift_machine(aclient, namespace, "worker-0", "host-0")
+    provider = f"baremetalhost:///{namespace}/host-0/{victim_host.metadata.uid}"
+    await aclient.create(
+        OpenShiftMachine(
+            metadata=ObjectMeta(
+                name="thief",
+                annotations={names.MACHINE_HOST: f"{namespace}/host-0",
+                             names.EXTERNAL_REMEDIATION: ""},
+            ),
+            spec={"providerID": provider},
+        ),
+        namespace=tenant,
+    )  # fmt: skip
+    try:
+        await running.start(nodelink.setup, machineremediation.setup)
+
+        async def refused() -> bool:
+            found = await _get(aclient, OpenShiftMachine, "thief", tenant)
+            conditions = (found.get("status") or {}).get("conditions") or []
+            return any(
+                c.get("type") == names.CONDITION_HOST_LINK
+                and c.get("status") == "False"
+                and c.get("reason") == "HostInOtherNamespace"
+                for c in conditions
+            )
+
+        await until(refused)
+        thief = await _get(aclient, OpenShiftMachine, "thief", tenant)
+        assert not (thief.get("status") or {}).get("nodeRef")
+        host = await _get(aclient, BareMetalHost, "host-0", namespace)
+        assert not any(is_reboot_annotation(k) for k in host.metadata.annotations or {})
+        assert await _get(aclient, Node, victim_node, None) is not None
+    finally:
+        await running.kill()
+        with contextlib.suppress(ApiError):
+            await aclient.delete(Node, victim_node)

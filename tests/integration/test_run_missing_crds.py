@@ -135,3 +135,44 @@ def test_a_crd_deleted_under_a_running_run_is_named_in_readyz_and_said_once(
     gone = [line for line in said if "no longer serves" in line]
     assert len(gone) == 1, stderr
     assert [line for line in said if line not in gone and "served again" not in line] == [], said
+
+
+NOT_SERVED = "Machines of this API are not served: not read"
+
+
+def _said(stderr: str, api: str) -> list[str]:
+    return [line for line in stderr.splitlines() if NOT_SERVED in line and api in line]
+
+
+def test_a_machine_kind_not_served_is_skipped_in_one_log_line(older_plane: ControlPlane) -> None:
+    """Issue 37, point 6: OpenShift's Machines on a cluster that serves only Cluster API's
+    (this plane: metalmend's CRDs), then neither (Cluster API's CRD deleted): the
+    controllers that follow Machines start and are ready; each kind not served is one log
+    line, never an informer retrying."""
+    kube = Client(KubeConfig.from_file(older_plane.kubeconfig))
+    controllers = "node-link,machine-remediation"
+    for deployment in ("cluster-api", "neither"):
+        if deployment == "neither":
+            kube.delete(CustomResourceDefinition, "machines.cluster.x-k8s.io")
+        port = free_port()
+        process = run(older_plane, controllers, port)
+        readyz = f"http://127.0.0.1:{port}/readyz"
+        try:
+            started(answers(readyz), f"metalmend run ({deployment}) to answer 200 on {readyz}",
+                    process)  # fmt: skip
+            # ready is after the kinds were decided and every informer synced: a retrying
+            # informer would have said so again by the next reads
+            for _ in range(3):
+                assert httpx.get(readyz, timeout=5).status_code == 200
+        finally:
+            process.terminate()
+            _, stderr = process.communicate(timeout=30)
+            if deployment == "neither":
+                install_crds(kube, CRD_DIR)  # the module's other tests need it
+        assert "Traceback" not in stderr, stderr
+        assert len(_said(stderr, "machine.openshift.io/v1beta1")) == 1, stderr
+        capi = _said(stderr, "cluster.x-k8s.io/v1beta1")
+        assert len(capi) == (1 if deployment == "neither" else 0), stderr
+        assert "machines" not in " ".join(
+            line for line in stderr.splitlines() if "WARNING" in line or "ERROR" in line
+        ), stderr

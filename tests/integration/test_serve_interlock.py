@@ -24,7 +24,7 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 from lightkube.types import PatchType
 
 from metalmend.api import names
-from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
+from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation, OpenShiftMachine
 from metalmend.controllers import healthcheck, machineremediation, remediation
 from metalmend.controllers.machineremediation import MachineRemediationController
 from metalmend.controllers.remediation import RemediationController, host_view, reboot_key
@@ -41,8 +41,10 @@ from metalmend.serve.root import compose
 from metalmend.settings import RuntimeSettings, Settings
 from metalmend.teardown.interlock import Interlock
 from metalmend.teardown.policy.settings import TeardownSettings
+from tests.integration import test_openshift_machines as openshift_tests
 from tests.integration import test_remediation as remediation_tests
 from tests.integration import test_serve_promenade as promenade_tests
+from tests.integration.test_openshift_machines import openshift_machine
 from tests.integration.test_remediation import Controllers, World
 from tests.integration.test_serve_promenade import bearer, lines, status_of
 from tests.support import until
@@ -52,6 +54,8 @@ world = remediation_tests.world
 controllers = remediation_tests.controllers
 serve_kubeconfig = promenade_tests.serve_kubeconfig
 admin_token = promenade_tests.admin_token
+kube_module = openshift_tests.kube_module
+openshift_crds = openshift_tests.openshift_crds
 
 PROMENADE = "/promenade/api/v1.0"
 DESIGN = """
@@ -435,3 +439,52 @@ async def test_a_hostile_claim_value_neither_breaks_teardown_nor_lets_remediatio
     claim = await claim_on(world)
     assert claim is not None
     assert claim.node == world.node_name("m1")
+
+
+# ---- OpenShift's Machines hold their hosts too (issue 37) ---------------------------------
+
+
+async def test_an_openshift_machine_asking_for_remediation_refuses_teardown_of_its_node(
+    http: httpx.AsyncClient, aclient: AsyncClient, namespace: str, openshift_crds: Path,
+    admin_token: str, design_url: str,
+) -> None:  # fmt: skip
+    """As OpenShift's MachineHealthCheck asks (external-baremetal: the annotation on its
+    ``machine.openshift.io`` Machine): serve, with its own role, reads those Machines too."""
+    ns = namespace
+    _, _, node = await openshift_machine(aclient, ns, "worker-0", "host-0")
+    try:
+        await aclient.patch(OpenShiftMachine, "worker-0",
+                            {"metadata": {"annotations": {names.EXTERNAL_REMEDIATION: ""}}},
+                            namespace=ns, patch_type=PatchType.MERGE)  # fmt: skip
+        answer = await ask(http, "drain", node, admin_token, design_url)
+        named = f"Machine {ns}/worker-0 of host {ns}/host-0 asks for remediation"
+        assert named in status_of(answer, 409, "Conflict")["message"]
+        host: Any = await aclient.get(BareMetalHost, "host-0", namespace=ns)
+        assert il.teardown_claim(host.metadata.annotations or {}) is None
+    finally:
+        with contextlib.suppress(ApiError):
+            await aclient.delete(Node, node)
+
+
+async def test_a_node_without_provider_id_is_claimed_through_its_openshift_machine(
+    http: httpx.AsyncClient, aclient: AsyncClient, namespace: str, openshift_crds: Path,
+    admin_token: str, design_url: str,
+) -> None:  # fmt: skip
+    ns = namespace
+    _, _, node = await openshift_machine(aclient, ns, "worker-1", "host-1")
+    try:
+        await aclient.delete(Node, node)
+        await aclient.create(Node(metadata=ObjectMeta(name=node), spec=NodeSpec()))
+        await aclient.patch(OpenShiftMachine.Status, "worker-1",
+                            {"status": {"nodeRef": {"kind": "Node", "name": node}}},
+                            namespace=ns, patch_type=PatchType.MERGE)  # fmt: skip
+        assert await Interlock(aclient).host_keys(await aclient.get(Node, node)) == [f"{ns}/host-1"]
+        answer = await ask(http, "drain", node, admin_token, design_url)
+        status_of(answer, 200, "Success")
+        host: Any = await aclient.get(BareMetalHost, "host-1", namespace=ns)
+        claim = il.teardown_claim(host.metadata.annotations or {})
+        assert claim is not None
+        assert claim.node == node
+    finally:
+        with contextlib.suppress(ApiError):
+            await aclient.delete(Node, node)

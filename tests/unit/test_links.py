@@ -12,10 +12,14 @@ from metalmend.api import links
 from metalmend.api.links import HostFacts, MachineIdentity, ProviderRef
 from metalmend.controllers.tenancy import wanted_condition
 
+# uids as the API server gives them (a providerID's uid part must have this shape)
+UID_H1 = "6f0c2a4e-1b7d-4c39-9a5e-0d8f3b2c1a01"
+UID_H2 = "6f0c2a4e-1b7d-4c39-9a5e-0d8f3b2c1a02"
+UID_OLD = "6f0c2a4e-1b7d-4c39-9a5e-0d8f3b2c1a00"  # of an older host of the same name
 MACHINE = MachineIdentity(namespace="t1", name="m1", uid="uid-m1", infrastructure_ref={})
 HOST = HostFacts(
     key="t1/h1",
-    uid="uid-h1",
+    uid=UID_H1,
     consumer_ref={"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine", "name": "m1",
                   "namespace": "t1", "uid": "uid-m1"},
 )  # fmt: skip
@@ -60,42 +64,86 @@ def test_index_functions_keep_refused_hosts_out_of_reach() -> None:
     assert links.claimed_host_of(machine("a/b/c")) == []
 
 
+# The one table of providerIDs (api/links.parse_provider_id, for Machines and Nodes alike).
 @pytest.mark.parametrize(
     ("provider_id", "expected"),
     [
+        # metal3's forms
         pytest.param("metal3://t1/h1", ProviderRef("t1", "h1"), id="metalmend form"),
         pytest.param("metal3://t1/h1/m3m-1", ProviderRef("t1", "h1"), id="CAPM3 current form"),
-        pytest.param("metal3://uid-h1", ProviderRef(uid="uid-h1"), id="CAPM3 legacy form"),
+        pytest.param(f"metal3://{UID_H1}", ProviderRef(uid=UID_H1), id="CAPM3 legacy form"),
+        pytest.param("metal3://t1/h1.rack-2.example/m3m", ProviderRef("t1", "h1.rack-2.example"),
+                     id="a host name with dots (a DNS-1123 subdomain)"),
         pytest.param("metal3://t1/h1/m/x", None, id="four parts"),
         pytest.param("metal3://t1//m", None, id="empty part"),
         pytest.param("metal3://", None, id="nothing"),
-        pytest.param("test://t1/h1", None, id="another scheme"),
+        pytest.param("metal3://uid-h1", None, id="legacy form, not a uid"),
+        pytest.param(f"metal3://{UID_H1.upper()}", None, id="legacy form, uid not lowercase"),
+        pytest.param("metal3://T1/h1", None, id="namespace not a DNS-1123 label"),
+        pytest.param("metal3://t1.x/h1", None, id="namespace with a dot"),
+        pytest.param(f"metal3://{'n' * 64}/h1", None, id="namespace of 64 characters"),
+        pytest.param("metal3://t1/H1", None, id="host not a DNS-1123 subdomain"),
+        pytest.param("metal3://t1/-h1", None, id="host starting with a hyphen"),
+        pytest.param(f"metal3://t1/{'h' * 254}", None, id="host of 254 characters"),
+        pytest.param("metal3://t1/h1/M3M", None, id="Metal3Machine not a DNS-1123 subdomain"),
+        pytest.param("metal3://t1/h1\n", None, id="a trailing newline"),
+        pytest.param("metal3://t1/..", None, id="path tricks"),
+        # OpenShift's metal3 machine provider
+        pytest.param(f"baremetalhost:///t1/h1/{UID_H1}", ProviderRef("t1", "h1", UID_H1),
+                     id="OpenShift form with the host uid"),
+        pytest.param("baremetalhost:///t1/h1", ProviderRef("t1", "h1"),
+                     id="OpenShift older form: names a host, proves nothing"),
+        pytest.param("baremetalhost:///t1/h1/uid-h1", None, id="OpenShift, uid not a UUID"),
+        pytest.param(f"baremetalhost:///t1/h1/{UID_H1}/x", None, id="OpenShift, a part more"),
+        pytest.param(f"baremetalhost:///t1//{UID_H1}", None, id="OpenShift, an empty part"),
+        pytest.param("baremetalhost:///t1/h1/", None, id="OpenShift, an empty uid"),
+        pytest.param("baremetalhost:///t1", None, id="OpenShift, one part"),
+        pytest.param("baremetalhost:///", None, id="OpenShift, nothing"),
+        pytest.param(f"baremetalhost:///T1/h1/{UID_H1}", None, id="OpenShift, namespace not a label"),
+        pytest.param(f"baremetalhost:///t1/h_1/{UID_H1}", None, id="OpenShift, host not a subdomain"),
+        pytest.param(f"baremetalhost://t1/h1/{UID_H1}", None, id="two slashes: a host part, not a path"),
+        pytest.param("baremetalhost:////t1/h1", None, id="four slashes"),
+        # anything else
+        pytest.param("k3s://n1", None, id="another scheme"),
+        pytest.param("aws:///eu-west-1a/i-0123", None, id="another provider"),
+        pytest.param("test://t1/h1", None, id="another scheme, metal3's shape"),
         pytest.param("", None, id="empty"),
         pytest.param(None, None, id="unset"),
     ],
 )  # fmt: skip
 def test_parse_provider_id(provider_id: str | None, expected: ProviderRef | None) -> None:
     assert links.parse_provider_id(provider_id) == expected
+    assert links.node_uid_ref(provider_id) == (expected.uid if expected else "")
+    named = f"{expected.namespace}/{expected.host}" if expected and expected.host else None
+    assert links.provider_host_key(provider_id) == named
 
 
 @pytest.mark.parametrize(
     ("provider_id", "names_it"),
     [
-        ("metal3://t1/h1", True),
-        ("metal3://t1/h1/anything", True),
-        ("metal3://uid-h1", True),
-        ("metal3://uid-h2", False),
-        ("metal3://t2/h1", False),
-        ("metal3://t1/h2", False),
-        ("test://t1/h1", False),
+        pytest.param("metal3://t1/h1", True, id="metalmend form"),
+        pytest.param("metal3://t1/h1/anything", True, id="CAPM3 form"),
+        pytest.param(f"metal3://{UID_H1}", True, id="legacy form, the host's uid"),
+        pytest.param(f"metal3://{UID_H2}", False, id="legacy form, another host's uid"),
+        pytest.param("metal3://t2/h1", False, id="another namespace"),
+        pytest.param("metal3://t1/h2", False, id="another host"),
+        pytest.param("test://t1/h1", False, id="another scheme"),
+        pytest.param(f"baremetalhost:///t1/h1/{UID_H1}", True, id="OpenShift, name and uid"),
+        pytest.param(f"baremetalhost:///t1/h1/{UID_OLD}", False,
+                     id="OpenShift, a host of that name, made again"),
+        pytest.param("baremetalhost:///t1/h1", True, id="OpenShift older form: name only"),
+        pytest.param(f"baremetalhost:///t2/h1/{UID_H1}", False, id="OpenShift, another namespace, same uid"),
+        pytest.param(f"baremetalhost:///t1/h2/{UID_H1}", False, id="OpenShift, another host, same uid"),
     ],
-)
+)  # fmt: skip
 def test_provider_id_names_host(provider_id: str, names_it: bool) -> None:
-    assert links.provider_id_names_host(provider_id, "t1/h1", "uid-h1") is names_it
+    assert links.provider_id_names_host(provider_id, "t1/h1", UID_H1) is names_it
+    assert (links.node_fence_refusal("n1", provider_id, HOST) == "") is names_it
 
 
-def test_a_legacy_provider_id_needs_the_host_uid() -> None:
-    assert not links.provider_id_names_host("metal3://x", "t1/h1", "")
+@pytest.mark.parametrize("provider_id", [f"metal3://{UID_H1}", f"baremetalhost:///t1/h1/{UID_H1}"])
+def test_a_provider_id_with_a_uid_needs_the_host_uid(provider_id: str) -> None:
+    assert not links.provider_id_names_host(provider_id, "t1/h1", "")
 
 
 def _ref(**changes: str) -> dict[str, str]:
@@ -141,11 +189,11 @@ def test_a_metal3machine_consumer_confirms_the_machine_that_names_it() -> None:
     ("provider_id", "host", "confirmed"),
     [
         pytest.param("metal3://t1/h1", HOST, True, id="agreed and confirmed"),
-        pytest.param("metal3://uid-h1", HOST, True, id="legacy form"),
+        pytest.param(f"metal3://{UID_H1}", HOST, True, id="legacy form"),
         pytest.param("metal3://t1/h2", HOST, False, id="names another host"),
         pytest.param("metal3://t1/h1", None, False, id="host not found"),
-        pytest.param("metal3://t1/h1", HostFacts("t1/h1", "uid-h1", None), False, id="host unclaimed"),
-        pytest.param("metal3://t1/h1", HostFacts("t1/h1", "uid-h1", _ref(name="m2")), False,
+        pytest.param("metal3://t1/h1", HostFacts("t1/h1", UID_H1, None), False, id="host unclaimed"),
+        pytest.param("metal3://t1/h1", HostFacts("t1/h1", UID_H1, _ref(name="m2")), False,
                      id="host consumed by another Machine"),
     ],
 )  # fmt: skip
@@ -162,7 +210,7 @@ def test_host_key_for_link() -> None:
     assert links.host_key_for_link(MACHINE, none, "metal3://t1/h9") == "t1/h9"
     assert links.host_key_for_link(MACHINE, none, "metal3://lab/worker-2") == ""
     assert links.host_key_for_link(MACHINE, refused, "metal3://t1/h9") == ""
-    assert links.host_key_for_link(MACHINE, none, "metal3://uid-h1") == ""
+    assert links.host_key_for_link(MACHINE, none, f"metal3://{UID_H1}") == ""
 
 
 @pytest.mark.parametrize(
@@ -171,7 +219,7 @@ def test_host_key_for_link() -> None:
         pytest.param(None, True, id="no providerID: no proof either way"),
         pytest.param("metal3://t1/h1", True, id="the host's Node"),
         pytest.param("metal3://t1/h1/m3m", True, id="the host's Node, CAPM3 form"),
-        pytest.param("metal3://uid-h1", True, id="the host's Node, legacy form"),
+        pytest.param(f"metal3://{UID_H1}", True, id="the host's Node, legacy form"),
         pytest.param("metal3://metalmend-lab/worker-2", False, id="a Node of another namespace's host"),
         pytest.param("metal3://t1/h2", False, id="a Node of another host"),
         pytest.param("aws:///eu-west-1a/i-0123", False, id="a Node of another provider"),
@@ -213,27 +261,7 @@ def test_condition_written_once_per_refusal_and_cleared_once() -> None:
 # ---- a Node without a Machine: the host that confirms it (issue 36, point 1) ----------------
 
 
-@pytest.mark.parametrize(
-    ("provider", "ref"),
-    [
-        pytest.param("baremetalhost:///t1/h1/uid-h1", ProviderRef("t1", "h1", "uid-h1"), id="openshift"),
-        pytest.param("baremetalhost:///t1/h1", ProviderRef("t1", "h1"), id="openshift without uid: names a host, proves nothing"),
-        pytest.param("baremetalhost:///t1/h1/uid/x", None, id="openshift, a part more"),
-        pytest.param("baremetalhost:///t1//uid-h1", None, id="openshift, an empty part"),
-        pytest.param("baremetalhost://t1/h1/uid-h1", None, id="two slashes"),
-        pytest.param("metal3://t1/h1", ProviderRef("t1", "h1"), id="metalmend's"),
-        pytest.param("metal3://t1/h1/m3m-1", ProviderRef("t1", "h1"), id="capm3's"),
-        pytest.param("metal3://uid-h1", ProviderRef(uid="uid-h1"), id="capm3 legacy"),
-        pytest.param("k3s://n1", None, id="another scheme"),
-        pytest.param(None, None, id="none"),
-    ],
-)  # fmt: skip
-def test_node_provider_ref(provider: str | None, ref: ProviderRef | None) -> None:
-    assert links.node_provider_ref(provider) == ref
-    assert links.node_uid_ref(provider) == (ref.uid if ref else "")
-
-
-H1 = HostFacts("t1/h1", "uid-h1", None)
+H1 = HostFacts("t1/h1", UID_H1, None)
 H2 = HostFacts("t1/h2", "uid-h2", None)
 
 
@@ -249,15 +277,15 @@ H2 = HostFacts("t1/h2", "uid-h2", None)
                      id="named, providerID names another host"),
         pytest.param(None, [H1, H2], None, None, "all name Node n1", id="named by two hosts"),
         # the providerID carries the host's uid
-        pytest.param("baremetalhost:///t1/h1/uid-h1", [], H1, "t1/h1", "", id="openshift uid"),
-        pytest.param("metal3://uid-h1", [], H1, "t1/h1", "", id="legacy uid"),
-        pytest.param("baremetalhost:///t1/h2/uid-h1", [], H1, None, "the uid it carries",
+        pytest.param(f"baremetalhost:///t1/h1/{UID_H1}", [], H1, "t1/h1", "", id="openshift uid"),
+        pytest.param(f"metal3://{UID_H1}", [], H1, "t1/h1", "", id="legacy uid"),
+        pytest.param(f"baremetalhost:///t1/h2/{UID_H1}", [], H1, None, "the uid it carries",
                      id="uid of another host than named"),
-        pytest.param("baremetalhost:///t1/h1/guess", [], None, None, "which no BareMetalHost has",
+        pytest.param(f"baremetalhost:///t1/h1/{UID_OLD}", [], None, None, "which no BareMetalHost has",
                      id="a guessed uid"),
-        pytest.param("baremetalhost:///t1/h1/uid-h1", [H2], H1, None, "names Node n1 too",
+        pytest.param(f"baremetalhost:///t1/h1/{UID_H1}", [H2], H1, None, "names Node n1 too",
                      id="uid, and another host names it"),
-        pytest.param("baremetalhost:///t1/h1/uid-h1", [H1], H1, "t1/h1", "",
+        pytest.param(f"baremetalhost:///t1/h1/{UID_H1}", [H1], H1, "t1/h1", "",
                      id="uid, and the same host names it"),
         # what a kubelet writes alone proves nothing
         pytest.param(None, [], None, None, "no BareMetalHost names Node n1",

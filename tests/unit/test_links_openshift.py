@@ -1,7 +1,7 @@
-"""OpenShift's links in api/links.py, as tables: the providerIDs OpenShift's metal3 machine
-provider writes (``baremetalhost:///<ns>/<host>/<uid>`` and the older form without uid), a
-host's consumerRef naming a ``machine.openshift.io`` Machine, and the Node annotation
-``machine.openshift.io/machine`` (trusted only when the Machine names the Node back)."""
+"""OpenShift's links in api/links.py, as tables: a host's consumerRef naming a
+``machine.openshift.io`` Machine, and the Node annotation ``machine.openshift.io/machine``
+(trusted only when the Machine names the Node back). The providerIDs OpenShift's metal3
+machine provider writes are in test_links.py's one table of providerIDs."""
 
 from __future__ import annotations
 
@@ -12,48 +12,11 @@ from typing import Any
 import pytest
 
 from metalmend.api import links, names
-from metalmend.api.links import HostFacts, MachineIdentity, ProviderRef
+from metalmend.api.links import HostFacts, MachineIdentity, NodeMachine
 
 CAPI = MachineIdentity(namespace="t1", name="m1", uid="uid-m1", infrastructure_ref={})
 OPENSHIFT = dataclasses.replace(CAPI, group=links.OPENSHIFT_MACHINE_GROUP)
-
-
-@pytest.mark.parametrize(
-    ("provider_id", "expected"),
-    [
-        pytest.param("baremetalhost:///t1/h1/uid-h1", ProviderRef("t1", "h1", host_uid="uid-h1"),
-                     id="OpenShift form with the host uid"),
-        pytest.param("baremetalhost:///t1/h1", ProviderRef("t1", "h1"), id="older form"),
-        pytest.param("baremetalhost:///t1/h1/u/x", None, id="four parts"),
-        pytest.param("baremetalhost:///t1//u", None, id="empty part"),
-        pytest.param("baremetalhost:///t1", None, id="one part"),
-        pytest.param("baremetalhost:///", None, id="nothing"),
-        pytest.param("baremetalhost://t1/h1", None, id="two slashes: a host part, not a path"),
-        pytest.param("baremetalhost:////t1/h1", None, id="four slashes"),
-    ],
-)  # fmt: skip
-def test_parse_openshift_provider_id(provider_id: str, expected: ProviderRef | None) -> None:
-    assert links.parse_provider_id(provider_id) == expected
-
-
-@pytest.mark.parametrize(
-    ("provider_id", "names_it"),
-    [
-        pytest.param("baremetalhost:///t1/h1/uid-h1", True, id="name and uid"),
-        pytest.param("baremetalhost:///t1/h1/uid-old", False, id="a host of that name, recreated"),
-        pytest.param("baremetalhost:///t1/h1", True, id="older form: name only"),
-        pytest.param("baremetalhost:///t2/h1/uid-h1", False, id="another namespace, same uid"),
-        pytest.param("baremetalhost:///t1/h2/uid-h1", False, id="another host, same uid"),
-    ],
-)  # fmt: skip
-def test_openshift_provider_id_names_host(provider_id: str, names_it: bool) -> None:
-    assert links.provider_id_names_host(provider_id, "t1/h1", "uid-h1") is names_it
-    host = HostFacts(key="t1/h1", uid="uid-h1", consumer_ref=None)
-    assert (links.node_fence_refusal("n1", provider_id, host) == "") is names_it
-
-
-def test_a_uid_form_needs_the_host_uid() -> None:
-    assert not links.provider_id_names_host("baremetalhost:///t1/h1/u", "t1/h1", "")
+UID = "6f0c2a4e-1b7d-4c39-9a5e-0d8f3b2c1a01"
 
 
 def _consumer(api_version: str, name: str = "m1", uid: str = "uid-m1") -> dict[str, str]:
@@ -121,10 +84,18 @@ def test_node_machine_key(value: str | None, key: str | None) -> None:
     [
         pytest.param(None, "n1", None, True, id="the Machine's nodeRef names the Node"),
         pytest.param(None, "n2", None, False, id="its nodeRef names another Node"),
-        pytest.param("baremetalhost:///t1/h1/u", None, "baremetalhost:///t1/h1/u", True,
-                     id="same providerID"),
-        pytest.param("baremetalhost:///t1/h1/u", None, "baremetalhost:///t1/h2/u", False,
+        pytest.param(f"baremetalhost:///t1/h1/{UID}", None, f"baremetalhost:///t1/h1/{UID}", True,
+                     id="same providerID, carrying a host's uid"),
+        pytest.param(f"baremetalhost:///t1/h1/{UID}", None, f"baremetalhost:///t1/h2/{UID}", False,
                      id="another providerID"),
+        pytest.param("baremetalhost:///t1/h1", None, "baremetalhost:///t1/h1", False,
+                     id="same providerID without uid: a kubelet can guess it"),
+        pytest.param("metal3://t1/h1", None, "metal3://t1/h1", False,
+                     id="same metal3 providerID without uid"),
+        pytest.param("baremetalhost:///t1/h1", "n1", None, True,
+                     id="nodeRef, whatever the providerID"),
+        pytest.param(f"baremetalhost:///t1/h1/{UID}", "n2", f"baremetalhost:///t1/h1/{UID}", False,
+                     id="same providerID, but the nodeRef names another Node"),
         pytest.param(None, None, None, False, id="nothing but the Node's word"),
     ],
 )  # fmt: skip
@@ -134,3 +105,101 @@ def test_node_machine_confirmed(
     assert (
         links.node_machine_confirmed("n1", node_provider, node_ref, machine_provider) is confirmed
     )
+
+
+# ---- a Node's host through the OpenShift Machine its annotation names ----------------------
+
+W = MachineIdentity("t1", "worker-0", "uid-w0", {}, group=links.OPENSHIFT_MACHINE_GROUP)
+OWN = {"apiVersion": "machine.openshift.io/v1beta1", "kind": "Machine", "name": "worker-0",
+       "namespace": "t1", "uid": "uid-w0"}  # fmt: skip
+H1 = HostFacts("t1/h1", UID, OWN)
+H2 = HostFacts("t1/h2", "6f0c2a4e-1b7d-4c39-9a5e-0d8f3b2c1a02", None)
+P1 = f"baremetalhost:///t1/h1/{UID}"
+
+
+def _machine(**changes: Any) -> NodeMachine:
+    base = NodeMachine(W, "t1/h1", P1, "n1")
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.mark.parametrize(
+    ("node_provider", "machine", "hosts", "host", "problem"),
+    [
+        pytest.param(P1, _machine(), [H1], "t1/h1", "", id="OpenShift as it links them"),
+        pytest.param(None, _machine(), [H1], "t1/h1", "", id="a Node without providerID, named back"),
+        pytest.param(P1, _machine(node_ref=None), [H1], "t1/h1", "",
+                     id="no nodeRef yet, the same providerID with the host's uid"),
+        pytest.param("baremetalhost:///t1/h1", _machine(node_ref=None, provider_id="baremetalhost:///t1/h1"),
+                     [H1], None, "does not name the Node back", id="the same guessable providerID"),
+        pytest.param(P1, _machine(node_ref="n2"), [H1], None, "does not name the Node back",
+                     id="the Machine is another Node's"),
+        pytest.param(P1, None, [H1], None, "which does not exist", id="no such Machine"),
+        pytest.param(P1, _machine(identity=dataclasses.replace(W, group=links.MACHINE_GROUP)), [H1],
+                     None, "which does not exist", id="a Cluster API Machine of that name"),
+        pytest.param(P1, _machine(host_annotation="t2/h1"), [H1], None, "in another namespace",
+                     id="its host in another namespace"),
+        pytest.param(None, _machine(host_annotation=None, provider_id=None), [H1], None,
+                     "names no host", id="the Machine names no host"),
+        pytest.param(P1, _machine(), [], None, "host t1/h1 not found", id="host not found"),
+        pytest.param(P1, _machine(), [dataclasses.replace(H1, consumer_ref=None)], None,
+                     "does not confirm this Machine", id="the host is nobody's"),
+        pytest.param(None, _machine(provider_id=None), [dataclasses.replace(H1, consumer_ref=None)],
+                     None, "does not confirm that Machine", id="the host is nobody's, no providerID"),
+        pytest.param(P1, _machine(), [dataclasses.replace(H1, consumer_ref={**OWN, "uid": "old"})],
+                     None, "does not confirm this Machine", id="the host's consumer, made again"),
+        pytest.param(P1, _machine(provider_id=f"baremetalhost:///t1/h1/{H2.uid}"), [H1], None,
+                     "not an agreed providerID", id="the Machine's providerID, another host's uid"),
+        pytest.param(f"baremetalhost:///t1/h2/{H2.uid}", _machine(), [H1, H2], None,
+                     "not a Node of host t1/h1", id="the Node's providerID names another host"),
+        pytest.param("aws:///eu-west-1a/i-0123", _machine(), [H1], None, "not a Node of host t1/h1",
+                     id="the Node of another provider"),
+    ],
+)  # fmt: skip
+def test_node_host_through_machine(
+    node_provider: str | None,
+    machine: NodeMachine | None,
+    hosts: list[HostFacts],
+    host: str | None,
+    problem: str,
+) -> None:
+    known = {h.key: h for h in hosts}
+    found = links.node_host_through_machine("n1", node_provider, "t1/worker-0", machine, known.get)
+    assert found.key == host
+    assert problem in found.problem
+    assert bool(found.problem) is (host is None)
+    if problem:
+        assert "Node n1 names Machine t1/worker-0 (machine.openshift.io/machine)" in found.problem
+
+
+NONE = links.NodeHost(None, "no BareMetalHost names Node n1")
+VIA_NONE = links.NodeHost(None, "Machine does not name the Node back")
+
+
+@pytest.mark.parametrize(
+    ("direct", "via", "naming", "host", "problem"),
+    [
+        pytest.param(NONE, None, [], None, "no BareMetalHost", id="no annotation: the hosts' word"),
+        pytest.param(NONE, links.NodeHost("t1/h1"), [], "t1/h1", "", id="found only through the Machine"),
+        pytest.param(links.NodeHost("t1/h1"), VIA_NONE, [H1], "t1/h1", "",
+                     id="a bad annotation cannot opt a confirmed Node out"),
+        pytest.param(links.NodeHost("t1/h1"), links.NodeHost("t1/h1"), [H1], "t1/h1", "",
+                     id="both, the same host"),
+        pytest.param(links.NodeHost("t1/h2"), links.NodeHost("t1/h1"), [H2], None, "neither is trusted",
+                     id="both, two hosts"),
+        pytest.param(NONE, VIA_NONE, [], None, "does not name the Node back",
+                     id="neither: the Machine's refusal said"),
+        pytest.param(links.NodeHost(None, "hosts t1/h1, t1/h2 all name Node n1"), links.NodeHost("t1/h1"),
+                     [H1, H2], None, "host t1/h2 names the Node", id="another host names the Node too"),
+    ],
+)  # fmt: skip
+def test_node_host_confirmed(
+    direct: links.NodeHost,
+    via: links.NodeHost | None,
+    naming: list[HostFacts],
+    host: str | None,
+    problem: str,
+) -> None:
+    key = "t1/worker-0" if via is not None else None
+    found = links.node_host_confirmed("n1", direct, key, via, naming)
+    assert found.key == host
+    assert problem in found.problem

@@ -30,8 +30,10 @@ The rules, and where upstream Metal3 stands on each:
      this host's, so a host deleted and re-made under the same name is not the same host);
    - ``baremetalhost:///<namespace>/<host>`` (the same provider's older form).
 
-   Every part is non-empty and contains no ``/``. Any other value (another scheme, more
-   parts) names no host.
+   A namespace is a DNS-1123 label, a host's (or Metal3Machine's) name a DNS-1123
+   subdomain, a uid the API server's lowercase UUID: what the API server accepts. Any other
+   value (another scheme, a part more or less, an empty or malformed part) names no host
+   (``parse_provider_id``, the one parser of Machines' and Nodes' providerIDs).
 4. **A Node is a Machine's only through its host**: a Node whose ``spec.providerID`` is set
    belongs to the host that providerID names, and only that host's (confirmed) Machine may
    link to it or fence it. A Node without providerID carries no proof of its server: it is
@@ -40,6 +42,7 @@ The rules, and where upstream Metal3 stands on each:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -254,52 +257,73 @@ def capm3_host(
 
 @dataclass(frozen=True)
 class ProviderRef:
-    """The host a metal3 providerID names: by namespace and name, or by uid (legacy)."""
+    """The host an agreed providerID names: by namespace and name, by uid (CAPM3's legacy
+    form), or by all three (OpenShift's form: the name and the uid must both be the
+    host's)."""
 
     namespace: str = ""
     host: str = ""
-    uid: str = ""
-    host_uid: str = ""  # with namespace and host: the uid the host must also have (OpenShift)
+    uid: str = ""  # the host's metadata.uid the providerID carries ("" if none)
 
 
-def parse_openshift_provider_id(provider_id: str | None) -> ProviderRef | None:
-    """The host an OpenShift providerID names (``baremetalhost:///<ns>/<host>[/<uid>]``),
-    or None for any other value."""
-    if not provider_id or not provider_id.startswith(OPENSHIFT_PROVIDER_PREFIX):
-        return None
-    parts = provider_id[len(OPENSHIFT_PROVIDER_PREFIX) :].split("/")
-    if not all(parts) or len(parts) not in (2, 3):
-        return None
-    return ProviderRef(
-        namespace=parts[0], host=parts[1], host_uid=parts[2] if len(parts) == 3 else ""
-    )
+# What the API server accepts, and so all a providerID part naming an object may be: a
+# namespace is a DNS-1123 label, a BareMetalHost or Metal3Machine name a DNS-1123 subdomain;
+# a uid is the lowercase hyphenated UUID the API server gives every object.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_UID = re.compile(r"[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}")
+MAX_SUBDOMAIN = 253
+
+
+def is_namespace(value: str) -> bool:
+    return _DNS_LABEL.fullmatch(value) is not None
+
+
+def is_object_name(value: str) -> bool:
+    return len(value) <= MAX_SUBDOMAIN and _DNS_SUBDOMAIN.fullmatch(value) is not None
+
+
+def is_uid(value: str) -> bool:
+    return _UID.fullmatch(value) is not None
 
 
 def parse_provider_id(provider_id: str | None) -> ProviderRef | None:
-    """The host an agreed providerID names (rule 3), or None for any other value."""
-    if provider_id and provider_id.startswith(OPENSHIFT_PROVIDER_PREFIX):
-        return parse_openshift_provider_id(provider_id)
-    if not provider_id or not provider_id.startswith(PROVIDER_PREFIX):
+    """The host an agreed providerID names (rule 3), or None for any other value: another
+    scheme, a part more or less, an empty part, a namespace that is not a DNS-1123 label, a
+    name that is not a DNS-1123 subdomain, a uid that is not a UUID. The one parser of
+    Machines' and Nodes' providerIDs (what each may prove is the caller's rule)."""
+    if not provider_id:
         return None
-    parts = provider_id[len(PROVIDER_PREFIX) :].split("/")
-    if not all(parts):
-        return None
-    if len(parts) == 1:
-        return ProviderRef(uid=parts[0])
-    if len(parts) in (2, 3):
+    if provider_id.startswith(OPENSHIFT_PROVIDER_PREFIX):
+        # baremetalhost:///<namespace>/<host>[/<host uid>]
+        parts = provider_id[len(OPENSHIFT_PROVIDER_PREFIX) :].split("/")
+        if len(parts) not in (2, 3) or not _names(parts[0], parts[1]):
+            return None
+        if len(parts) == 2:
+            return ProviderRef(namespace=parts[0], host=parts[1])
+        return ProviderRef(parts[0], parts[1], parts[2]) if is_uid(parts[2]) else None
+    if provider_id.startswith(PROVIDER_PREFIX):
+        # metal3://<uid>, metal3://<namespace>/<host>[/<metal3machine>]
+        parts = provider_id[len(PROVIDER_PREFIX) :].split("/")
+        if len(parts) == 1:
+            return ProviderRef(uid=parts[0]) if is_uid(parts[0]) else None
+        if len(parts) not in (2, 3) or not _names(parts[0], *parts[1:]):
+            return None
         return ProviderRef(namespace=parts[0], host=parts[1])
     return None
+
+
+def _names(namespace: str, *names_: str) -> bool:
+    return is_namespace(namespace) and all(is_object_name(n) for n in names_)
 
 
 def provider_id_names_host(provider_id: str | None, host_key: str, host_uid: str) -> bool:
     ref = parse_provider_id(provider_id)
     if ref is None:
         return False
-    if ref.uid:
-        return bool(host_uid) and ref.uid == host_uid
-    if ref.host_uid and ref.host_uid != host_uid:
-        return False
-    return f"{ref.namespace}/{ref.host}" == host_key
+    if ref.uid and ref.uid != host_uid:
+        return False  # a host made again under the same name is not the same host
+    return not ref.host or f"{ref.namespace}/{ref.host}" == host_key
 
 
 def provider_host_key(provider_id: str | None) -> str | None:
@@ -411,26 +435,6 @@ def node_fence_refusal(node_name: str, node_provider_id: str | None, host: HostF
 # The Node's annotation names.NODE_HOST and a providerID without a uid are never proof: read
 # only to say what is missing.
 
-BAREMETALHOST_PREFIX = "baremetalhost:///"
-
-
-def parse_baremetalhost_provider_id(provider_id: str | None) -> ProviderRef | None:
-    """``baremetalhost:///<namespace>/<host>/<host uid>`` (OpenShift's Node providerID), or
-    None: every part non-empty, no other part."""
-    if not provider_id or not provider_id.startswith(BAREMETALHOST_PREFIX):
-        return None
-    parts = provider_id[len(BAREMETALHOST_PREFIX) :].split("/")
-    if len(parts) != 3 or not all(parts):
-        return None
-    return ProviderRef(namespace=parts[0], host=parts[1], uid=parts[2])
-
-
-def node_provider_ref(provider_id: str | None) -> ProviderRef | None:
-    """The host a Node's providerID names: OpenShift's ``baremetalhost:///`` form (with the
-    host's uid), or an agreed metal3 form (rule 3: by name, or by uid alone); None for any
-    other value (``k3s://<node>``, a malformed one)."""
-    return parse_baremetalhost_provider_id(provider_id) or parse_provider_id(provider_id)
-
 
 @dataclass(frozen=True)
 class NodeHost:
@@ -453,7 +457,7 @@ def node_host(
     carries (None if none has it, or it carries none); ``annotation``: the Node's own
     names.NODE_HOST, for the message only; ``unguarded``: why who may write names.HOST_NODE
     is not guarded ("" when names.NODE_NAME_POLICY is in force)."""
-    ref = node_provider_ref(provider_id)
+    ref = parse_provider_id(provider_id)
     if ref is not None and ref.uid:
         if by_uid is None:
             return NodeHost(None, f"providerID {provider_id} carries uid {ref.uid}, which no"
@@ -490,7 +494,7 @@ def node_host(
             " anyone who may edit hosts of its namespace could have written it: it does not"
             f" choose a Node to fence. Install deploy/policies/node-name-writers.yaml (the"
             " chart does: policies.nodeNameWriters), or register the Node with providerID"
-            f" {BAREMETALHOST_PREFIX}{namespace}/{name}/<the host's uid>",
+            f" baremetalhost:///{namespace}/{name}/<the host's uid>",
         )
     return NodeHost(host.key)
 
@@ -503,11 +507,20 @@ def host_named_node(host: Any) -> list[str]:
 
 def node_uid_ref(provider_id: str | None) -> str:
     """The host uid a Node's providerID carries ("" if none): to look the host up by."""
-    ref = node_provider_ref(provider_id)
+    ref = parse_provider_id(provider_id)
     return ref.uid if ref is not None else ""
 
 
 # ---- OpenShift: a Node names its Machine ------------------------------------------------------
+#
+# OpenShift's nodelink-controller annotates each Node with its Machine,
+# ``machine.openshift.io/machine: <namespace>/<machine>``; a NodeHealthCheck on OpenShift
+# finds the Node's host through it (no hand-made annotation). The annotation is the
+# kubelet's word (it may annotate its own Node), so it is followed only as far as others
+# confirm it: the Machine claims the Node back (``node_machine_confirmed``), the Machine's
+# host is of its own namespace and confirms the Machine (rules 1 to 3, ``confirm_provider_id``
+# when the Machine has a providerID), the Node's own providerID, if any, names that host
+# (rule 4), and no other host confirms the Node (``node_host_through_machine``).
 
 
 def node_machine_key(annotations: Mapping[str, str] | None) -> str | None:
@@ -525,9 +538,109 @@ def node_machine_confirmed(
     machine_provider_id: str | None,
 ) -> bool:
     """Whether the Machine a Node's annotation names claims that Node back: its
-    ``status.nodeRef`` names it, or its ``spec.providerID`` is the Node's (both set). The
-    annotation alone is the kubelet's word (a kubelet may write its Node's annotations);
-    the Machine's spec and status are not."""
-    if machine_node_ref and machine_node_ref == node_name:
-        return True
-    return bool(node_provider_id) and node_provider_id == machine_provider_id
+    ``status.nodeRef`` names it, or (no nodeRef yet) its ``spec.providerID`` is the Node's
+    and carries a host's uid. A nodeRef naming another Node is that Node's claim. The
+    annotation alone is the kubelet's word (a kubelet may write its Node's
+    annotations); the Machine's spec and status are not. A providerID without a uid
+    (``baremetalhost:///<ns>/<host>``, ``metal3://<ns>/<host>``) is no claim: a kubelet
+    can guess it and register a second Node with it (``--provider-id``); it cannot learn a
+    host's uid."""
+    if machine_node_ref:
+        return machine_node_ref == node_name
+    ref = parse_provider_id(node_provider_id)
+    return ref is not None and bool(ref.uid) and node_provider_id == machine_provider_id
+
+
+@dataclass(frozen=True)
+class NodeMachine:
+    """What the rules need of the OpenShift Machine a Node's annotation names."""
+
+    identity: MachineIdentity
+    host_annotation: str | None  # its metal3.io/BareMetalHost
+    provider_id: str | None  # its spec.providerID
+    node_ref: str | None  # the name its status.nodeRef gives
+
+
+def node_machine_facts(machine: Any) -> NodeMachine:
+    spec = machine.get("spec") or {}
+    return NodeMachine(
+        identity=machine_identity(machine),
+        host_annotation=(machine.metadata.annotations or {}).get(names.MACHINE_HOST),
+        provider_id=spec.get("providerID") or None,
+        node_ref=next(iter(node_of(machine)), None),
+    )
+
+
+def node_host_through_machine(
+    node: str,
+    node_provider_id: str | None,
+    machine_key: str,
+    machine: NodeMachine | None,
+    host: Callable[[str], HostFacts | None],
+) -> NodeHost:
+    """The host of Node ``node`` through the OpenShift Machine ``machine_key`` its
+    annotation names (``machine``: that Machine, None if there is none), as that Machine
+    and its host confirm it; ``host``: the host known by that "namespace/name"."""
+    said = f"Node {node} names Machine {machine_key} ({names.OPENSHIFT_NODE_MACHINE})"
+    if machine is None or machine.identity.group != OPENSHIFT_MACHINE_GROUP:
+        return NodeHost(None, f"{said}, which does not exist")
+    if not node_machine_confirmed(node, node_provider_id, machine.node_ref, machine.provider_id):
+        return NodeHost(None, f"{said}, but that Machine does not name the Node back (its"
+                              f" status.nodeRef: {machine.node_ref or 'none'}; its providerID"
+                              f" {machine.provider_id or 'none'} is not the Node's"
+                              f" {node_provider_id or 'none'} carrying a host's uid): the"
+                              " Node's annotation alone proves nothing")  # fmt: skip
+    identity = machine.identity
+    link = machine_host(identity.namespace, machine.host_annotation)
+    if link.refused:
+        return NodeHost(None, f"{said}: {link.refusal}")
+    key = host_key_for_link(identity, link, machine.provider_id)
+    if not key:
+        return NodeHost(None, f"{said}, which names no host of its namespace"
+                              f" ({names.MACHINE_HOST}, or its providerID)")  # fmt: skip
+    found = host(key)
+    if found is None:
+        return NodeHost(None, f"{said}: its host {key} not found")
+    if machine.provider_id:
+        why = confirm_provider_id(machine.provider_id, identity, found, key)
+        if why:
+            return NodeHost(None, f"{said}: {why}")
+    elif consumer_of(found.consumer_ref, found.namespace, identity) != "confirmed":
+        return NodeHost(None, f"{said}: host {key} does not confirm that Machine (its"
+                              " spec.consumerRef names another consumer, or none)")  # fmt: skip
+    refusal = node_fence_refusal(node, node_provider_id, found)
+    if refusal:
+        return NodeHost(None, f"{said}: {refusal}")
+    return NodeHost(found.key)
+
+
+def node_host_confirmed(
+    node: str,
+    direct: NodeHost,
+    machine_key: str | None,
+    through_machine: NodeHost | None,
+    naming: Sequence[HostFacts],
+) -> NodeHost:
+    """The host of Node ``node``: ``direct`` (``node_host``: its hosts' word) and, where
+    the Node names an OpenShift Machine, ``through_machine`` (``node_host_through_machine``).
+    Either may find it; where both find one, it must be the same host; a host found through
+    the Machine must be the only one that names the Node. A Machine that does not confirm
+    the Node never hides a host that does (the annotation is the kubelet's to write: it
+    cannot opt its Node out)."""
+    if through_machine is None or machine_key is None:
+        return direct
+    via = through_machine.key
+    if direct.key is not None:
+        if via is None or via == direct.key:
+            return direct
+        return NodeHost(None, f"host {direct.key} confirms Node {node}, but the Machine it"
+                              f" names, {machine_key}, is host {via}'s: neither is"
+                              " trusted")  # fmt: skip
+    if via is None:
+        return through_machine
+    others = sorted(h.key for h in naming if h.key != via)
+    if others:
+        return NodeHost(None, f"Node {node}'s Machine {machine_key} is host {via}'s, but host"
+                              f" {', '.join(others)} names the Node ({names.HOST_NODE}):"
+                              " neither is trusted")  # fmt: skip
+    return through_machine

@@ -8,8 +8,9 @@ what the controllers read in the same places (the ``metal3.io/BareMetalHost`` an
 (api/resources.machine_resource).
 
 Which kinds are read is decided once, before the controllers start
-(``served_machine_kinds``): a Machine kind the API server does not serve is skipped with one
-log line. Without a ``run`` to decide (tests building a Manager), Cluster API's alone.
+(``served_machine_kinds``): a Machine kind the API server does not serve, or that this
+identity may not list and watch, is skipped with one log line. Without a ``run`` to decide
+(tests building a Manager), Cluster API's alone.
 
 Cluster API Provider Metal3 (CAPM3) puts the ``metal3.io/BareMetalHost`` annotation on the
 Metal3Machine that a Cluster API Machine's ``spec.infrastructureRef`` names, not on the
@@ -26,13 +27,19 @@ links a Machine without them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lightkube import AsyncClient
 
 from metalmend.api import indexes, links, names
-from metalmend.api.resources import MACHINE_KINDS, BareMetalHost, Machine, Metal3Machine
+from metalmend.api.resources import (
+    MACHINE_KINDS,
+    BareMetalHost,
+    Machine,
+    Metal3Machine,
+    OpenShiftMachine,
+)
 from metalmend.kube import discovery
 from metalmend.kube.informer import Informer
 from metalmend.kube.manager import Manager
@@ -46,23 +53,29 @@ SHARED_NAME = "machine-kinds"
 METAL3MACHINES = "metal3machines-read"
 
 
-async def served_machine_kinds(client: AsyncClient) -> tuple[Any, ...]:
-    """The Machine kinds to read: those the API server serves (one that cannot be told now
-    is kept: the start-up check of served kinds then says so). None served: Cluster API's,
-    so that ``run`` refuses to start naming its CRD, as for any kind it needs."""
-    answers = []
+async def served_machine_kinds(
+    client: AsyncClient, namespace: str | None = None
+) -> tuple[Any, ...]:
+    """The Machine kinds to read: those the API server serves and this identity may list
+    and watch (in ``namespace``, or everywhere); one that cannot be told now is kept (the
+    start-up check of served kinds, or its informer, then says so). Each kind skipped is
+    one log line, never an informer retrying: OpenShift's on a Cluster API cluster, Cluster
+    API's on OpenShift, either where the chart's ``run.machines`` leaves it out, or both
+    (plain Kubernetes: the controllers that follow Machines then have none to follow)."""
+    kinds = []
     for kind in MACHINE_KINDS:
         group, version, plural = discovery.kind_of(kind)
-        answers.append((kind, f"{group}/{version}", await discovery.serves(
-            client, f"{group}/{version}", plural)))  # fmt: skip
-    kinds = tuple(kind for kind, _, served in answers if served is not False)
-    if not kinds:
-        return (Machine,)
-    for _, api, served in answers:
-        if served is False:
+        api = f"{group}/{version}"
+        if await discovery.serves(client, api, plural) is False:
             log.info("Machines of this API are not served: not read",
                      extra=fields(api=api, kind="Machine"))  # fmt: skip
-    return kinds
+        elif await discovery.may_read(client, kind, namespace) is False:
+            log.info("Machines of this API are served but this identity may not list and"
+                     " watch them (the chart's run.machines): not read",
+                     extra=fields(api=api, kind="Machine"))  # fmt: skip
+        else:
+            kinds.append(kind)
+    return tuple(kinds)
 
 
 def use_kinds(manager: Manager, kinds: Sequence[Any]) -> None:
@@ -70,16 +83,23 @@ def use_kinds(manager: Manager, kinds: Sequence[Any]) -> None:
     manager.shared(SHARED_NAME, lambda: tuple(kinds))
 
 
-async def served_metal3machines(client: AsyncClient) -> bool:
-    """Whether to read CAPM3's Metal3Machines: where the API server serves them (or cannot
-    tell now: the start-up check of served kinds then says so); one log line where not."""
+async def served_metal3machines(client: AsyncClient, namespace: str | None = None) -> bool:
+    """Whether to read CAPM3's Metal3Machines: where the API server serves them and this
+    identity may list and watch them (or either cannot be told now: the start-up check of
+    served kinds, or the informer, then says so); one log line where not."""
     group, version, plural = discovery.kind_of(Metal3Machine)
     served = await discovery.serves(client, f"{group}/{version}", plural)
     if served is False:
         log.info("Metal3Machines are not served: not read (a Cluster API Machine's host is"
                  " then its own annotation's, or its providerID's)",
                  extra=fields(api=f"{group}/{version}", kind="Metal3Machine"))  # fmt: skip
-    return served is not False
+        return False
+    if await discovery.may_read(client, Metal3Machine, namespace) is False:
+        log.info("Metal3Machines are served but this identity may not list and watch them"
+                 " (the chart's run.machines): not read",
+                 extra=fields(api=f"{group}/{version}", kind="Metal3Machine"))  # fmt: skip
+        return False
+    return True
 
 
 def use_metal3machines(manager: Manager, read: bool) -> None:
@@ -116,6 +136,30 @@ def capi_informer(
     capi = manager.informer(Machine, namespace=namespace, indexes=indexes)
     manager.shared(f"capm3-links/{namespace or '*'}", lambda: Capm3Links(manager, capi))
     return capi
+
+
+def openshift_informer(
+    manager: Manager,
+    *,
+    namespace: str | None = None,
+    indexes: Mapping[str, IndexFunc] | None = None,
+) -> Informer | None:
+    """OpenShift's Machines alone, where they are read (None where the API server does not
+    serve them): for what follows a Node's ``machine.openshift.io/machine`` annotation
+    (the NodeHealthCheck), which needs no Machine informer where there is none to read."""
+    kinds = manager.shared(SHARED_NAME, lambda: (Machine,))
+    if OpenShiftMachine not in kinds:
+        return None
+    return manager.informer(OpenShiftMachine, namespace=namespace, indexes=indexes)
+
+
+def openshift_lookup(machines: UnionInformer) -> Callable[[str], Any | None] | None:
+    """The OpenShift Machine of a "namespace/name" among ``machines`` (None where OpenShift's
+    Machines are not read): what a Node's ``machine.openshift.io/machine`` names."""
+    if not any(i.resource is OpenShiftMachine for i in machines.informers):
+        return None
+    api_version = f"{links.OPENSHIFT_MACHINE_GROUP}/v1beta1"
+    return lambda key: find(machines, key, api_version)
 
 
 def find(machines: UnionInformer, key: str, api_version: str = "", uid: str = "") -> Any | None:

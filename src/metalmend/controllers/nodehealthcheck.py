@@ -5,7 +5,10 @@ made for it), policy.nodehealthcheck ``decide``s, and ``act`` carries each actio
 
 A Node's host is the one that confirms it (api/links.node_host): the host whose uid its
 providerID carries, or the host that names it (``metalmend.dev/node-name: <node>`` on the
-BareMetalHost); never the Node's own word alone, which its kubelet writes. A Node without
+BareMetalHost); on OpenShift, also the host of the Machine its
+``machine.openshift.io/machine`` annotation names, when that Machine names the Node back
+and its host confirms the Machine (api/links.node_host_through_machine); never the Node's
+own word alone, which its kubelet writes. A Node without
 one, or whose host is outside the namespace of the check's templates, is reported, never
 remediated; so is every Node that shares its host with another selected Node.
 
@@ -43,6 +46,7 @@ from metalmend.api.resources import (
 )
 from metalmend.api.selector import matches
 from metalmend.api.stamps import parse_stamp
+from metalmend.controllers import machines as machine_kinds
 from metalmend.controllers.healthcheck import check_changed, node_health
 from metalmend.controllers.tenancy import node_host_of
 from metalmend.kube.admission import PolicyInForce
@@ -84,6 +88,8 @@ class NodeHealthCheckController:
             namespace=ns,
             indexes=indexes.of(indexes.HOSTS_BY_NODE, indexes.HOSTS_BY_UID),
         )
+        # OpenShift's Machines, where served: a Node's machine.openshift.io/machine annotation
+        self.openshift_machines = machine_kinds.openshift_informer(manager, namespace=ns)
         self.remediations = {
             kind: manager.informer(resource, namespace=ns) for kind, resource in KINDS.items()
         }
@@ -178,7 +184,10 @@ class NodeHealthCheckController:
     def host_of(self, node: Any) -> tuple[Any | None, str]:
         """The Node's BareMetalHost, as its hosts confirm it (api/links.node_host), or why
         none."""
-        found = node_host_of(node, self.hosts, self.node_name_guard)
+        machines = self.openshift_machines
+        found = node_host_of(
+            node, self.hosts, self.node_name_guard, machines.store.get if machines else None
+        )
         if found.key is None:
             return None, found.problem
         host = self.hosts.store.get(found.key)
@@ -348,6 +357,7 @@ def node_read(node: Any) -> tuple[Any, ...]:
         node_health(node),
         tuple(sorted((node.metadata.labels or {}).items())),
         annotations.get(names.NODE_HOST),
+        annotations.get(names.OPENSHIFT_NODE_MACHINE),
         links.node_provider_id(node),
         names.NHC_CONFIRMED_HEALTHY in annotations,
     )
@@ -360,18 +370,26 @@ def node_changed(old: Any | None, new: Any | None) -> bool:
 
 
 def host_changed(old: Any | None, new: Any | None) -> bool:
-    """A host came or went, or its teardown claim or the Node it names changed (power
-    writes wake nothing)."""
+    """A host came or went, or its teardown claim, the Node it names or the consumer it
+    confirms changed (power writes wake nothing)."""
     if old is None or new is None:
         return True
     read = [
         (
             (obj.metadata.annotations or {}).get(interlock.TEARDOWN_ANNOTATION),
             (obj.metadata.annotations or {}).get(names.HOST_NODE),
+            (obj.get("spec") or {}).get("consumerRef"),
         )
         for obj in (old, new)
     ]
     return read[0] != read[1]
+
+
+def machine_changed(old: Any | None, new: Any | None) -> bool:
+    """An OpenShift Machine came or went, or what links it to a Node and a host changed."""
+    if old is None or new is None:
+        return True
+    return links.node_machine_facts(old) != links.node_machine_facts(new)
 
 
 def setup(manager: Manager, settings: Settings) -> None:
@@ -394,6 +412,8 @@ def setup(manager: Manager, settings: Settings) -> None:
     guard = controller.node_name_guard
     runner.watch(guard.policies, every_check, predicate=guard.concerns)
     runner.watch(guard.bindings, every_check, predicate=guard.concerns)
+    if controller.openshift_machines is not None:
+        runner.watch(controller.openshift_machines, every_check, predicate=machine_changed)
     for informer in controller.remediations.values():
         runner.watch(informer, made_by_check)
     for informer in controller.templates.values():

@@ -191,11 +191,19 @@ class RemediationController:
             return ""
         node = self.nodes.store.get(node_name)
         if node is not None:
-            key = node_host_of(node, self.hosts, self.node_name_guard).key or ""
+            key = self.node_host(node).key or ""
         else:
             naming = self.hosts.store.by_index(indexes.HOSTS_BY_NODE.name, node_name)
             key = object_key(naming[0]) if len(naming) == 1 else ""
         return key if links.key_in_namespace(key, remediation.metadata.namespace) else ""
+
+    def node_host(self, node: Any) -> links.NodeHost:
+        """The host that confirms a Node without a Machine of its own remediation, as the
+        NodeHealthCheck finds it (controllers/tenancy.node_host_of: its hosts' word, and on
+        OpenShift the Machine its annotation names, when that Machine confirms it)."""
+        return node_host_of(
+            node, self.hosts, self.node_name_guard, machine_kinds.openshift_lookup(self.machines)
+        )
 
     def observe(self, remediation: Any, found: Any | None) -> policy.Observed:
         """``found``: the host object, as ``host_object`` returned it for this decision."""
@@ -264,13 +272,15 @@ class RemediationController:
             problem = (
                 f"Node {target} names no BareMetalHost of namespace"
                 f" {remediation.metadata.namespace} that confirms it (the host's"
-                f" {names.HOST_NODE}: {target}, or a providerID carrying the host's uid)"
+                f" {names.HOST_NODE}: {target}, a providerID carrying the host's uid, or"
+                f" the host of the OpenShift Machine its {names.OPENSHIFT_NODE_MACHINE}"
+                " names, when that Machine names the Node back)"
             )
         node_name = progress.node or target
         node = self.nodes.store.get(node_name) if node_name else None
         if node is not None and found is not None:
             key = object_key(found)
-            confirmed = node_host_of(node, self.hosts, self.node_name_guard)
+            confirmed = self.node_host(node)
             if confirmed.key != key:
                 why = confirmed.problem or f"its host is {confirmed.key}"
                 node, link_problem = (

@@ -5,6 +5,7 @@ every reconcile), and the condition back to True once the cause is gone."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from metalmend.api import indexes, links, names
@@ -73,15 +74,38 @@ async def report(
     return updated
 
 
-def node_host_of(node: Any, hosts: Any, guard: admission.PolicyInForce) -> links.NodeHost:
-    """The host of a Node without a Machine, as its hosts confirm it (api/links.node_host),
-    from the hosts informer (indexed by indexes.HOSTS_BY_NODE and HOSTS_BY_UID); ``guard``:
-    whether names.NODE_NAME_POLICY guards the hosts' word on their Node."""
+def node_host_of(
+    node: Any,
+    hosts: Any,
+    guard: admission.PolicyInForce,
+    openshift_machine: Callable[[str], Any | None] | None = None,
+) -> links.NodeHost:
+    """The host of a Node without a Machine of its own remediation, as its hosts confirm it
+    (api/links.node_host), from the hosts informer (indexed by indexes.HOSTS_BY_NODE and
+    HOSTS_BY_UID; ``guard``: whether names.NODE_NAME_POLICY guards the hosts' word on their
+    Node); and, where OpenShift's Machines are read (``openshift_machine``: the one of that
+    "namespace/name", or None), through the Machine the Node's
+    ``machine.openshift.io/machine`` annotation names, as that Machine and its host confirm
+    it (api/links.node_host_confirmed)."""
     provider = links.node_provider_id(node)
     name = node.metadata.name
     naming = [links.host_facts(h) for h in hosts.store.by_index(indexes.HOSTS_BY_NODE.name, name)]
     uid = links.node_uid_ref(provider)
     found = hosts.store.by_index(indexes.HOSTS_BY_UID.name, uid) if uid else []
     by_uid = links.host_facts(found[0]) if len(found) == 1 else None
-    annotation = (node.metadata.annotations or {}).get(names.NODE_HOST)
-    return links.node_host(name, provider, naming, by_uid, annotation, guard.problem())
+    annotations = node.metadata.annotations or {}
+    direct = links.node_host(
+        name, provider, naming, by_uid, annotations.get(names.NODE_HOST), guard.problem()
+    )
+    key = links.node_machine_key(annotations)
+    if key is None or openshift_machine is None:
+        return direct
+    machine = openshift_machine(key)
+    facts = links.node_machine_facts(machine) if machine is not None else None
+
+    def host(host_key: str) -> links.HostFacts | None:
+        obj = hosts.store.get(host_key)
+        return links.host_facts(obj) if obj is not None else None
+
+    via = links.node_host_through_machine(name, provider, key, facts, host)
+    return links.node_host_confirmed(name, direct, key, via, naming)

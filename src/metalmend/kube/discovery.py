@@ -16,7 +16,9 @@ from typing import Any
 
 import httpx2
 from lightkube import ApiError, AsyncClient
+from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
 from lightkube.models.meta_v1 import Status
+from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 
 from metalmend.kube import errors
 from metalmend.log import fields
@@ -98,3 +100,27 @@ def gone_line(group: str, version: str, plural: str) -> str:
         f"the API server no longer serves {kind} (its CustomResourceDefinition was deleted?):"
         f" {fix}; metalmend watches it again by itself once it is served"
     )
+
+
+async def may_read(client: AsyncClient, resource: Any, namespace: str | None = None) -> bool | None:
+    """Whether this identity may list and watch ``resource`` (in ``namespace``, or in every
+    namespace): a SelfSubjectAccessReview per verb, which every authenticated identity may
+    create. None when it cannot tell now (the caller keeps the kind: its informer then says
+    what it was refused)."""
+    group, _, plural = kind_of(resource)
+    for verb in ("list", "watch"):
+        review = SelfSubjectAccessReview(
+            spec=SelfSubjectAccessReviewSpec(
+                resourceAttributes=ResourceAttributes(
+                    group=group, resource=plural, verb=verb, namespace=namespace
+                )
+            )
+        )
+        try:
+            answer: Any = await client.create(review)
+        except (ApiError, httpx2.HTTPError, OSError) as error:
+            log.debug("access review failed", extra=fields(resource=plural, error=str(error)))
+            return None
+        if not (answer.status and answer.status.allowed):
+            return False
+    return True

@@ -11,10 +11,12 @@ host is a 409 Conflict answer naming it, and nothing is changed.
 Which hosts are the Node's (api/links.py): the host its providerID names (the namespaced
 forms, or the legacy ``metal3://<uid>``); for a Node without providerID, the hosts of
 the Machines whose ``status.nodeRef`` names it (the Machines a remediation would fence it
-for). A Node with a providerID that is not metal3's, or without any host, is not
-metal3-managed: no metalmend remediation can power its server off or fence it (both
-remediation controllers refuse to fence a Node whose providerID names another host), so
-nothing is claimed and the step goes on.
+for). Machines are of every kind metalmend reads (api/resources.MACHINE_KINDS: Cluster
+API's and OpenShift's ``machine.openshift.io``, as controllers/machines.py reads them for
+``run``); a kind the API server does not serve has none. A Node with a providerID that is
+not metal3's, or without any host, is not metal3-managed: no metalmend remediation can
+power its server off or fence it (both remediation controllers refuse to fence a Node whose
+providerID names another host), so nothing is claimed and the step goes on.
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ from typing import Any, Protocol, TypeVar
 from lightkube import ALL_NS, ApiError, AsyncClient
 
 from metalmend.api import links, names
-from metalmend.api.resources import BareMetalHost, Machine, Metal3Remediation
+from metalmend.api.resources import MACHINE_KINDS, BareMetalHost, Metal3Remediation
 from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.errors import Conflict
 from metalmend.errors import errors as error_lines
-from metalmend.kube import errors, writes
+from metalmend.kube import discovery, errors, writes
 from metalmend.kube.store import object_key, split_key
 from metalmend.log import fields
 from metalmend.policy import interlock as policy
@@ -103,6 +105,19 @@ async def _listed(client: AsyncClient, resource: Any, namespace: Any) -> list[An
         if errors.is_not_found(error):
             return []
         raise
+
+
+async def _machines(client: AsyncClient, namespace: Any) -> list[Any]:
+    """The Machines of every kind metalmend reads (Cluster API's, OpenShift's) in
+    ``namespace``; a kind the API server does not serve has none (its discovery document
+    says so: listing a group that is not served answers a bare 404 page, not a Status)."""
+    found = []
+    for kind in MACHINE_KINDS:
+        group, version, plural = discovery.kind_of(kind)
+        if await discovery.serves(client, f"{group}/{version}", plural) is False:
+            continue
+        found += await _listed(client, kind, namespace)
+    return found
 
 
 class Interlock:
@@ -205,7 +220,7 @@ class Interlock:
         name = node.metadata.name
         keys = {
             key
-            for machine in await _listed(self.client, Machine, ALL_NS)
+            for machine in await _machines(self.client, ALL_NS)
             if links.node_of(machine) == [name]
             for key in links.host_of(machine)
         }
@@ -229,9 +244,7 @@ class Interlock:
         """The Metal3Remediations of host ``key`` (their Machine names it, or they recorded
         it) and the Machines naming it that ask for remediation by annotation."""
         namespace, _ = split_key(key)
-        machines = [
-            m for m in await _listed(self.client, Machine, namespace) if links.host_of(m) == [key]
-        ]
+        machines = [m for m in await _machines(self.client, namespace) if links.host_of(m) == [key]]
         requests = tuple(
             sorted(
                 object_key(m)
@@ -239,18 +252,24 @@ class Interlock:
                 if names.EXTERNAL_REMEDIATION in (m.metadata.annotations or {})
             )
         )
-        named = {m.metadata.name for m in machines}
+        # a Machine by its group and name: an owner of the other group is another Machine
+        named = {(links.machine_group(m), m.metadata.name) for m in machines}
         found = []
         for remediation in await _listed(self.client, Metal3Remediation, namespace):
             status = remediation.get("status") or {}
             owners = {
-                o.name for o in remediation.metadata.ownerReferences or [] if o.kind == "Machine"
+                (_group(o.apiVersion), o.name)
+                for o in remediation.metadata.ownerReferences or []
+                if o.kind == "Machine"
             }
-            mine = status.get("host") == key or bool(
-                (owners or {remediation.metadata.name}) & named
-            )
+            proposal = {(group, remediation.metadata.name) for group, _ in named}
+            mine = status.get("host") == key or bool((owners or proposal) & named)
             if mine:
                 phase = status.get("phase")
                 text = phase if isinstance(phase, str) else ""
                 found.append(policy.RemediationFacts(object_key(remediation), text))
         return tuple(sorted(found, key=lambda r: r.name)), requests
+
+
+def _group(api_version: str | None) -> str:
+    return (api_version or "").rpartition("/")[0]
