@@ -231,8 +231,10 @@ async def test_an_untrusted_certificate_sends_no_request(
         driver = RedfishDriver(named, "operator", PASSWORD, str(other), BmcSettings(timeout=20.0),
                                "127.0.0.1", system_cas=False)  # fmt: skip
         try:
-            with pytest.raises(BmcError, match="TLS certificate is not trusted"):
+            with pytest.raises(BmcError, match="TLS certificate is not trusted") as caught:
                 await driver.power_state()
         finally:
             await driver.close()
     assert bmc.requests == []  # the credentials were never sent
+    assert PASSWORD not in str(caught.value)
+    assert "operator" not in str(caught.value)

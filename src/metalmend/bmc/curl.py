@@ -122,13 +122,21 @@ class CurlLoop:
     call it back; a finished transfer resolves its future."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        # Weakly: the table of multis is keyed weakly by the loop, and must not keep it.
+        self._loop = weakref.ref(loop)
         self.multi = pycurl.CurlMulti()
         self.multi.setopt(pycurl.M_SOCKETFUNCTION, self._socket)
         self.multi.setopt(pycurl.M_TIMERFUNCTION, self._timer)
         self._timer_handle: asyncio.TimerHandle | None = None
         self._waiting: dict[Any, asyncio.Future[int]] = {}
         self._watched: dict[int, int] = {}  # fd -> 1 (read) | 2 (write)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop()
+        if loop is None:  # pragma: no cover - a multi outliving its loop is a bug
+            raise RuntimeError("the event loop of this CurlMulti is gone")
+        return loop
 
     def _socket(self, what: int, fd: int, _multi: Any, _data: Any) -> None:
         old = self._watched.pop(fd, 0)
@@ -294,12 +302,22 @@ class Connection:
                 if trust.blob is not None:
                     handle.setopt(pycurl.CAINFO_BLOB, trust.blob)
         self._busy = False
+        self._one_at_a_time = asyncio.Lock()
 
     async def request(
         self, method: str, url: str, headers: list[str], body: bytes | None, limit: int
     ) -> Response:
-        """One request; the answer's body read up to ``limit`` bytes. Raises ``Failed``."""
+        """One request; the answer's body read up to ``limit`` bytes. Raises ``Failed``.
+        Requests of one connection take turns (one easy handle, one transfer at a time)."""
+        async with self._one_at_a_time:
+            return await self._request(method, url, headers, body, limit)
+
+    async def _request(
+        self, method: str, url: str, headers: list[str], body: bytes | None, limit: int
+    ) -> Response:
         handle = self._handle
+        if handle is None:
+            raise Failed(pycurl.E_FAILED_INIT, "the connection was closed", 0, False)
         answer = Response()
 
         def header(line: bytes) -> int | None:

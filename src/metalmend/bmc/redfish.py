@@ -21,12 +21,13 @@ transfer and closes the connection at once.
 What a BMC says is never trusted for size or shape: every answer is read as it arrives,
 the transfer stopped past ``max_response_bytes``; an answer that is not the JSON expected
 is an error saying so; any text of the BMC put into a message is cut to
-``max_message_chars`` (its start kept). Links the BMC gives are followed only if they are plain paths under
-``/redfish/v1/`` of the same endpoint, and redirects are not followed: the credentials
-go nowhere but the address the host names. HTTP basic authentication is sent with each
-request over TLS: no Redfish session is created, so a cancelled call or a dropped driver
-never leaves a session behind on a BMC (BMCs allow only a handful at a time). The
-password is only ever inside the ``Authorization`` header, never in any text.
+``max_message_chars`` (its start kept). Links the BMC gives are followed only if they
+are plain paths under ``/redfish/v1/`` of the same endpoint, and redirects are not
+followed: the credentials go nowhere but the address the host names. HTTP basic
+authentication is sent with each request over TLS: no Redfish session is created, so a
+cancelled call or a dropped driver never leaves a session behind on a BMC (BMCs allow only
+a handful at a time). The password is only ever inside the ``Authorization`` header,
+never in any text.
 """
 
 from __future__ import annotations
