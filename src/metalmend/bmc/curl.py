@@ -263,10 +263,8 @@ class Connection:
         connect_to: str | None,
     ) -> None:
         self._loop = curl_loop(trust)
-        self._share = pycurl.CurlShare()
-        self._share.setopt(pycurl.SH_SHARE, pycurl.LOCK_DATA_CONNECT)
+        self._share: Any = None  # made at the first request after a hang-up
         handle = self._handle = pycurl.Curl()
-        handle.setopt(pycurl.SHARE, self._share)
         handle.setopt(pycurl.NOSIGNAL, 1)
         handle.setopt(pycurl.PROXY, "")
         handle.setopt(pycurl.NOPROXY, "*")
@@ -318,6 +316,10 @@ class Connection:
         handle = self._handle
         if handle is None:
             raise Failed(pycurl.E_FAILED_INIT, "the connection was closed", 0, False)
+        if self._share is None:
+            self._share = pycurl.CurlShare()
+            self._share.setopt(pycurl.SH_SHARE, pycurl.LOCK_DATA_CONNECT)
+            handle.setopt(pycurl.SHARE, self._share)
         answer = Response()
 
         def header(line: bytes) -> int | None:
@@ -385,22 +387,36 @@ class Connection:
             )
         return answer
 
-    def close(self) -> None:
-        """Close the connection at once (a transfer under way is ended first); never raises."""
-        handle, self._handle = self._handle, None
+    def hang_up(self) -> None:
+        """Close the open connection at once; the handle and its options stay for the
+        next request, which connects again. Only between requests (``busy`` False)."""
         share, self._share = self._share, None
-        if handle is None or share is None:
+        if share is None or self._handle is None:
+            return
+        self._handle.unsetopt(pycurl.SHARE)
+        share.close()  # closes the connections it holds (no wait for the BMC's goodbye)
+
+    def close(self) -> None:
+        """Close the connection at once (a transfer under way is ended first) and free
+        the handle; never raises."""
+        handle = self._handle
+        if handle is None:
             return
         try:
             self._loop.abandon(handle)
-            handle.unsetopt(pycurl.SHARE)
-            share.close()  # closes the connections it holds
+            self.hang_up()
         finally:
+            self._handle = None
             handle.close()
 
     @property
     def busy(self) -> bool:
         return self._busy
+
+    @property
+    def connected(self) -> bool:
+        """A connection may be open (made since the last hang-up)."""
+        return self._share is not None
 
 
 def _ignore(data: bytes) -> None:

@@ -155,7 +155,8 @@ class RedfishDriver:
         self._system_cas = system_cas or verify is True
         self._settings = settings
         self._connect_to = connect_to
-        self._client: Connection | None = None
+        self._client: Connection | None = None  # connected (until hung up or dropped)
+        self._spare: Connection | None = None  # hung up: its handle serves the next call
         self._base = ""
         self._ours: set[str] = set()  # the netlocs that name this endpoint
         self._system_path: str | None = None  # found once, forgotten on any error
@@ -575,14 +576,23 @@ class RedfishDriver:
         self._close_connection()
 
     def _close_connection(self) -> None:
-        """Close the connection now; the system found stays known."""
+        """Close the connection now; the system found stays known, and so does the
+        transport's handle (its options set once), for the next call to connect again."""
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
         client, self._client = self._client, None
         if client is None:
             return
-        _close_quietly(client)
+        if client.busy:  # not between requests: never reused
+            _close_quietly(client)
+            return
+        try:
+            client.hang_up()
+        except Exception:  # a connection already broken cannot be closed any better
+            _close_quietly(client)
+            return
+        self._spare = client
 
     async def _deadline(self, work: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -609,6 +619,9 @@ class RedfishDriver:
 
     async def _connection(self) -> Connection:
         if self._client is not None:
+            return self._client
+        if self._spare is not None:  # hung up after the last call: connects again
+            self._client, self._spare = self._spare, None
             return self._client
         refuse_cleartext(self.address, self._settings)
         if self._connect_to is None and self._settings.allowed_networks:
@@ -777,10 +790,16 @@ class RedfishDriver:
         return prefix + cap(text.translate(_UNPRINTABLE), room)
 
     async def _drop(self) -> None:
-        """Close the connection and forget the system; never raises."""
+        """Close the connection, free the transport and forget the system; never raises."""
         self._system_path = None
         self._reset_action = None
-        self._close_connection()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        for connection in (self._client, self._spare):
+            if connection is not None:
+                _close_quietly(connection)
+        self._client = self._spare = None
 
 
 def redfish_message(answer: Answer) -> str:
