@@ -68,13 +68,18 @@ async def test_one_multi_per_trust_and_a_new_one_for_a_rotated_bundle(
     multi = curl_loop(before)
     assert curl_loop(before) is multi
     assert curl_loop(NO_CHECK) is not multi
-    bundle.write_bytes(bundle.read_bytes() + b"\n")
-    os.utime(bundle, ns=(2, 2))
+    rewrite(bundle)
     after = trust_for(str(bundle), system_cas=False)
     assert after != before
     assert curl_loop(after) is not multi
     table = curl._LOOPS[asyncio.get_running_loop()]
     assert before not in table, "the rotated bundle's old multi is no longer handed out"
+
+
+def rewrite(bundle: Path) -> None:
+    """The bundle rewritten in place (a rotation), with a new modification time."""
+    bundle.write_bytes(bundle.read_bytes() + b"\n")
+    os.utime(bundle, ns=(2, 2))
 
 
 def test_a_missing_or_broken_bundle_is_an_error_each_time(tmp_path: Path) -> None:
