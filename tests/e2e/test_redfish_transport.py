@@ -10,11 +10,12 @@ import contextlib
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from metalmend.bmc.address import parse
-from metalmend.bmc.driver import PowerState
+from metalmend.bmc.driver import PowerAction, PowerState
 from metalmend.bmc.errors import BmcError
 from metalmend.bmc.redfish import RedfishDriver
 from metalmend.bmc.settings import BmcSettings
@@ -110,6 +111,37 @@ async def test_a_hang_up_racing_the_next_request_is_retried_on_a_new_connection(
             await driver.close()
     gets = [r for r in bmc.requests if r.path == SYSTEM]
     assert len(gets) == 3  # discovery's, the one hung up on, the one sent again
+
+
+async def test_an_action_is_never_sent_twice_when_a_kept_connection_was_closed() -> None:
+    """The same BMC, and a reset after a read: the reset goes on a fresh connection, so a
+    hang-up of the kept one cannot make libcurl send it again (a reset a BMC received and
+    then hung up on would be done twice)."""
+    target = f"{SYSTEM}/Actions/ComputerSystem.Reset"
+    reply, accepted = system(), answer(None, 204, raw=b"")
+    served: set[int] = set()
+
+    def once_per_connection(respond: Any) -> Any:
+        async def serve(bmc: HostileBmc, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            if id(w) in served:
+                w.close()  # a request on a kept connection: hung up, no answer
+                return
+            served.add(id(w))
+            await respond(bmc, r, w)
+
+        return serve
+
+    routes = healthy(**{SYSTEM: once_per_connection(reply), target: once_per_connection(accepted)})
+    bmc = CountingBmc(routes)
+    async with listening(bmc, "127.0.0.1"):
+        driver = bmc.driver()
+        try:
+            assert await driver.power_state() == PowerState.ON  # a connection kept
+            await driver.act(PowerAction.ON)
+        finally:
+            await driver.close()
+    posts = [r for r in bmc.requests if r.method == "POST"]
+    assert len(posts) == 1, posts
 
 
 # ---- the byte limit -------------------------------------------------------------------

@@ -357,6 +357,11 @@ class Connection:
             return None
 
         handle.setopt(pycurl.URL, url)
+        # A request with a body (a reset, an erase) goes on a new connection: libcurl sends a
+        # request again, once, when a kept connection turns out closed before any answer,
+        # and a BMC that received a reset and then hung up (its idle timer fired as the
+        # request came) would get it twice. Reads may be sent again; actions never.
+        handle.setopt(pycurl.FRESH_CONNECT, 0 if body is None else 1)
         if body is None:
             handle.setopt(pycurl.HTTPGET, 1)
         else:
