@@ -3,7 +3,7 @@ upstream metal3 does (``status.errorType``).
 
 Secrets never enter a message: drivers build their texts from the address, the error's
 kind and what the BMC or the protocol library said, never from the credentials (neither
-httpx, under the Redfish driver, nor pyghmi puts the password into an error text; pyghmi's
+libcurl, under the Redfish driver, nor pyghmi puts the password into an error text; pyghmi's
 login errors are fixed phrases such as "Incorrect password provided", and the password
 crosses to the IPMI worker process only inside its request, never back). So nothing has
 to be scrubbed afterwards: replacing every occurrence of a password text mangled messages

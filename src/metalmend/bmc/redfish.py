@@ -12,38 +12,36 @@ driver lists the system's drives and erases one (``#Drive.SecureErase``): what t
 answers mean is in ``bmc/storage.py``; here, every drive, storage subsystem and action
 target must lie under the system's own path.
 
-The client is httpx's asyncio client, not sushy: sushy is blocking, so a call to a BMC
-that answers slowly forever could only be abandoned in a thread that lives on, holding
-its connection and the BMC's slot. Here a call is a coroutine: cancelling it (the pool's
-deadline, or this driver's own) closes the connection at once.
+The client is libcurl's multi interface driven by the asyncio loop (``bmc/curl.py``), not
+sushy: sushy is blocking, so a call to a BMC that answers slowly forever could only be
+abandoned in a thread that lives on, holding its connection and the BMC's slot. Here a
+call is a coroutine: cancelling it (the pool's deadline, or this driver's own) ends the
+transfer and closes the connection at once.
 
-What a BMC says is never trusted for size or shape: every answer is read as a stream and
-dropped past ``max_response_bytes``; an answer that is not the JSON expected is an error
-saying so; any text of the BMC put into a message is cut to ``max_message_chars`` (its
-start kept). Links the BMC gives are followed only if they are plain paths under
-``/redfish/v1/`` of the same endpoint, and redirects are not followed: the credentials
-go nowhere but the address the host names. HTTP basic authentication is sent with each
-request over TLS: no Redfish session is created, so a cancelled call or a dropped driver
-never leaves a session behind on a BMC (BMCs allow only a handful at a time). The
-password is only ever inside the ``Authorization`` header, never in any text.
+What a BMC says is never trusted for size or shape: every answer is read as it arrives,
+the transfer stopped past ``max_response_bytes``; an answer that is not the JSON expected
+is an error saying so; any text of the BMC put into a message is cut to
+``max_message_chars`` (its start kept). Links the BMC gives are followed only if they
+are plain paths under ``/redfish/v1/`` of the same endpoint, and redirects are not
+followed: the credentials go nowhere but the address the host names. HTTP basic
+authentication is sent with each request over TLS: no Redfish session is created, so a
+cancelled call or a dropped driver never leaves a session behind on a BMC (BMCs allow only
+a handful at a time). The password is only ever inside the ``Authorization`` header,
+never in any text.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import json
-import os
 import re
-import socket
-import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 from urllib.parse import unquote, urlsplit
 
-import httpx
+import pycurl
 
 from metalmend.api.storage import Drive
 from metalmend.bmc.address import (
@@ -53,6 +51,7 @@ from metalmend.bmc.address import (
     redfish_path_problem,
     refuse_cleartext,
 )
+from metalmend.bmc.curl import NO_CHECK, Connection, Failed, Trust, trust_for
 from metalmend.bmc.driver import PowerAction, PowerState
 from metalmend.bmc.errors import (
     AuthenticationFailed,
@@ -94,13 +93,12 @@ MAX_COLLECTION_PAGES = 16
 """Pages of a Systems collection followed (``Members@odata.nextLink``); BMCs serve one."""
 
 IDLE_CONNECTION = 5.0
-"""Seconds a BMC connection stays open after a call: httpx's own keep-alive expiry, long
-enough for the calls of one reconcile and for a power change being watched land (polls
-0.1-1 s apart), shorter than the idle power poll (20 s), which connects again (after a
-routine poll the pool hangs up at once: BmcPool._call). httpx only drops an expired
-connection when its client is used next, so without closing it here every driver kept a
-dead TLS connection (about 35 KiB) from one poll to the next: 170 MiB at 5,000 hosts
-(benchmarks/scale.py)."""
+"""Seconds a BMC connection stays open after a call: long enough for the calls of one
+reconcile and for a power change being watched land (polls 0.1-1 s apart), shorter than
+the idle power poll (20 s), which connects again (after a routine poll the pool hangs up
+at once: BmcPool._call). A keep-alive connection is only found expired when it is used
+next, so without closing it here every driver kept a dead TLS connection (about 35 KiB)
+from one poll to the next: 170 MiB at 5,000 hosts (benchmarks/scale.py)."""
 
 SYSTEMS_SHOWN = 5
 """Systems named in an error message; more are counted."""
@@ -109,7 +107,13 @@ SYSTEMS_SHOWN = 5
 _UNSUPPORTED_MESSAGE_IDS = ("ActionParameterValueNotInList", "ActionParameterNotSupported")
 _NEXT_LINK_QUERY = re.compile(r"[A-Za-z0-9$=&_.\-]{1,64}")
 _UNPRINTABLE = {c: " " for c in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)}
-_CLOSING: set[asyncio.Task[None]] = set()  # clients being closed after a cancellation
+_REQUEST_HEADERS = (
+    "Accept: application/json",
+    "Accept-Encoding: identity",  # a compressed answer could hide its size
+    "OData-Version: 4.0",
+    "Expect:",  # no 100-continue round trip
+)
+_JSON_BODY = "Content-Type: application/json"
 
 
 @dataclass(frozen=True)
@@ -145,15 +149,16 @@ class RedfishDriver:
         system_cas: bool = True,
     ) -> None:
         self.address = address
-        self._auth = httpx.BasicAuth(username, password)
+        self._username = username
+        self._password = password
         self._verify = verify
         self._system_cas = system_cas or verify is True
         self._settings = settings
         self._connect_to = connect_to
-        self._client: httpx.AsyncClient | None = None
+        self._client: Connection | None = None  # connected (until hung up or dropped)
+        self._spare: Connection | None = None  # hung up: its handle serves the next call
         self._base = ""
-        self._headers: dict[str, str] = {}
-        self._extensions: dict[str, Any] = {}
+        self._ours: set[str] = set()  # the netlocs that name this endpoint
         self._system_path: str | None = None  # found once, forgotten on any error
         # The system's Reset action (target, allowed types), read once like the path: a
         # power command is then one POST, not a GET of the system first (the controller
@@ -314,8 +319,7 @@ class RedfishDriver:
             return None
         parts = urlsplit(location)
         if parts.scheme or parts.netloc:
-            ours = {urlsplit(self._base).netloc, self._headers.get("Host", "")}
-            if parts.netloc not in ours or parts.scheme != self.address.scheme:
+            if parts.netloc not in self._ours or parts.scheme != self.address.scheme:
                 raise BmcError(
                     self._with_bmc_text(
                         f"{self.address}: POST {target} names a task monitor on another"
@@ -572,16 +576,23 @@ class RedfishDriver:
         self._close_connection()
 
     def _close_connection(self) -> None:
-        """Close the connection on its own task; the system found stays known."""
+        """Close the connection now; the system found stays known, and so does the
+        transport's handle (its options set once), for the next call to connect again."""
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
         client, self._client = self._client, None
         if client is None:
             return
-        task = asyncio.get_running_loop().create_task(_close_quietly(client))
-        _CLOSING.add(task)
-        task.add_done_callback(_CLOSING.discard)
+        if client.busy:  # not between requests: never reused
+            _close_quietly(client)
+            return
+        try:
+            client.hang_up()
+        except Exception:  # a connection already broken cannot be closed any better
+            _close_quietly(client)
+            return
+        self._spare = client
 
     async def _deadline(self, work: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -593,7 +604,7 @@ class RedfishDriver:
         except TimeoutError:  # our own deadline
             await self._drop()
             raise self._timed_out() from None
-        except httpx.HTTPError as error:
+        except Failed as error:
             await self._drop()
             raise self._transport_error(error) from None
         except asyncio.CancelledError:
@@ -606,8 +617,11 @@ class RedfishDriver:
                 self._with_bmc_text(f"{self.address}: {type(error).__name__}: ", str(error))
             ) from None
 
-    async def _http(self) -> httpx.AsyncClient:
+    async def _connection(self) -> Connection:
         if self._client is not None:
+            return self._client
+        if self._spare is not None:  # hung up after the last call: connects again
+            self._client, self._spare = self._spare, None
             return self._client
         refuse_cleartext(self.address, self._settings)
         if self._connect_to is None and self._settings.allowed_networks:
@@ -615,74 +629,55 @@ class RedfishDriver:
             # to a restricted network without it.
             self._connect_to = await check_allowed(self.address, self._settings)
         address = self.address
-        host = self._connect_to or address.host
-        bracketed = f"[{host}]" if ":" in host else host
-        self._base = f"{address.scheme}://{bracketed}:{address.effective_port}"
-        self._headers = {}
-        self._extensions = {}
+        named = f"[{address.host}]" if ":" in address.host else address.host
+        port = address.effective_port
+        # The URL names the BMC (the Host header, SNI and the certificate check use it);
+        # CONNECT_TO makes the vetted IP what is dialled, and nothing else: no DNS answer
+        # given after the check can change it.
+        self._base = f"{address.scheme}://{named}:{port}"
+        self._ours = {f"{named}:{port}", f"{named}:{address.port}" if address.port else named}
+        connect_to = None
         if self._connect_to is not None and self._connect_to != address.host:
-            # Connect to the vetted IP, but speak to (and check the certificate of) the
-            # host the address names.
-            named = f"[{address.host}]" if ":" in address.host else address.host
-            self._headers["Host"] = f"{named}:{address.port}" if address.port else named
-            if address.scheme == "https":
-                self._extensions["sni_hostname"] = address.host
-        self._client = httpx.AsyncClient(
-            auth=self._auth,
-            verify=self._tls() if address.scheme == "https" else False,
-            timeout=httpx.Timeout(self._settings.timeout),
-            follow_redirects=False,  # the credentials go to the address named, nowhere else
-            trust_env=False,  # no proxy from the environment: BMCs are reached directly
-            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
-            headers={
-                "Accept": "application/json",
-                "Accept-Encoding": "identity",  # a compressed answer could hide its size
-                "OData-Version": "4.0",
-                "User-Agent": "metalmend",
-            },
+            vetted = f"[{self._connect_to}]" if ":" in self._connect_to else self._connect_to
+            connect_to = f"{named}:{port}:{vetted}:{port}"
+            self._ours.add(f"{vetted}:{port}")
+        self._client = Connection(
+            self._trust() if address.scheme == "https" else NO_CHECK,
+            scheme=address.scheme,
+            username=self._username,
+            password=self._password,
+            timeout=self._settings.timeout,
+            connect_to=connect_to,
         )
         return self._client
 
-    def _tls(self) -> ssl.SSLContext | bool:
+    def _trust(self) -> Trust:
         if self._verify is False:
-            return False
+            return NO_CHECK
         bundle = self._verify if isinstance(self._verify, str) else None
-        return tls_context(bundle, system_cas=self._system_cas)
+        return trust_for(bundle, system_cas=self._system_cas)
 
     async def _send(self, method: str, path: str, payload: Any = None) -> Answer:
-        """One request; the answer read as a stream, at most ``max_response_bytes``."""
-        client = await self._http()
-        request = client.build_request(
-            method,
-            self._base + path,
-            json=payload,
-            headers=self._headers,
-            extensions=self._extensions,
+        """One request; the answer read as it arrives, at most ``max_response_bytes``."""
+        connection = await self._connection()
+        headers = list(_REQUEST_HEADERS)
+        body = None
+        if payload is not None:
+            body = json.dumps(payload).encode()
+            headers.append(_JSON_BODY)
+        answer = await connection.request(
+            method, self._base + path, headers, body, self._settings.max_response_bytes
         )
-        limit = self._settings.max_response_bytes
-        response = await client.send(request, stream=True)
-        try:
-            encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-            if encoding not in ("", "identity"):
-                raise BmcError(
-                    self._with_bmc_text(
-                        f"{self.address}: {method} {path} answered in an encoding not asked for: ",
-                        encoding,
-                    )
+        if answer.encoding_refused is not None:
+            raise BmcError(
+                self._with_bmc_text(
+                    f"{self.address}: {method} {path} answered in an encoding not asked for: ",
+                    answer.encoding_refused,
                 )
-            declared = response.headers.get("Content-Length", "")
-            location = response.headers.get("Location")
-            if declared.isdigit() and int(declared) > limit and response.is_success:
-                return Answer(response.status_code, b"", False, location)  # errors are read
-            body = bytearray()
-            async for chunk in response.aiter_raw():
-                body += chunk
-                if len(body) > limit:
-                    return Answer(response.status_code, bytes(body[:limit]), False, location)
-            return Answer(response.status_code, bytes(body), True, location)
-        finally:
-            # Unread, the rest of a large answer is not drained: the connection is closed.
-            await response.aclose()
+            )
+        # Unread, the rest of a large answer is not drained: libcurl closed the connection.
+        location = answer.headers.get("location")
+        return Answer(answer.status, bytes(answer.body), answer.complete, location)
 
     def _document(self, answer: Answer, method: str, path: str) -> dict[str, Any]:
         """The JSON object of a successful answer, or the error it is."""
@@ -746,42 +741,46 @@ class RedfishDriver:
     def _timed_out(self) -> TimedOut:
         return TimedOut(f"{self.address} did not answer in {self._settings.timeout:g}s")
 
-    def _transport_error(self, error: httpx.HTTPError) -> BmcError:
-        if isinstance(error, httpx.TimeoutException):
+    def _transport_error(self, error: Failed) -> BmcError:
+        """libcurl's failure as the same domain error, and words, as users saw before."""
+        code, text = error.code, error.message
+        if code == pycurl.E_OPERATION_TIMEDOUT:
             return self._timed_out()
-        cause = _root_cause(error)
-        if isinstance(cause, ssl.SSLCertVerificationError):
+        if code == pycurl.E_PEER_FAILED_VERIFICATION:
             return BmcError(
                 self._with_bmc_text(
                     f"{self.address}: the BMC's TLS certificate is not trusted (give the BMC a"
                     " certificate of the BMC CA bundle): ",
-                    cause.verify_message or str(cause),
+                    _tls_reason(text),
                 )
             )
-        if isinstance(cause, ssl.SSLEOFError):
+        if code in (pycurl.E_SSL_CACERT_BADFILE, pycurl.E_SSL_CERTPROBLEM):
+            return BmcError(
+                self._with_bmc_text(f"{self.address}: cannot load the BMC CA bundle: ", text)
+            )
+        if code in (pycurl.E_SSL_CONNECT_ERROR, pycurl.E_RECV_ERROR, pycurl.E_SEND_ERROR) and (
+            _closed_during_tls(error)
+        ):
             # The other end closed the connection (a cut line, a BMC restarting): a network
             # fault, not a TLS disagreement for the operator to fix.
             reason = "the connection was closed during TLS"
-            if isinstance(error, httpx.ConnectError):
+            if code == pycurl.E_SSL_CONNECT_ERROR:
                 return Unreachable(f"cannot reach {self.address}: {reason}")
             return Unreachable(f"{self.address} dropped the connection: {reason}")
-        if isinstance(cause, ssl.SSLError):
+        if code == pycurl.E_SSL_CONNECT_ERROR:
+            return BmcError(self._with_bmc_text(f"{self.address}: TLS failed: ", _tls_reason(text)))
+        if code in (pycurl.E_COULDNT_CONNECT, pycurl.E_COULDNT_RESOLVE_HOST):
+            return Unreachable(f"cannot reach {self.address}: {_network_reason(error)}")
+        if code in _PROTOCOL_ERRORS or "too large" in text.lower():  # endless headers
+            return BmcError(self._with_bmc_text(f"{self.address} broke the HTTP protocol: ", text))
+        if code in (pycurl.E_RECV_ERROR, pycurl.E_SEND_ERROR):
+            return Unreachable(f"{self.address} dropped the connection: {_network_reason(error)}")
+        if code == pycurl.E_GOT_NOTHING:
             return BmcError(
-                self._with_bmc_text(f"{self.address}: TLS failed: ", cause.reason or str(cause))
+                f"{self.address} broke the HTTP protocol: Server disconnected without sending"
+                " a response."
             )
-        if isinstance(error, httpx.ConnectError):
-            return Unreachable(f"cannot reach {self.address}: {_network_reason(cause, error)}")
-        if isinstance(error, httpx.ReadError | httpx.WriteError):
-            return Unreachable(
-                f"{self.address} dropped the connection: {_network_reason(cause, error)}"
-            )
-        if isinstance(error, httpx.RemoteProtocolError):
-            return BmcError(
-                self._with_bmc_text(f"{self.address} broke the HTTP protocol: ", str(error))
-            )
-        return BmcError(
-            self._with_bmc_text(f"{self.address}: {type(error).__name__}: ", str(error))
-        )
+        return BmcError(self._with_bmc_text(f"{self.address}: curl error {code}: ", text))
 
     def _with_bmc_text(self, prefix: str, text: str) -> str:
         """``prefix`` (ours) and the start of ``text`` (the BMC's), at most
@@ -791,59 +790,16 @@ class RedfishDriver:
         return prefix + cap(text.translate(_UNPRINTABLE), room)
 
     async def _drop(self) -> None:
-        """Close the connection and forget the system; never raises."""
+        """Close the connection, free the transport and forget the system; never raises."""
+        self._system_path = None
+        self._reset_action = None
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
-        client, self._client = self._client, None
-        self._system_path = None
-        self._reset_action = None
-        if client is None:
-            return
-        # Shielded: a second cancellation while closing must not leave the socket open.
-        task = asyncio.get_running_loop().create_task(_close_quietly(client))
-        _CLOSING.add(task)
-        task.add_done_callback(_CLOSING.discard)
-        await asyncio.shield(task)
-
-
-def tls_context(ca_bundle: str | None, *, system_cas: bool = True) -> ssl.SSLContext:
-    """The certificate check of every driver trusting ``ca_bundle`` (and, when
-    ``system_cas``, the system's CAs):
-    one context, shared. Each context loads the system's CA store, which costs milliseconds
-    of CPU and about a MiB of memory: one per driver was most of the controller's start-up
-    CPU and its memory at a thousand hosts (benchmarks/scale.py). The bundle's identity on
-    disk is part of the key, so a bundle replaced or rewritten (rotated) is loaded again by
-    the next driver made; drivers already connected keep the context they have."""
-    stamp: tuple[int, int, int] | None = None
-    if ca_bundle is not None:
-        try:
-            found = os.stat(ca_bundle)
-        except OSError as error:
-            raise BmcError(f"cannot load the BMC CA bundle {ca_bundle}: {error.strerror}") from None
-        stamp = (found.st_ino, found.st_mtime_ns, found.st_size)
-    return _shared_context(ca_bundle, stamp, system_cas or ca_bundle is None)
-
-
-@functools.lru_cache(maxsize=8)
-def _shared_context(
-    ca_bundle: str | None, stamp: tuple[int, int, int] | None, system_cas: bool
-) -> ssl.SSLContext:
-    """(``stamp`` only keys the cache.) A failure is raised, not cached. Without the
-    system's CAs: a client context that checks certificates and host names, trusting
-    the bundle only."""
-    context = (
-        ssl.create_default_context() if system_cas else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    )
-    if ca_bundle is not None:
-        try:
-            context.load_verify_locations(cafile=ca_bundle)
-        except (OSError, ssl.SSLError) as error:
-            raise BmcError(
-                f"cannot load the BMC CA bundle {ca_bundle}:"
-                f" {getattr(error, 'strerror', None) or error}"
-            ) from None
-    return context
+        for connection in (self._client, self._spare):
+            if connection is not None:
+                _close_quietly(connection)
+        self._client = self._spare = None
 
 
 def redfish_message(answer: Answer) -> str:
@@ -886,35 +842,55 @@ def _listing(members: list[str], unusable: int = 0) -> str:
     return f"it serves {shown}{more}{broken}"
 
 
-def _root_cause(error: BaseException) -> BaseException:
-    seen: set[int] = set()
-    while id(error) not in seen:
-        seen.add(id(error))
-        following = error.__cause__ or error.__context__
-        if following is None:
-            break
-        error = following
-    return error
+_PROTOCOL_ERRORS = frozenset(
+    {
+        pycurl.E_FTP_WEIRD_SERVER_REPLY,  # (CURLE_WEIRD_SERVER_REPLY, 8) not HTTP/1.x
+        pycurl.E_UNSUPPORTED_PROTOCOL,  # HTTP/0.9, HTTP/2 without being asked
+        pycurl.E_PARTIAL_FILE,  # closed before the body its Content-Length declares
+        pycurl.E_BAD_CONTENT_ENCODING,
+        100,  # CURLE_TOO_LARGE (libcurl 8.6): endless headers
+    }
+)
+_TLS_PREFIXES = ("SSL certificate problem: ", "SSL: ", "OpenSSL SSL_connect: ")
 
 
-def _network_reason(cause: BaseException, error: httpx.HTTPError) -> str:
+def _tls_reason(text: str) -> str:
+    """libcurl's TLS text without its own prefix ("SSL certificate problem: ...")."""
+    for prefix in _TLS_PREFIXES:
+        if text.startswith(prefix):
+            return text[len(prefix) :]
+    return text
+
+
+def _closed_during_tls(error: Failed) -> bool:
+    """The TLS layer failed because the peer closed or reset the connection."""
+    text = error.message.lower()
+    return error.os_errno in (errno.ECONNRESET, errno.EPIPE) or any(
+        marker in text
+        for marker in ("unexpected eof", "ssl_error_syscall", "connection reset", "broken pipe")
+    )
+
+
+def _network_reason(error: Failed) -> str:
     """One short reason, not a traceback."""
-    if isinstance(cause, socket.gaierror):
-        return f"cannot resolve the host name ({cause.strerror or 'unknown'})"
-    if isinstance(cause, ConnectionRefusedError):
+    if error.code == pycurl.E_COULDNT_RESOLVE_HOST:
+        return f"cannot resolve the host name ({cap(error.message, 200)})"
+    if error.os_errno == errno.ECONNREFUSED:
         return "connection refused"
-    if isinstance(cause, ConnectionResetError):
+    if error.os_errno in (errno.ECONNRESET, errno.EPIPE):
         return "connection reset"
-    if isinstance(cause, OSError) and cause.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+    if error.os_errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
         return "no route to host"
-    text = str(error) or str(cause) or type(cause).__name__
+    text = error.message or f"curl error {error.code}"
     if "refused" in text.lower():
         return "connection refused"
+    if "reset by peer" in text.lower():
+        return "connection reset"
     return cap(text.translate(_UNPRINTABLE), 200)
 
 
-async def _close_quietly(client: httpx.AsyncClient) -> None:
+def _close_quietly(connection: Connection) -> None:
     try:
-        await client.aclose()
+        connection.close()
     except Exception:  # a connection already broken cannot be closed any better
         return

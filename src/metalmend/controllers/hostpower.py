@@ -139,7 +139,7 @@ class HostPowerController:
                     "host-power: %d hosts at one read every %gs would be more than"
                     " power.poll_budget (%g BMC reads a second): each host's power is read"
                     " every %gs instead (metalmend_power_poll_interval_seconds); raise"
-                    " --power-poll-budget (about 2.5 ms of CPU per read) or split the hosts"
+                    " --power-poll-budget (each read is a new TLS connection) or split the hosts"
                     " between processes (--namespace)",
                     len(self.hosts.store), self.settings.poll_interval,
                     self.settings.poll_budget, every,
