@@ -216,13 +216,13 @@ class HostPowerController:
     async def carry_out(self, attempt: Attempt, decision: policy.ReconcileDecision) -> Result:
         """Each action in order; one that fails ends the decision there, and the attempt
         is decided again (``end``)."""
+        if decision.poll_every is not None:
+            self._said_poll_every(decision.poll_every)
         for action in decision.actions:
             done = await self.act(attempt, action)
             if not isinstance(done, Attempt):
                 return await self.end(attempt, done)
             attempt = done
-        if decision.poll_every is not None:
-            self._said_poll_every(decision.poll_every)
         return Result.at(decision.requeue_at, decision.outcome, decision.same_priority)
 
     async def end(self, attempt: Attempt, why: policy.Ended) -> Result:
