@@ -15,7 +15,7 @@ from metalmend.api.resources import BareMetalHost
 from metalmend.api.storage import inventory_from_metal3, with_inventory
 from metalmend.bmc import BmcPool, Unsupported
 from metalmend.bmc.settings import BmcSettings
-from metalmend.policy.rootdevice import RootDeviceHints, os_drive
+from metalmend.destroy.policy.rootdevice import RootDeviceHints, os_drive
 from metalmend_lab import drives, lab
 from metalmend_lab.hosts import NAMESPACE
 from tests.e2e.conftest import host, target

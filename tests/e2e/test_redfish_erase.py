@@ -24,7 +24,7 @@ from metalmend.bmc.address import parse
 from metalmend.bmc.errors import Unsupported
 from metalmend.bmc.pool import BmcPool, BmcTarget, Credentials
 from metalmend.bmc.settings import BmcSettings
-from metalmend.policy.rootdevice import RootDeviceHints, os_drive
+from metalmend.destroy.policy.rootdevice import RootDeviceHints, os_drive
 from metalmend_lab import drives
 from metalmend_lab.controlplane import LOOPBACK, free_port
 from metalmend_lab.hosts import emulator_argv, emulator_config

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from metalmend.api.storage import GIB, Drive, MediaType, inventory_from_metal3, with_inventory
-from metalmend.policy.rootdevice import RootDeviceHints, ironic_default, os_drive
+from metalmend.destroy.policy.rootdevice import RootDeviceHints, ironic_default, os_drive
 
 SDA = Drive(
     id="/redfish/v1/Systems/s/Storage/1/Drives/os",

@@ -115,7 +115,6 @@ from metalmend.controllers import hostpower as hostpower_controller
 from metalmend.controllers import machineremediation as mr_controller
 from metalmend.controllers import remediation as m3_controller
 from metalmend.controllers.powerreads import BmcPowerReader
-from metalmend.kube.controller import Result
 from metalmend.kube.store import Store, object_key
 from metalmend.kube.writes import merge_patch
 from metalmend.policy import hostpower as hostpower_policy
@@ -1106,32 +1105,40 @@ class RemediationWorld(RuleBasedStateMachine):
         )
         self.mr = mr_controller.MachineRemediationController(manager, options, writer)
 
-    # ---- host power: controllers/hostpower.py, its real begin / act / succeeded ------------
+    # ---- host power: controllers/hostpower.py, its real observe / decide / act ------------
 
     def plan_host_power(self, h: str, delay: float, boot: float) -> list[Step]:
         """``HostPowerController.reconcile`` split where a crash or another controller can
-        come in: ``begin`` (schedule, BMC read, decide) now, each action a step, then
-        ``succeeded``. A failed BMC read is reported by ``begin`` at once."""
-        begun = self.run(self.hp.begin(f"{NS}/{h}"))
-        if isinstance(begun, Result):
+        come in: ``observe`` (cache, memory, BMC read) and ``decide`` now, then each action
+        a step (the memory it changes kept with the action before it, as one await). A
+        host not read (gone, waiting for its schedule, its BMC busy or failing) is
+        reported at once."""
+        attempt = self.run(self.hp.observe(f"{NS}/{h}"))
+        decision = self.hp.decide(attempt)
+        if not isinstance(attempt.observed.bmc, hostpower_policy.PowerRead):
+            self.run(self.hp.carry_out(attempt, decision))
             return []
-        attempt, decision = begun
         ctx = Reconcile(obj=attempt.host, host_name=h, decision=decision, flow="host-power")
+        current = [attempt]
 
-        def act(action: hostpower_policy.Action) -> None:
-            if isinstance(action, hostpower_policy.SendPower):
-                self.landing_delays = (delay, boot)
-            self.run(self.hp.act(attempt, action), ctx)
-            if attempt.ended is not None:  # the BMC refused the command: reported, ends here
-                raise Conflict("attempt ended")
+        def act(actions: list[hostpower_policy.Step]) -> None:
+            for action in actions:
+                if isinstance(action, hostpower_policy.SendPower):
+                    self.landing_delays = (delay, boot)
+                done = self.run(self.hp.act(current[0], action), ctx)
+                if not isinstance(done, hostpower_controller.Attempt):
+                    # the BMC refused the command, or the API server a write: reported, ends
+                    self.run(self.hp.end(current[0], done), ctx)
+                    raise Conflict("attempt ended")
+                current[0] = done
 
-        steps: list[Step] = [functools.partial(act, action) for action in decision.actions]
-
-        def succeeded() -> None:
-            self.hp.succeeded(attempt, decision)
-
-        steps.append(succeeded)
-        return steps
+        grouped: list[list[hostpower_policy.Step]] = []
+        for action in decision.actions:
+            if isinstance(action, hostpower_policy.Remember) and grouped:
+                grouped[-1].append(action)
+            else:
+                grouped.append([action])
+        return [functools.partial(act, actions) for actions in grouped]
 
     # ---- metal3-remediation: controllers/remediation.py, its real plan and act ------------
 

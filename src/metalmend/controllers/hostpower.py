@@ -1,48 +1,54 @@
 """The host power controller: BareMetalHost power follows ``spec.online`` and the reboot
 annotations of metal3's reboot interface, through the host's BMC. In the shape of
-docs/decide-act.md: ``begin`` reads the host from the cache and its power from the BMC and
-asks policy.hostpower to decide; ``act`` carries each action out through the Writer, in
-the decision's order:
+docs/decide-act.md, one observe -> decide -> act per reconcile:
 
-1. status (facts first: pendingRebootSince is on record before the host goes off),
-2. annotation removals (only the suffixless form, or all on deprovisioning),
-3. the power command, 4. Events.
+- ``observe`` gathers one frozen snapshot (``policy.hostpower.Observed``): the host from
+  the cache, this process's memory of it, and its power read from the BMC, unless it
+  waits for its retry schedule (``policy.hostpower.reads_bmc``);
+- ``decide`` is ``policy.hostpower.decide_reconcile``, pure: every rule, the retry
+  schedule and the memory kept between reconciles included;
+- ``act`` carries each action out through the Writer, in the decision's order: status
+  (facts first: pendingRebootSince is on record before the host goes off), annotation
+  removals, the power command, the memory, Events.
+
+An action that fails (the BMC refuses or is busy with the command, the API server refuses
+a write) ends the decision there: the snapshot, with the host as last written and what
+ended it, is decided again, and that decision is carried out instead.
 
 A crash between any two steps is safe: the next reconcile reads the BMC again and the same
 rules pick up where this one stopped; a command recorded in step 1 but never sent is sent
 again at once, because this process did not send it (``policy.hostpower.send_recorded_now``).
 
-Failing hosts are tried on their own schedule only (``policy.hostpower.after_failure``);
-the schedule is kept here, per host, in memory. A reconcile that arrives before a failing
-host's next attempt (its own status write, an Event, anyone's unrelated update, a resync)
-returns that time and touches neither the BMC nor the API server. After a restart the
-schedule is gone: each failing host gets one immediate attempt, and its consecutive
-failures are taken from ``status.errorCount`` so the next wait is as long as before.
-The status rules of a failed attempt, a recovery and a refused write are
+Failing hosts are tried on their own schedule only (``policy.hostpower.after_failure``),
+kept in this process's memory of the host (``policy.hostpower.Memory``). A reconcile that
+arrives before a failing host's next attempt (its own status write, an Event, anyone's
+unrelated update, a resync) returns that time and touches neither the BMC nor the API
+server. After a restart the memory is gone: each failing host gets one immediate attempt,
+and its consecutive failures are taken from ``status.errorCount`` so the next wait is as
+long as before. The status rules of a failed attempt, a recovery and a refused write are
 ``PowerStatus.failed``, ``recovered`` and ``refused`` in the policy.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lightkube import ApiError
 
 from metalmend.api import indexes, names
-from metalmend.api.power import PowerState
 from metalmend.api.resources import BareMetalHost
-from metalmend.bmc import AuthenticationFailed, BmcError, BmcPool, BmcTarget, parse
+from metalmend.bmc import AuthenticationFailed, BmcError, BmcPool, BmcTarget
 from metalmend.bmc import credentials as bmc_credentials
 from metalmend.bmc.errors import Busy, TimedOut
+from metalmend.bmc.target import target_for_host
 from metalmend.controllers import metrics
 from metalmend.controllers.powerreads import bmc_secrets, credential_store, shared_pool
 from metalmend.kube import errors
-from metalmend.kube.controller import DONE, Controller, Result, beyond_status
+from metalmend.kube.controller import Controller, Result, beyond_status
 from metalmend.kube.manager import Manager
 from metalmend.kube.store import object_key
 from metalmend.kube.writer import KubeWriter, Writer
@@ -52,25 +58,39 @@ from metalmend.settings import Settings
 
 log = logging.getLogger(__name__)
 
-BUSY_JITTER = 0.2  # a busy BMC's retry_after, up to this fraction later (spreads the herd)
-
-# /metrics outcomes of a reconcile (metalmend_reconcile_total{outcome=...})
-OUTCOME_BMC_ERROR = "bmc_error"
-OUTCOME_BACKOFF = "backoff"  # waited for the host's schedule: nothing read, nothing written
-OUTCOME_BUSY = "busy"  # the BMC was busy with other calls: tried again shortly
-OUTCOME_REFUSED = "write_refused"
+NOTHING_KEPT = policy.Memory()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Attempt:
-    """One reconcile that reached the BMC: what it decided on, and the host as last
-    written (each versioned write of the decision carries the version before it)."""
+    """One reconcile: what it decides on (``observed``), the host object as last written
+    (each versioned write of the decision carries the version before it), and its BMC
+    (None: not read)."""
 
-    key: str
-    host: Any
-    target: BmcTarget
-    now: dt.datetime
-    ended: Result | None = None  # set when an action failed: the reconcile ends there
+    observed: policy.Observed
+    host: Any  # None: not cached (the decision then touches no host)
+    target: BmcTarget | None = None
+
+    @property
+    def key(self) -> str:
+        return self.observed.key
+
+    def ended(self, why: policy.Ended) -> Attempt:
+        """The attempt as decided again after ``why``: the host as last written."""
+        observed = replace(self.observed, host=host_object(self.host), ended=why)
+        return replace(self, observed=observed)
+
+
+def host_object(host: Any | None) -> policy.HostObject | None:
+    """The parts of a cached BareMetalHost that host-power reads, as written."""
+    if host is None:
+        return None
+    return policy.HostObject(
+        uid=str(host.metadata.uid),
+        spec=host.get("spec") or {},
+        annotations=dict(host.metadata.annotations or {}),
+        status=host.get("status") or {},
+    )
 
 
 class HostPowerController:
@@ -100,10 +120,8 @@ class HostPowerController:
         self.settings = settings.power
         self.retry = settings.power_retry
         self.random = random.Random()
-        self._schedules: dict[str, policy.Schedule] = {}  # failing hosts, by key
-        self._sent: dict[str, policy.LastCommand] = {}  # the power command this process sent
-        self._reported: set[tuple[str, ...]] = set()  # ReportOnce topics already told
-        self._waiting: set[str] = set()  # hosts told they wait for other namespaces' calls
+        # What this process keeps of each host between reconciles; only decisions change it.
+        self.memory: dict[str, policy.Memory] = {}
         self._poll_every = self.settings.poll_interval  # as last said in the log
         self.runner: Controller | None = None  # set by setup: its queue knows background keys
 
@@ -115,7 +133,7 @@ class HostPowerController:
         only when the Secret's ``data`` changed (not for metadata-only updates or relists
         that bring nothing new: each call may cost one login at the BMC), then enqueue the
         key. Synchronous and cheap: safe inside an informer handler."""
-        self._schedules.pop(key, None)
+        self._remember(key, replace(self.memory.get(key, NOTHING_KEPT), schedule=None))
 
     def cache_samples(self) -> list[metrics.Sample]:
         """/metrics gauges from the host cache: reboot requests pending, hosts in error,
@@ -129,9 +147,12 @@ class HostPowerController:
         )
 
     def poll_every(self) -> float:
-        """The interval idle polls keep now (``policy.hostpower.poll_every`` over the hosts cached).
-        The log says when the poll budget starts or stops stretching it."""
-        every = policy.poll_every(self.settings, len(self.hosts.store))
+        """The interval idle polls keep now (``policy.hostpower.poll_every`` over the hosts
+        cached), as the log last said it."""
+        return self._said_poll_every(policy.poll_every(self.settings, len(self.hosts.store)))
+
+    def _said_poll_every(self, every: float) -> float:
+        """The log says when the poll budget starts or stops stretching the idle polls."""
         stretched, was = every > self.settings.poll_interval, self._poll_every
         if stretched != (was > self.settings.poll_interval):
             if stretched:
@@ -155,27 +176,151 @@ class HostPowerController:
 
     def next_attempt(self, key: str) -> dt.datetime | None:
         """When a failing host is tried next (None: not failing). For tests and tools."""
-        schedule = self._schedules.get(key)
+        schedule = self.memory.get(key, NOTHING_KEPT).schedule
         return schedule.next_attempt if schedule is not None else None
 
-    # ---- reconcile: begin (schedule, BMC read, decide), act, succeeded ---------------------
+    # ---- reconcile: observe, decide, act ----------------------------------------------------
 
     async def reconcile(self, key: str) -> Result:
-        if self.member is not None:
-            host = self.hosts.store.get(key)
-            if host is not None and names.SHARD_DRAIN_LABEL in (host.metadata.labels or {}):
-                return await self.let_go(key, host)
-        begun = await self.begin(key)
-        if isinstance(begun, Result):
-            return begun
-        attempt, decision = begun
-        for action in decision.actions:
-            await self.act(attempt, action)
-            if attempt.ended is not None:
-                return attempt.ended
-        return self.succeeded(attempt, decision)
+        attempt = await self.observe(key)
+        return await self.carry_out(attempt, self.decide(attempt))
 
-    async def let_go(self, key: str, host: Any) -> Result:
+    async def observe(self, key: str) -> Attempt:
+        """The snapshot of one reconcile, read-only: the host from the cache, this
+        process's memory of it, and its BMC's answer unless the policy says not to read
+        it (a host waiting for its schedule, gone or handed over)."""
+        host = self.hosts.store.get(key)
+        labels = (host.metadata.labels or {}) if host is not None else {}
+        observed = policy.Observed(
+            key=key,
+            now=self.clock.now(),
+            host=host_object(host),
+            memory=self.memory.get(key, NOTHING_KEPT),
+            draining=self.member is not None and names.SHARD_DRAIN_LABEL in labels,
+            background=self._background(key),
+            hosts=len(self.hosts.store),
+            jitter=self.random.random(),
+        )
+        if not policy.reads_bmc(observed):
+            return Attempt(observed, host)
+        try:
+            target = target_for_host(host, self.credentials)
+            power = await self.bmcs.power_state(target, background=observed.background)
+        except (Busy, BmcError) as error:
+            return Attempt(replace(observed, bmc=bmc_outcome(error)), host)
+        return Attempt(replace(observed, bmc=policy.PowerRead(power)), host, target)
+
+    def decide(self, attempt: Attempt) -> policy.ReconcileDecision:
+        return policy.decide_reconcile(attempt.observed, self.settings, self.retry)
+
+    async def carry_out(self, attempt: Attempt, decision: policy.ReconcileDecision) -> Result:
+        """Each action in order; one that fails ends the decision there, and the attempt
+        is decided again (``end``)."""
+        if decision.poll_every is not None:
+            self._said_poll_every(decision.poll_every)
+        for action in decision.actions:
+            done = await self.act(attempt, action)
+            if not isinstance(done, Attempt):
+                return await self.end(attempt, done)
+            attempt = done
+        return Result.at(decision.requeue_at, decision.outcome, decision.same_priority)
+
+    async def end(self, attempt: Attempt, why: policy.Ended) -> Result:
+        """An action failed (``why``): decide again on the host as last written, and carry
+        that out (its actions report the failure and never end it again)."""
+        ended = attempt.ended(why)
+        return await self.carry_out(ended, self.decide(ended))
+
+    def _background(self, key: str) -> bool:
+        """Whether this reconcile is a routine poll (the work queue handed the key out in
+        the background): its BMC read then leaves a slot to reconciles of changes."""
+        return self.runner is not None and self.runner.queue.handed_out_in_background(key)
+
+    async def act(self, attempt: Attempt, action: policy.Step) -> Attempt | policy.Ended:
+        """Carry one action out through the writer: the attempt with the host as written,
+        or why the decision ends here (a refused write, a command not carried out)."""
+        writer, host = self.writer, attempt.host
+        match action:
+            case policy.SetStatus() | policy.RemoveAnnotations():
+                return await self._write(attempt, action)
+            case policy.SendPower(command=command):
+                return await self._send(attempt, command)
+            case policy.Remember(memory=memory):
+                self._remember(attempt.key, memory)
+            case policy.Event(type=kind, reason=reason, message=message):
+                await writer.record_event(host, kind, reason, message)
+            case policy.WriteFailure(status=status, then=then):
+                if await self._write_failure(attempt, status):
+                    self._remember(attempt.key, then)
+            case policy.ReportRefusal(status=status):
+                wire = status.to_wire(host.get("status") or {})
+                try:
+                    await writer.patch_status(BareMetalHost, host, wire)
+                except ApiError as problem:  # the status write itself refused: the Event must do
+                    log.debug("cannot report refusal in status",
+                              extra=fields(host=attempt.key, error=str(problem)))  # fmt: skip
+            case policy.LetGo():
+                await self._let_go(attempt)
+            case policy.Log(level=level, message=message, context=context):
+                getattr(log, level)(message, extra=fields(**dict(context)))
+        return attempt
+
+    def _remember(self, key: str, memory: policy.Memory) -> None:
+        if memory == NOTHING_KEPT:
+            self.memory.pop(key, None)
+        else:
+            self.memory[key] = memory
+
+    async def _write(
+        self, attempt: Attempt, action: policy.SetStatus | policy.RemoveAnnotations
+    ) -> Attempt | policy.Ended:
+        """A versioned write of the host; a refusal (RBAC or an admission policy said no)
+        ends the decision."""
+        writer, host = self.writer, attempt.host
+        try:
+            if isinstance(action, policy.SetStatus):
+                wire = action.status.to_wire(host.get("status") or {})
+                written = await writer.patch_status(BareMetalHost, host, wire)
+            else:
+                changes: dict[str, str | None] = {k: None for k in action.keys}
+                written = await writer.patch_metadata(BareMetalHost, host, "annotations", changes)
+        except ApiError as error:
+            if not errors.is_refused(error):
+                raise
+            return policy.WriteRefused(action, errors.code(error), str(error.status.message or ""))
+        return replace(attempt, host=written or host)
+
+    async def _send(self, attempt: Attempt, command: policy.LastCommand) -> Attempt | policy.Ended:
+        if attempt.target is None:  # decide_reconcile sends only after a BMC read
+            raise LookupError(f"host {attempt.key}: a power command without a BMC read")
+        try:
+            await self.writer.power(attempt.target, command.action)
+        except (Busy, BmcError) as error:
+            return policy.SendEnded(command, bmc_outcome(error))
+        return attempt
+
+    async def _write_failure(self, attempt: Attempt, status: policy.PowerStatus) -> bool:
+        """Write the failed attempt to status: whether it is done with (written, or refused
+        and said by the Event and the log instead). A conflict or a host gone leaves it
+        for the next reconcile, which writes it without a BMC call."""
+        host = attempt.host
+        try:
+            await self.writer.patch_status(
+                BareMetalHost, host, status.to_wire(host.get("status") or {})
+            )
+        except ApiError as problem:
+            if errors.is_refused(problem):
+                log.warning(
+                    "cannot write the BMC error to status",
+                    extra=fields(host=attempt.key, error=str(problem.status.message)),
+                )
+            elif errors.is_not_found(problem) or errors.is_conflict(problem):
+                return False  # still unwritten; the retry is fresh
+            else:
+                raise
+        return True
+
+    async def _let_go(self, attempt: Attempt) -> None:
         """The leader moves the host to another replica (docs/sharding.md): acknowledge by
         removing both shard labels, on the version that asked. Nothing of this host is in
         flight here (the work queue runs one reconcile of a key at a time), and nothing
@@ -186,131 +331,11 @@ class HostPowerController:
             names.SHARD_DRAIN_LABEL: None,
         }
         await self.writer.patch_metadata(
-            BareMetalHost, host, "labels", changes, require_version=True
+            BareMetalHost, attempt.host, "labels", changes, require_version=True
         )
-        self._schedules.pop(key, None)
-        self._sent.pop(key, None)
-        self._waiting.discard(key)
-        log.info("host handed over", extra=fields(host=key, replica=self.member))
-        return DONE
+        log.info("host handed over", extra=fields(host=attempt.key, replica=self.member))
 
-    async def begin(self, key: str) -> Result | tuple[Attempt, policy.Decision]:
-        """Wait for the host's schedule, or read its BMC and decide. A Result when the
-        reconcile ends here (host gone, backing off, BMC busy or failing)."""
-        host = self.hosts.store.get(key)
-        if host is None:
-            self._schedules.pop(key, None)
-            self._sent.pop(key, None)
-            return DONE
-        now = self.clock.now()
-        schedule = self._schedules.get(key)
-        if (
-            schedule is not None
-            and now < schedule.next_attempt
-            and not _user_changed(schedule, host)
-        ):
-            if schedule.unwritten is not None:  # the failure's status write lost a race
-                await self._write_error(key, host, schedule)
-            return Result.at(schedule.next_attempt, OUTCOME_BACKOFF)
-        background = self._background(key)
-        try:
-            target = self._target(host)
-            power = await self.bmcs.power_state(target, background=background)
-        except Busy as busy:
-            if not background:
-                await self._report_waiting(key, host, busy)
-            # Nothing read, nothing done: a poll stays a background poll (kube.controller)
-            return dataclasses.replace(self._busy(key, busy, now), same_priority=True)
-        except BmcError as error:
-            self._waiting.discard(key)
-            return await self._failed(key, host, error, now)
-        self._waiting.discard(key)
-        view = self.observe(key, host, power)
-        return Attempt(key, host, target, now), policy.decide(view, now, self.settings)
-
-    def _background(self, key: str) -> bool:
-        """Whether this reconcile is a routine poll (the work queue handed the key out in
-        the background): its BMC read then leaves a slot to reconciles of changes."""
-        return self.runner is not None and self.runner.queue.handed_out_in_background(key)
-
-    def observe(self, key: str, host: Any, power: PowerState) -> policy.Host:
-        spec = host.get("spec") or {}
-        status = policy.PowerStatus.from_wire(host.get("status") or {})
-        provisioning = (host.get("status") or {}).get("provisioning") or {}
-        return policy.Host(
-            online=bool(spec.get("online", False)),
-            provisioning_state=str(provisioning.get("state") or ""),
-            externally_provisioned=bool(spec.get("externallyProvisioned", False)),
-            annotations=dict(host.metadata.annotations or {}),
-            power=power,
-            status=status,
-            command_confirmed=status.last_command == self._sent.get(key),
-            poll_phase=policy.poll_phase(key),
-            poll_every=self.poll_every(),
-        )
-
-    async def act(self, attempt: Attempt, action: policy.Action) -> None:
-        """Carry one action out through the writer; a refused write or a failed send ends
-        the attempt (``attempt.ended``) after reporting it."""
-        writer, host = self.writer, attempt.host
-        try:
-            match action:
-                case policy.SetStatus(status=status):
-                    wire = status.to_wire(host.get("status") or {})
-                    attempt.host = await writer.patch_status(BareMetalHost, host, wire) or host
-                case policy.RemoveAnnotations(keys=keys):
-                    changes: dict[str, str | None] = {k: None for k in keys}
-                    new = await writer.patch_metadata(BareMetalHost, host, "annotations", changes)
-                    attempt.host = new or host
-                case policy.SendPower(command=command):
-                    await self._send(attempt, command)
-                case policy.Event(type=kind, reason=reason, message=message):
-                    await writer.record_event(host, kind, reason, message)
-                case policy.ReportOnce(event=event, topic=topic):
-                    if (str(host.metadata.uid), *topic) not in self._reported:
-                        self._reported.add((str(host.metadata.uid), *topic))
-                        await writer.record_event(host, event.type, event.reason, event.message)
-        except ApiError as error:
-            if not errors.is_refused(error):  # RBAC or an admission policy said no
-                raise
-            attempt.ended = await self._refused(attempt, action, error)
-
-    async def _send(self, attempt: Attempt, command: policy.LastCommand) -> None:
-        try:
-            await self.writer.power(attempt.target, command.action)
-        except Busy as busy:
-            # Recorded, not sent: unconfirmed, so the next attempt sends it at once.
-            await self._report_waiting(attempt.key, attempt.host, busy)
-            attempt.ended = self._busy(attempt.key, busy, attempt.now)
-            return
-        except BmcError as error:
-            self._waiting.discard(attempt.key)
-            forget = policy.forget_refused_command(command.action, isinstance(error, TimedOut))
-            attempt.ended = await self._failed(
-                attempt.key, attempt.host, error, attempt.now, forget_command=forget
-            )
-            return
-        self._waiting.discard(attempt.key)
-        self._sent[attempt.key] = command
-
-    def succeeded(self, attempt: Attempt, decision: policy.Decision) -> Result:
-        self._schedules.pop(attempt.key, None)
-        return Result.at(decision.requeue_at)
-
-    # ---- the BMC, its credentials and its failures ------------------------------------------
-
-    def _target(self, host: Any) -> BmcTarget:
-        """The host's BMC and credentials, from the cache; CredentialsError (reported on the
-        host, nothing sent) when its Secret is missing, unlabelled or not bound to it."""
-        bmc = (host.get("spec") or {}).get("bmc") or {}
-        address = parse(bmc.get("address") or "")
-        namespace, name = str(host.metadata.namespace), str(host.metadata.name)
-        creds = self.credentials.lookup(namespace, name, bmc.get("credentialsName"))
-        verify = not bmc.get("disableCertificateVerification", False)
-        return BmcTarget(
-            address, creds, verify_certificates=verify, namespace=namespace,
-            waiter=f"{namespace}/{name}",
-        )  # fmt: skip
+    # ---- the BMC's credentials --------------------------------------------------------------
 
     def _hosts_naming_secret(self, old: Any | None, new: Any | None) -> list[str]:
         """A BMC Secret's data or binding changed, or it appeared: its hosts run again at
@@ -326,123 +351,17 @@ class HostPowerController:
                 self.reset_backoff(key)
         return keys
 
-    async def _report_waiting(self, key: str, host: Any, busy: Busy) -> None:
-        """A host whose command waits for a BMC endpoint busy with other namespaces' calls
-        says so, once per wait (an Event: the wait is short-lived by design, and status
-        is the BMC's outcome, not its queue)."""
-        if busy.others == 0 or key in self._waiting:
-            return
-        self._waiting.add(key)
-        await self.writer.record_event(host, "Normal", names.REASON_BMC_WAITING, str(busy))
 
-    def _busy(self, key: str, busy: Busy, now: dt.datetime) -> Result:
-        """Not the BMC's failure, and no attempt: nothing written, nothing counted, and no
-        worker waits for the BMC to be free."""
-        delay = busy.retry_after * (1.0 + BUSY_JITTER * self.random.random())
-        log.debug("BMC busy", extra=fields(host=key, retry_in=f"{delay:.2f}s"))
-        return Result.at(now + dt.timedelta(seconds=delay), OUTCOME_BUSY)
-
-    async def _failed(
-        self, key: str, host: Any, error: BmcError, now: dt.datetime, forget_command: bool = False
-    ) -> Result:
-        """One failed attempt: schedule the next (policy.hostpower.after_failure), report it
-        once on the host."""
-        status = policy.PowerStatus.from_wire(host.get("status") or {})
-        schedule = policy.after_failure(
-            self._schedules.get(key),
-            status,
-            authentication=isinstance(error, AuthenticationFailed),
-            spec=host.get("spec") or {},
-            annotations=host.metadata.annotations or {},
-            now=now,
-            jitter=self.random.random(),
-            settings=self.retry,
-        )
-        message = str(error)
-        schedule = dataclasses.replace(
-            schedule, unwritten=(error.error_type, message, forget_command)
-        )
-        self._schedules[key] = schedule
-        await self._write_error(key, host, schedule)
-        await self.writer.record_event(host, "Warning", names.REASON_BMC_ERROR, message)
-        delay = (schedule.next_attempt - now).total_seconds()
-        log.warning(
-            "BMC error",
-            extra=fields(host=key, error=message, attempt=schedule.failures,
-                         retry_in=f"{delay:.1f}s"),
-        )  # fmt: skip
-        return Result.at(schedule.next_attempt, OUTCOME_BMC_ERROR)
-
-    async def _write_error(self, key: str, host: Any, schedule: policy.Schedule) -> None:
-        """Write the failed attempt to status (counted once: ``errorCount`` counts attempts).
-        A conflict leaves it for the next reconcile, which writes it without a BMC call."""
-        if schedule.unwritten is None:
-            return
-        error_type, message, forget = schedule.unwritten
-        current = host.get("status") or {}
-        failed = policy.PowerStatus.from_wire(current).failed(
-            error_type, message, forget_command=forget
-        )
-        try:
-            await self.writer.patch_status(BareMetalHost, host, failed.to_wire(current))
-        except ApiError as problem:
-            if errors.is_refused(problem):  # said by the Event and the log instead
-                log.warning(
-                    "cannot write the BMC error to status",
-                    extra=fields(host=key, error=str(problem.status.message)),
-                )
-            elif errors.is_not_found(problem) or errors.is_conflict(problem):
-                return  # still unwritten; the retry is fresh
-            else:
-                raise
-        if forget:
-            self._sent.pop(key, None)
-        self._schedules[key] = dataclasses.replace(schedule, unwritten=None)
-
-    async def _refused(self, attempt: Attempt, action: policy.Action, error: ApiError) -> Result:
-        """The API server refused our status or annotation write (RBAC, or an admission
-        policy such as deploy/policies/reboot-annotation-writers.yaml without our identity):
-        say so on the host where an operator looks, and retry on the ordinary schedule."""
-        key, host, now = attempt.key, attempt.host, attempt.now
-        current = host.get("status") or {}
-        if isinstance(action, policy.RemoveAnnotations):
-            what = f"removal of {', '.join(action.keys)}"
-            intended = policy.PowerStatus.from_wire(current)
-        else:
-            what = "status update"
-            intended = (
-                action.status
-                if isinstance(action, policy.SetStatus)
-                else policy.PowerStatus.from_wire(current)
-            )
-        reason = " ".join(str(error.status.message or "").split())[:500]
-        message = (
-            f"the API server refused metalmend's {what} ({errors.code(error)}): {reason};"
-            " the host's reboot cannot finish until metalmend may write it"
-        )
-        self._schedules[key] = policy.after_failure(
-            self._schedules.get(key),
-            intended,
-            authentication=False,
-            spec=host.get("spec") or {},
-            annotations=host.metadata.annotations or {},
-            now=now,
-            jitter=self.random.random(),
-            settings=self.retry,
-        )
-        status = intended.refused(message, now).to_wire(current)
-        try:
-            await self.writer.patch_status(BareMetalHost, host, status)
-        except ApiError as problem:  # the status write itself refused: the Event must do
-            log.debug("cannot report refusal in status", extra=fields(host=key, error=str(problem)))
-        await self.writer.record_event(host, "Warning", names.REASON_WRITE_REFUSED, message)
-        log.warning("write refused", extra=fields(host=key, error=message))
-        return Result.at(self._schedules[key].next_attempt, OUTCOME_REFUSED)
-
-
-def _user_changed(schedule: policy.Schedule, host: Any) -> bool:
-    spec, annotations = host.get("spec") or {}, host.metadata.annotations or {}
-    return policy.user_changed(schedule, spec, annotations)
+def bmc_outcome(error: Busy | BmcError) -> policy.BmcFailed | policy.BmcBusy:
+    """A BMC call's failure, as the policy reads it."""
+    if isinstance(error, Busy):
+        return policy.BmcBusy(str(error), error.retry_after, error.others)
+    return policy.BmcFailed(
+        error.error_type,
+        str(error),
+        authentication=isinstance(error, AuthenticationFailed),
+        timed_out=isinstance(error, TimedOut),
+    )
 
 
 def host_power_relevant(old: Any | None, new: Any | None) -> bool:

@@ -3,8 +3,8 @@
 Fencing by the out-of-service taint does not take host-power's one "off" reading as the
 last word: the remediation controller reads the host's BMC itself, several times over a
 window, before it taints (policy.remediation, phase ``confirming-off``). This module is
-that read: the host's address and credentials are resolved exactly as host-power resolves
-them (labelled, bound Secrets from the cache: bmc.credentials), and the read goes through
+that read: the host's address and credentials are resolved as host-power resolves them
+(``bmc.target.target_for_host``: labelled, bound Secrets from the cache), and the read goes through
 a ``BmcPool`` (the same per-endpoint slots and deadlines). It never sends a command.
 """
 
@@ -14,8 +14,9 @@ from typing import Any, Protocol
 
 from lightkube.resources.core_v1 import Secret
 
-from metalmend.bmc import BmcPool, BmcTarget, PowerState, parse
+from metalmend.bmc import BmcPool, BmcTarget, PowerState
 from metalmend.bmc import credentials as bmc_credentials
+from metalmend.bmc.target import target_for_host
 from metalmend.kube.informer import Informer
 from metalmend.kube.manager import Manager
 from metalmend.settings import Settings
@@ -70,15 +71,7 @@ class BmcPowerReader:
         self.pool = pool or shared_pool(manager, settings)
 
     def target(self, host: Any) -> BmcTarget:
-        bmc = (host.get("spec") or {}).get("bmc") or {}
-        address = parse(bmc.get("address") or "")
-        namespace, name = str(host.metadata.namespace), str(host.metadata.name)
-        creds = self.credentials.lookup(namespace, name, bmc.get("credentialsName"))
-        verify = not bmc.get("disableCertificateVerification", False)
-        return BmcTarget(
-            address, creds, verify_certificates=verify, namespace=namespace,
-            waiter=f"{namespace}/{name}",
-        )  # fmt: skip
+        return target_for_host(host, self.credentials)
 
     async def is_off(self, host: Any) -> bool:
         return await self.pool.power_state(self.target(host)) == PowerState.OFF

@@ -35,8 +35,6 @@ from metalmend.kube.writer import KubeWriter, Writer
 from metalmend.log import fields
 from metalmend.policy import fenceremediation as fence
 from metalmend.policy import remediation as policy
-from metalmend.policy.fencing import host_power, other_remediation
-from metalmend.policy.interlock import teardown_claim
 from metalmend.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -84,8 +82,13 @@ class Planned:
 
     remediation: Any
     host: Any | None  # the host object as observed (versioned writes carry its version)
-    observed: policy.Observed
+    seen: policy.Seen
     decision: policy.Decision
+
+    @property
+    def observed(self) -> policy.Observed:
+        """The snapshot as the rules read it (``policy.remediation.view``)."""
+        return policy.view(self.seen)
 
 
 class RemediationController:
@@ -205,28 +208,24 @@ class RemediationController:
             node, self.hosts, self.node_name_guard, machine_kinds.openshift_lookup(self.machines)
         )
 
-    def observe(self, remediation: Any, found: Any | None) -> policy.Observed:
-        """``found``: the host object, as ``host_object`` returned it for this decision."""
+    def observe(self, remediation: Any, found: Any | None) -> policy.Seen:
+        """The snapshot of one reconcile, read from the caches and not parsed (the policy
+        reads it: ``policy.remediation.view``). ``found``: the host object, as
+        ``host_object`` returned it for this decision."""
         if self.machine_of(remediation) is None and self.remediated_node(remediation):
             return self.observe_node_target(remediation, found)
-        progress = policy.Progress.from_wire(remediation.get("status") or {})
         machine = self.machine_of(remediation)
-        host, problem, link_problem = None, "", ""
+        problem, link_problem = "", ""
         link = links.host_link_of(machine) if machine is not None else links.HostLink(None)
         if machine is None:
-            problem = "the Machine to remediate does not exist"
-            if found is not None:  # still release what we hold on its host
-                host = host_view(found, reboot_key(remediation))
+            problem = "the Machine to remediate does not exist"  # still release its host
         elif link.refused or not link.key:
             problem = link.refusal or no_host_link(machine)
-            if found is not None:  # the host we recorded: release what we hold on it
-                host, link_problem = host_view(found, reboot_key(remediation)), problem
+            link_problem = problem  # the host we recorded: release what we hold on it
         elif found is None:
             problem = f"host {link.key} not found"
-        else:
-            host = host_view(found, reboot_key(remediation))
         machine_node = next(iter(links.node_of(machine)), None) if machine is not None else None
-        node_name = progress.node or machine_node
+        node_name = policy.recorded_node(remediation.get("status") or {}) or machine_node
         node = self.nodes.store.get(node_name) if node_name else None
         if node is not None and found is not None and machine is not None:
             provider = links.node_provider_id(node)
@@ -235,40 +234,25 @@ class RemediationController:
             )
             if refusal:  # never fenced, tainted, evicted or restored: not this host's Node
                 node, link_problem = None, refusal
-        return policy.Observed(
-            spec=policy.Spec.from_wire(remediation.get("spec") or {}),
-            progress=progress,
-            has_finalizer=names.REMEDIATION_FINALIZER in (remediation.metadata.finalizers or []),
-            deleting_since=remediation.metadata.deletionTimestamp,
-            machine_found=machine is not None,
-            machine_node=machine_node,
-            host=host,
-            host_problem=problem,
-            node=node_view(node) if node is not None else None,
-            backup=policy.Backup.from_wire(remediation.metadata.annotations or {}),
+        return self.seen(
+            remediation, found, problem, node,
+            machine_found=machine is not None, machine_node=machine_node,
             link_problem=link_problem,
-        )
+        )  # fmt: skip
 
-    def observe_node_target(self, remediation: Any, found: Any | None) -> policy.Observed:
+    def observe_node_target(self, remediation: Any, found: Any | None) -> policy.Seen:
         """A remediation of a Node without a Machine (the NodeHealthCheck's): the Node is
         the target (``machine_found``: the target is known; ``machine_node``: the Node). It
         is fenced only if this host confirms the Node (api/links.node_host: the host names
         it, or the Node's providerID carries the host's uid); the object's annotation alone
         proves nothing, since whoever may create one in this namespace may write it. A Node
         that no longer is this host's, or that is gone while the host does not name it (and
-        this remediation did not delete it itself), stops the remediation: whatever it holds
-        on the host is released."""
-        progress = policy.Progress.from_wire(remediation.get("status") or {})
+        this remediation did not delete it itself: the policy reads that), stops the
+        remediation: whatever it holds on the host is released. (Strategy escalate, which
+        needs a Machine, is refused by the policy too.)"""
         target = self.remediated_node(remediation) or ""
-        spec = policy.Spec.from_wire(remediation.get("spec") or {})
-        host = host_view(found, reboot_key(remediation)) if found is not None else None
-        problem, link_problem = "", ""
-        if spec.strategy == policy.Strategy.ESCALATE:
-            problem = link_problem = (
-                "strategy escalate deletes the Machine; this remediation of Node"
-                f" {target} has none: use strategy reboot"
-            )
-        elif found is None:
+        problem, link_problem, gone_unnamed = "", "", ""
+        if found is None:
             problem = (
                 f"Node {target} names no BareMetalHost of namespace"
                 f" {remediation.metadata.namespace} that confirms it (the host's"
@@ -276,7 +260,7 @@ class RemediationController:
                 f" the host of the OpenShift Machine its {names.OPENSHIFT_NODE_MACHINE}"
                 " names, when that Machine names the Node back)"
             )
-        node_name = progress.node or target
+        node_name = policy.recorded_node(remediation.get("status") or {}) or target
         node = self.nodes.store.get(node_name) if node_name else None
         if node is not None and found is not None:
             key = object_key(found)
@@ -288,25 +272,34 @@ class RemediationController:
                     f"Node {node_name} is not a Node of host {key} ({why}): refusing to fence"
                     " it; the host is released",
                 )
-        elif node is None and found is not None and not problem:
-            named = links.host_named_node(found)
-            if node_name not in named and not progress.fenced_node_uid:
-                link_problem = (
-                    f"Node {node_name} is gone, and host {object_key(found)} does not name it"
-                    f" ({names.HOST_NODE}): stopping; the host is released"
-                )
-        return policy.Observed(
-            spec=spec,
-            progress=progress,
+        elif node is None and found is not None and node_name not in links.host_named_node(found):
+            gone_unnamed = (
+                f"Node {node_name} is gone, and host {object_key(found)} does not name it"
+                f" ({names.HOST_NODE}): stopping; the host is released"
+            )
+        return self.seen(
+            remediation, found, problem, node,
+            machine_found=bool(target), machine_node=target or None,
+            link_problem=link_problem, node_target=True, node_gone_unnamed=gone_unnamed,
+        )  # fmt: skip
+
+    def seen(
+        self, remediation: Any, found: Any | None, problem: str, node: Any | None, **target: Any
+    ) -> policy.Seen:
+        """The snapshot: the object and its host as written, what was found of the target."""
+        return policy.Seen(
+            spec=remediation.get("spec") or {},
+            status=remediation.get("status") or {},
+            annotations=dict(remediation.metadata.annotations or {}),
+            # (objects built without one, as a test's world builds them, have none)
+            created=getattr(remediation.metadata, "creationTimestamp", None),
             has_finalizer=names.REMEDIATION_FINALIZER in (remediation.metadata.finalizers or []),
             deleting_since=remediation.metadata.deletionTimestamp,
-            machine_found=bool(target),
-            machine_node=target or None,
-            host=host,
+            host=host_wire(found) if found is not None else None,
+            reboot_key=reboot_key(remediation),
             host_problem=problem,
             node=node_view(node) if node is not None else None,
-            backup=policy.Backup.from_wire(remediation.metadata.annotations or {}),
-            link_problem=link_problem if found is not None else "",
+            **target,
         )
 
     # ---- reconcile ----------------------------------------------------------------------
@@ -324,19 +317,11 @@ class RemediationController:
     async def after(self, remediation: Any, planned: Planned) -> None:
         """Once the decision is carried out (FenceRemediationController: its conditions)."""
 
-    def decide(self, remediation: Any, observed: policy.Observed) -> policy.Decision:
-        """policy.remediation.decide; a NodeHealthCheck's timed-out annotation (it escalated
-        to its next remediation) stops it and releases everything, as a deletion would
-        (policy.fenceremediation.decide), for both kinds."""
-        if not fence.timed_out(remediation.metadata.annotations or {}):
-            return policy.decide(observed, self.clock.now(), self.settings)
-        return fence.decide(
-            observed,
-            self.clock.now(),
-            self.settings,
-            stopped=True,
-            stopped_at=remediation.metadata.creationTimestamp,
-        )
+    def decide(self, seen: policy.Seen) -> policy.Decision:
+        """policy.fenceremediation.decide_seen: policy.remediation's rules, or, once a
+        NodeHealthCheck's timed-out annotation is on the object, the stop that releases
+        everything, for both kinds."""
+        return fence.decide_seen(seen, self.clock.now(), self.settings)
 
     async def plan(self, key: str) -> Planned | None:
         """Observe from the caches and decide (after telling the Machine whether its host
@@ -352,32 +337,26 @@ class RemediationController:
             link = links.host_link_of(machine)
             await report(self.writer, self.clock, machine,
                          names.CONDITION_HOST_LINK, link.refusal, link.reason)  # fmt: skip
-        observed = await self.look(self.observe(remediation, host), host)
-        decision = self.decide(remediation, observed)
-        return Planned(remediation, host, observed, decision)
+        seen = await self.look(self.observe(remediation, host), host)
+        return Planned(remediation, host, seen, self.decide(seen))
 
-    async def look(self, observed: policy.Observed, host: Any | None) -> policy.Observed:
+    async def look(self, seen: policy.Seen, host: Any | None) -> policy.Seen:
         """What the taint strategy needs beyond the caches, when the policy asks for it:
         a BMC read of our own, the fenced Node's leftovers."""
-        progress, now = observed.progress, self.clock.now()
         if (
             host is not None
             and self.reader is not None
-            and policy.read_due(progress, now, self.settings)
+            and policy.reads_power(seen, self.clock.now(), self.settings)
         ):
             try:
                 read = policy.PowerRead(off=await self.reader.is_off(host))
             except (BmcError, Busy) as error:
                 read = policy.PowerRead(off=None, error=str(error) or type(error).__name__)
-            observed = replace(observed, power_read=read)
-        if (
-            progress.node
-            and self.evacuations is not None
-            and policy.evacuation_due(progress, self.settings)
-        ):
-            left = await self.evacuations.left_on(progress.node)
-            observed = replace(observed, evacuation=left)
-        return observed
+            seen = replace(seen, power_read=read)
+        fenced = policy.lists_evacuation(seen, self.settings)
+        if fenced and self.evacuations is not None:
+            seen = replace(seen, evacuation=await self.evacuations.left_on(fenced))
+        return seen
 
     async def act(self, obj: Any, action: policy.Action, host: Any | None) -> Any | None:
         """Carry one action out through the writer; return our object if the action changed
@@ -481,21 +460,19 @@ def no_host_link(machine: Any) -> str:
     return problem
 
 
-def host_view(host: Any, key: str) -> policy.HostView:
-    spec = host.get("spec") or {}
-    status = host.get("status") or {}
-    annotations = host.metadata.annotations or {}
-    error = status.get("errorMessage") if status.get("operationalStatus") == "error" else ""
-    return policy.HostView(
+def host_wire(host: Any) -> policy.HostWire:
+    """A cached BareMetalHost, as written: what a remediation reads of it."""
+    return policy.HostWire(
         key=object_key(host),
-        online=bool(spec.get("online", False)),
-        power=host_power(status, annotations, key),
-        other_remediation=other_remediation(annotations, key),
-        bmc_error=str(error or ""),
-        teardown=teardown_claim(annotations),
-        escalation_marked=annotations.get(names.ESCALATING) == key,
-        disable_power_off=spec.get("disablePowerOff") is True,
+        spec=host.get("spec") or {},
+        status=host.get("status") or {},
+        annotations=dict(host.metadata.annotations or {}),
     )
+
+
+def host_view(host: Any, key: str) -> policy.HostView:
+    """The host as the rules read it for reboot key ``key`` (policy.remediation.host_view)."""
+    return policy.host_view(host_wire(host), key)
 
 
 def node_view(node: Any) -> policy.NodeView:

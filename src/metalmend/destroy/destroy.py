@@ -29,21 +29,22 @@ from lightkube.types import PatchType
 from metalmend.api.reboot import is_reboot_annotation
 from metalmend.api.resources import BareMetalHost
 from metalmend.api.storage import Drive, inventory_from_metal3, with_inventory
-from metalmend.bmc import BmcTarget, parse
-from metalmend.bmc.credentials import SECRET_LABEL, SECRET_LABEL_VALUE, CredentialStore
+from metalmend.bmc import BmcTarget
+from metalmend.bmc.credentials import lookup_read
 from metalmend.bmc.errors import BmcError, Busy, TimedOut, Unreachable, Unsupported
 from metalmend.bmc.storage import EraseFailed, EraseStatus
+from metalmend.bmc.target import host_bmc
 from metalmend.clock import SYSTEM_CLOCK, Clock
 from metalmend.db.lease import LeaseLost
 from metalmend.destroy import metrics
 from metalmend.destroy.model import Task
 from metalmend.destroy.policy import destroy as policy
+from metalmend.destroy.policy.rootdevice import RootDeviceHints, os_drive
 from metalmend.errors import Conflict, NotFound
 from metalmend.kube import errors
 from metalmend.kube.events import EventRecorder
 from metalmend.kube.store import split_key
 from metalmend.log import fields
-from metalmend.policy.rootdevice import RootDeviceHints, os_drive
 from metalmend.teardown.interlock import Interlock
 
 log = logging.getLogger(__name__)
@@ -64,16 +65,6 @@ class DrivePool(Protocol):
 
 
 Save = Callable[[policy.NodeState], Awaitable[bool]]
-
-
-class _OneSecret:
-    """A SecretCache holding the one Secret just read (CredentialStore's checks apply)."""
-
-    def __init__(self, key: str, secret: Any | None) -> None:
-        self.key, self.secret = key, secret
-
-    def get(self, key: str) -> Any | None:
-        return self.secret if key == self.key else None
 
 
 class HostChanges:
@@ -287,28 +278,18 @@ class DestroyNode:
 
     async def _target(self, host: Any) -> BmcTarget:
         """The host's BMC and credentials: its Secret read now (no cache in serve), with
-        the same checks as host-power (labelled, bound to this host: docs/security.md)."""
-        bmc = (host.get("spec") or {}).get("bmc") or {}
-        address = parse(bmc.get("address") or "")
-        namespace, name = str(host.metadata.namespace), str(host.metadata.name)
-        secret_name = bmc.get("credentialsName")
-        secret = None
+        the same checks as host-power (labelled, bound to this host: docs/security.md).
+        Not kept in a namespace's line at a busy endpoint: nobody wakes a destroy."""
+        bmc = host_bmc(host)
+        secret_name, secret = bmc.credentials_name, None
         if isinstance(secret_name, str) and secret_name and "/" not in secret_name:
             try:
-                secret = await self.client.get(Secret, secret_name, namespace=namespace)
+                secret = await self.client.get(Secret, secret_name, namespace=bmc.namespace)
             except ApiError as error:
                 if not errors.is_not_found(error):
                     raise
-            labels = (
-                (secret.metadata.labels or {}) if secret is not None and secret.metadata else {}
-            )
-            if labels.get(SECRET_LABEL) != SECRET_LABEL_VALUE:
-                secret = None
-        key = f"{namespace}/{secret_name}"
-        store = CredentialStore({namespace: _OneSecret(key, secret)})
-        credentials = store.lookup(namespace, name, secret_name)
-        verify = not bmc.get("disableCertificateVerification", False)
-        return BmcTarget(address, credentials, verify_certificates=verify, namespace=namespace)
+        credentials = lookup_read(bmc.namespace, bmc.name, secret_name, secret)
+        return bmc.target(credentials, in_line=False)
 
     # ---- act --------------------------------------------------------------------------------
 

@@ -78,6 +78,17 @@ def decide(
     return remediation.decide(observed, now, settings or Settings())
 
 
+def decide_seen(seen: remediation.Seen, now: dt.datetime, settings: Settings) -> Decision:
+    """One reconcile of either remediation kind, from its snapshot (pure): the snapshot
+    read (``remediation.view``) and decided by policy.remediation.decide; once a
+    NodeHealthCheck gave up on it (``timed_out``: it escalated to its next remediation),
+    stopped and everything released, as a deletion would (``decide`` here)."""
+    observed = remediation.view(seen)
+    if not timed_out(seen.annotations):
+        return remediation.decide(observed, now, settings)
+    return decide(observed, now, settings, stopped=True, stopped_at=seen.created)
+
+
 def _condition(type_: str, status: str, reason: str, message: str) -> dict[str, str]:
     return {"type": type_, "status": status, "reason": reason, "message": message}
 

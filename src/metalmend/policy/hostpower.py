@@ -32,6 +32,7 @@ import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from enum import StrEnum
 from typing import Any
 
 from metalmend.api import names
@@ -849,3 +850,394 @@ def forget_refused_command(command: PowerCommand, timed_out: bool) -> bool:
     reached the BMC and still land, and remediation must go on reading it as in flight
     (policy.fencing); it is sent again all the same, being unconfirmed."""
     return not (command == PowerAction.ON and timed_out)
+
+
+# ---- one reconcile, whole: observed -> decide_reconcile -> the executor --------------------
+#
+# ``decide`` above is the reboot interface on a host whose power was just read. What
+# happens around it is decided here too, in one pure function over one frozen snapshot:
+# whether the host waits for its retry schedule, a busy or failing BMC, a command the BMC
+# refused, a write the API server refused, a host handed to another replica. The
+# controller only gathers the snapshot and carries the decision out.
+
+BUSY_JITTER = 0.2  # a busy BMC's retry_after, up to this fraction later (spreads the herd)
+
+# /metrics outcomes of a reconcile (metalmend_reconcile_total{outcome=...}); None: success
+OUTCOME_BMC_ERROR = "bmc_error"
+OUTCOME_BACKOFF = "backoff"  # waited for the host's schedule: nothing read, nothing written
+OUTCOME_BUSY = "busy"  # the BMC was busy with other calls: tried again shortly
+OUTCOME_REFUSED = "write_refused"
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What host-power keeps of one host between two reconciles, in this process only (a
+    restart forgets it: everything a reboot needs is in the host's status). The
+    controller holds one per host, and replaces it only with what a decision says
+    (``Remember``)."""
+
+    schedule: Schedule | None = None  # failing: the retry schedule
+    sent: LastCommand | None = None  # the power command this process sent (confirms status)
+    reported: frozenset[tuple[str, ...]] = frozenset()  # ReportOnce topics told, uid first
+    waiting: bool = False  # told (an Event) that it waits for other namespaces' BMC calls
+
+
+@dataclass(frozen=True)
+class HostObject:
+    """The BareMetalHost as cached: the parts host-power reads, as written (the policy
+    reads them: ``PowerStatus.from_wire`` never raises)."""
+
+    uid: str
+    spec: Mapping[str, Any]
+    annotations: Mapping[str, str]
+    status: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PowerRead:
+    """The BMC answered: the host's power now."""
+
+    power: PowerState
+
+
+@dataclass(frozen=True)
+class BmcFailed:
+    """The BMC call failed (or its address or credentials did: nothing was sent)."""
+
+    error_type: str  # the BareMetalHost errorType to report
+    message: str
+    authentication: bool = False  # the BMC refused the login
+    timed_out: bool = False  # no answer in time: the call may still have landed
+
+
+@dataclass(frozen=True)
+class BmcBusy:
+    """The BMC endpoint was busy with other calls: nothing was read or sent."""
+
+    message: str
+    retry_after: float
+    others: int = 0  # calls of other namespaces ahead of this one
+
+
+Reading = PowerRead | BmcFailed | BmcBusy
+
+
+@dataclass(frozen=True)
+class SendEnded:
+    """The power command of a decision was not carried out by the BMC."""
+
+    command: LastCommand
+    result: BmcFailed | BmcBusy
+
+
+@dataclass(frozen=True)
+class WriteRefused:
+    """The API server refused a write of a decision (RBAC, an admission policy)."""
+
+    action: SetStatus | RemoveAnnotations
+    code: int  # the HTTP status code
+    reason: str  # the API server's message
+
+
+Ended = SendEnded | WriteRefused
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One reconcile's snapshot: the host from the cache, what this process remembers of
+    it, and the BMC's answer (None: not read, the host waits for its retry schedule).
+    ``ended``: a decision's action that failed; the rest of that decision is dropped and
+    this snapshot (the host as last written) is decided again."""
+
+    key: str
+    now: dt.datetime
+    host: HostObject | None  # None: not in the cache (deleted, or not this replica's)
+    memory: Memory = Memory()
+    draining: bool = False  # sharded, and the leader moves the host to another replica
+    background: bool = False  # a routine poll: a busy BMC is not reported for it
+    hosts: int = 1  # hosts cached by this process (the poll budget)
+    jitter: float = 0.0  # a random draw in [0, 1): retries and busy waits spread
+    bmc: Reading | None = None
+    ended: Ended | None = None
+
+
+# ---- what the executor does besides the reboot interface's actions ------------------------
+
+
+@dataclass(frozen=True)
+class Remember:
+    """Replace this process's memory of the host."""
+
+    memory: Memory
+
+
+@dataclass(frozen=True)
+class LetGo:
+    """Remove both shard labels, on the version that asked (docs/sharding.md)."""
+
+
+@dataclass(frozen=True)
+class WriteFailure:
+    """Write a failed attempt to status (``errorCount`` counts it once). Once written, or
+    refused (the Event and the log say it), the memory becomes ``then``; a conflict or a
+    host gone leaves it unwritten, for the next reconcile to write without a BMC call."""
+
+    status: PowerStatus
+    then: Memory
+
+
+@dataclass(frozen=True)
+class ReportRefusal:
+    """Write a refused write's report to status; if that is refused too, the Event says it."""
+
+    status: PowerStatus
+
+
+class LogLevel(StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Log:
+    """A line in the controller's log (``fields``: its structured fields)."""
+
+    level: LogLevel
+    message: str
+    context: tuple[tuple[str, Any], ...] = ()
+
+
+Step = (
+    SetStatus | RemoveAnnotations | SendPower | Event | Remember | LetGo | WriteFailure
+    | ReportRefusal | Log
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ReconcileDecision:
+    """Everything one reconcile does, in order, and what it returns: the next look
+    (``requeue_at``), its /metrics ``outcome`` (None: success), whether the key keeps the
+    priority it was handed out with (``same_priority``: nothing was done), and the idle
+    polls' interval computed on the way (``poll_every``, for the log; None: not read)."""
+
+    actions: tuple[Step, ...] = ()
+    requeue_at: dt.datetime | None = None
+    outcome: str | None = None
+    same_priority: bool = False
+    poll_every: float | None = None
+
+
+def waits_for_schedule(observed: Observed) -> Schedule | None:
+    """The schedule the host waits for (None: it is tried now). A failing host is tried on
+    its own schedule only, unless a user changed what they ask of it since
+    (``user_changed``). Observe asks it too: a waiting host's BMC is not read."""
+    host, schedule = observed.host, observed.memory.schedule
+    if host is None or schedule is None or observed.now >= schedule.next_attempt:
+        return None
+    return None if user_changed(schedule, host.spec, host.annotations) else schedule
+
+
+def reads_bmc(observed: Observed) -> bool:
+    """Whether this reconcile reads the host's BMC: a host cached, not handed over, and
+    not waiting for its schedule."""
+    if observed.host is None or observed.draining:
+        return False
+    return waits_for_schedule(observed) is None
+
+
+def decide_reconcile(
+    observed: Observed, settings: PowerSettings, retry: RetrySettings
+) -> ReconcileDecision:
+    """The whole of one reconcile of a host, from its snapshot (pure):
+
+    - not cached: forget its schedule and the command sent;
+    - handed to another replica: let go of it, forget it;
+    - an action of the last decision failed (``ended``): the failure's decision;
+    - failing, and its next attempt not due: wait (writing a failure a conflict left
+      unwritten, without a BMC call);
+    - the BMC busy: look again shortly; failing: the next attempt on the schedule
+      (``after_failure``), the failure written and told;
+    - the BMC read: ``decide`` (the reboot interface), then forget the schedule and
+      remember the command sent."""
+    host, memory, now = observed.host, observed.memory, observed.now
+    if host is None:
+        return ReconcileDecision((Remember(replace(memory, schedule=None, sent=None)),))
+    if observed.draining:
+        forgotten = replace(memory, schedule=None, sent=None, waiting=False)
+        return ReconcileDecision((LetGo(), Remember(forgotten)))
+    if observed.ended is not None:
+        return _ended(observed, host, observed.ended, retry)
+    schedule = waits_for_schedule(observed)
+    if schedule is not None:
+        unwritten = _write_failure(host, memory) if schedule.unwritten is not None else ()
+        return ReconcileDecision(unwritten, schedule.next_attempt, OUTCOME_BACKOFF)
+    match observed.bmc:
+        case PowerRead() as read:
+            return _read(observed, host, read, settings)
+        case BmcBusy() as busy:
+            told = not observed.background and busy.others != 0 and not memory.waiting
+            return _busy(observed, busy, told, replace(memory, waiting=told or memory.waiting))
+        case BmcFailed() as failed:
+            return _failed(observed, host, failed, forget=False, retry=retry)
+    return ReconcileDecision(requeue_at=now)  # not read although due: look again
+
+
+def _read(
+    observed: Observed, host: HostObject, read: PowerRead, settings: PowerSettings
+) -> ReconcileDecision:
+    """The reboot interface's decision, its ReportOnce Events told once, and the memory
+    after it: no schedule, not waiting, the command sent remembered once sent."""
+    memory = observed.memory
+    status = PowerStatus.from_wire(host.status)
+    provisioning = host.status.get("provisioning")
+    state = provisioning.get("state") if isinstance(provisioning, Mapping) else None
+    every = poll_every(settings, observed.hosts)
+    view = Host(
+        online=bool(host.spec.get("online", False)),
+        provisioning_state=str(state or ""),
+        externally_provisioned=bool(host.spec.get("externallyProvisioned", False)),
+        annotations=dict(host.annotations),
+        power=read.power,
+        status=status,
+        command_confirmed=status.last_command == memory.sent,
+        poll_phase=poll_phase(observed.key),
+        poll_every=every,
+    )
+    decision = decide(view, observed.now, settings)
+    # The BMC answered: no longer waiting for other namespaces' calls (said at once).
+    actions: list[Step] = [Remember(replace(memory, waiting=False))] if memory.waiting else []
+    reported, sent, last_write = set(memory.reported), memory.sent, 0
+    for action in decision.actions:
+        if isinstance(action, ReportOnce):
+            topic = (host.uid, *action.topic)
+            if topic not in reported:
+                reported.add(topic)
+                actions.append(action.event)
+            continue
+        actions.append(action)
+        if isinstance(action, SendPower):
+            sent = action.command
+        if isinstance(action, (SetStatus, RemoveAnnotations, SendPower)):
+            last_write = len(actions)
+    after = Memory(schedule=None, sent=sent, reported=frozenset(reported), waiting=False)
+    actions.insert(last_write, Remember(after))  # once every write and the command landed
+    return ReconcileDecision(tuple(actions), decision.requeue_at, poll_every=every)
+
+
+def _busy(observed: Observed, busy: BmcBusy, told: bool, memory: Memory) -> ReconcileDecision:
+    """Not the BMC's failure, and no attempt: nothing written, nothing counted, and no
+    worker waits for the BMC to be free. A host whose call waits for other namespaces'
+    calls says so once per wait (an Event: status is the BMC's outcome, not its queue)."""
+    delay = busy.retry_after * (1.0 + BUSY_JITTER * observed.jitter)
+    actions: list[Step] = [Remember(memory)]
+    if told:
+        actions.append(Event(EventType.NORMAL, names.REASON_BMC_WAITING, busy.message))
+    retry_in = f"{delay:.2f}s"
+    actions.append(
+        Log(LogLevel.DEBUG, "BMC busy", (("host", observed.key), ("retry_in", retry_in)))
+    )
+    requeue_at = observed.now + dt.timedelta(seconds=delay)
+    # Nothing read, nothing done: a poll stays a background poll (kube.controller)
+    return ReconcileDecision(
+        tuple(actions), requeue_at, OUTCOME_BUSY, same_priority=observed.ended is None
+    )
+
+
+def _failed(
+    observed: Observed, host: HostObject, failed: BmcFailed, *, forget: bool, retry: RetrySettings
+) -> ReconcileDecision:
+    """One failed attempt: the next on the schedule (``after_failure``), the failure
+    written to status (``forget``: the command refused is dropped from it), told once
+    (an Event) and logged."""
+    memory, now = observed.memory, observed.now
+    schedule = after_failure(
+        memory.schedule,
+        PowerStatus.from_wire(host.status),
+        authentication=failed.authentication,
+        spec=host.spec,
+        annotations=host.annotations,
+        now=now,
+        jitter=observed.jitter,
+        settings=retry,
+    )
+    schedule = replace(schedule, unwritten=(failed.error_type, failed.message, forget))
+    memory = replace(memory, schedule=schedule, waiting=False)
+    delay = (schedule.next_attempt - now).total_seconds()
+    told = (
+        ("host", observed.key), ("error", failed.message), ("attempt", schedule.failures),
+        ("retry_in", f"{delay:.1f}s"),
+    )  # fmt: skip
+    actions: tuple[Step, ...] = (
+        Remember(memory),
+        *_write_failure(host, memory),
+        Event(EventType.WARNING, names.REASON_BMC_ERROR, failed.message),
+        Log(LogLevel.WARNING, "BMC error", told),
+    )
+    return ReconcileDecision(actions, schedule.next_attempt, OUTCOME_BMC_ERROR)
+
+
+def _write_failure(host: HostObject, memory: Memory) -> tuple[WriteFailure, ...]:
+    """The failed attempt on record in ``memory``'s schedule, written to status."""
+    schedule = memory.schedule
+    if schedule is None or schedule.unwritten is None:
+        return ()
+    error_type, message, forget = schedule.unwritten
+    status = PowerStatus.from_wire(host.status).failed(error_type, message, forget_command=forget)
+    then = replace(
+        memory,
+        schedule=replace(schedule, unwritten=None),
+        sent=None if forget else memory.sent,
+    )
+    return (WriteFailure(status, then),)
+
+
+def _ended(
+    observed: Observed, host: HostObject, ended: Ended, retry: RetrySettings
+) -> ReconcileDecision:
+    """An action of the last decision failed; ``observed.host`` is the host as last
+    written, and the BMC was read (not waiting for other namespaces any more)."""
+    observed = replace(observed, memory=replace(observed.memory, waiting=False))
+    if isinstance(ended, WriteRefused):
+        return _refused(observed, host, ended, retry)
+    if isinstance(ended.result, BmcBusy):
+        # Recorded, not sent: unconfirmed, so the next attempt sends it at once.
+        told = ended.result.others != 0
+        return _busy(observed, ended.result, told, replace(observed.memory, waiting=told))
+    forget = forget_refused_command(ended.command.action, ended.result.timed_out)
+    return _failed(observed, host, ended.result, forget=forget, retry=retry)
+
+
+def _refused(
+    observed: Observed, host: HostObject, refused: WriteRefused, retry: RetrySettings
+) -> ReconcileDecision:
+    """The API server refused our status or annotation write (RBAC, or an admission
+    policy such as deploy/policies/reboot-annotation-writers.yaml without our identity):
+    say so on the host where an operator looks, and retry on the ordinary schedule."""
+    now, action = observed.now, refused.action
+    if isinstance(action, RemoveAnnotations):
+        what, intended = f"removal of {', '.join(action.keys)}", PowerStatus.from_wire(host.status)
+    else:
+        what, intended = "status update", action.status
+    reason = " ".join(refused.reason.split())[:500]
+    message = (
+        f"the API server refused metalmend's {what} ({refused.code}): {reason};"
+        " the host's reboot cannot finish until metalmend may write it"
+    )
+    schedule = after_failure(
+        observed.memory.schedule,
+        intended,
+        authentication=False,
+        spec=host.spec,
+        annotations=host.annotations,
+        now=now,
+        jitter=observed.jitter,
+        settings=retry,
+    )
+    actions = (
+        Remember(replace(observed.memory, schedule=schedule)),
+        ReportRefusal(intended.refused(message, now)),
+        Event(EventType.WARNING, names.REASON_WRITE_REFUSED, message),
+        Log(LogLevel.WARNING, "write refused", (("host", observed.key), ("error", message))),
+    )
+    return ReconcileDecision(actions, schedule.next_attempt, OUTCOME_REFUSED)

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -61,13 +62,20 @@ from metalmend.api import names
 from metalmend.api.stamps import parse_stamp, stamp
 from metalmend.policy.decision import Decision as _Decision
 from metalmend.policy.decision import Event as Event  # one of this policy's actions
-from metalmend.policy.fencing import HostPower, reported_off, withdrawal_unseen
+from metalmend.policy.fencing import (
+    HostPower,
+    host_power,
+    other_remediation,
+    reported_off,
+    withdrawal_unseen,
+)
 from metalmend.policy.interlock import (
     REASON_HELD_BY_TEARDOWN,
     REASON_STALE_CLAIM,
     Claim,
     claim_stale,
     hold_message,
+    teardown_claim,
 )
 
 
@@ -172,7 +180,7 @@ def _number(value: Any, default: float) -> float:
     around the schema) reads as the default rather than failing the reconcile."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return default
-    return float(value)
+    return float(value) if math.isfinite(value) else default
 
 
 @dataclass(frozen=True)
@@ -377,6 +385,113 @@ class Evacuation:
     @property
     def done(self) -> bool:
         return not self.pods and not self.attachments
+
+
+# ---- the snapshot observe gathers, and how the policy reads it ----------------------------
+
+
+@dataclass(frozen=True)
+class HostWire:
+    """A BareMetalHost as cached: what a remediation reads of it, as written."""
+
+    key: str  # "namespace/name"
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any]
+    annotations: Mapping[str, str]
+
+
+def host_view(host: HostWire, reboot_key: str) -> HostView:
+    """The host as the rules read it, for the remediation holding ``reboot_key``."""
+    spec, status, annotations = host.spec, host.status, host.annotations
+    error = status.get("errorMessage") if status.get("operationalStatus") == "error" else ""
+    return HostView(
+        key=host.key,
+        online=bool(spec.get("online", False)),
+        power=host_power(status, annotations, reboot_key),
+        other_remediation=other_remediation(annotations, reboot_key),
+        bmc_error=str(error or ""),
+        teardown=teardown_claim(annotations),
+        escalation_marked=annotations.get(names.ESCALATING) == reboot_key,
+        disable_power_off=spec.get("disablePowerOff") is True,
+    )
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One reconcile's snapshot of a remediation object, gathered by the controller's
+    observe from the caches without reading any of it: the object's spec, status and
+    annotations as written, the host it acts on as written, and what observe found of
+    its target (the tenancy rules of api/links.py applied). ``view`` reads it."""
+
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any]
+    annotations: Mapping[str, str]
+    has_finalizer: bool
+    deleting_since: dt.datetime | None  # metadata.deletionTimestamp
+    machine_found: bool  # a Machine, or (node_target) the Node named
+    machine_node: str | None  # the Machine's Node (node_target: the Node named)
+    host: HostWire | None
+    reboot_key: str  # the reboot annotation key this remediation holds its host off with
+    host_problem: str  # why ``host`` is None
+    node: NodeView | None
+    link_problem: str = ""
+    created: dt.datetime | None = None  # metadata.creationTimestamp
+    # A remediation of a Node without a Machine (the NodeHealthCheck's): its Node gone,
+    # and the host not naming it; a link problem unless this remediation fenced it.
+    node_target: bool = False
+    node_gone_unnamed: str = ""
+    power_read: PowerRead | None = None
+    evacuation: Evacuation | None = None
+
+
+def recorded_node(status: Mapping[str, Any]) -> str | None:
+    """The Node a remediation recorded in its status (``status.node``): observe looks it
+    up. Anything but a name reads as none."""
+    return _text(status.get("node"))
+
+
+def view(seen: Seen) -> Observed:
+    """What the rules read from a snapshot: its spec, status and backup (each
+    ``from_wire``: a value of the wrong type reads as absent or the default, never an
+    exception), its host's view, and the link problems that depend on them."""
+    spec = Spec.from_wire(seen.spec)
+    progress = Progress.from_wire(seen.status)
+    problem, link_problem = seen.host_problem, seen.link_problem
+    if seen.node_target and spec.strategy == Strategy.ESCALATE:
+        problem = (
+            "strategy escalate deletes the Machine; this remediation of Node"
+            f" {seen.machine_node} has none: use strategy reboot"
+        )
+        link_problem = link_problem or problem
+    elif seen.node_target and not problem and not progress.fenced_node_uid:
+        link_problem = link_problem or seen.node_gone_unnamed
+    host = host_view(seen.host, seen.reboot_key) if seen.host is not None else None
+    return Observed(
+        spec=spec,
+        progress=progress,
+        has_finalizer=seen.has_finalizer,
+        deleting_since=seen.deleting_since,
+        machine_found=seen.machine_found,
+        machine_node=seen.machine_node,
+        host=host,
+        host_problem=problem,
+        node=seen.node,
+        backup=Backup.from_wire(seen.annotations),
+        link_problem=link_problem if host is not None else "",
+        power_read=seen.power_read,
+        evacuation=seen.evacuation,
+    )
+
+
+def reads_power(seen: Seen, now: dt.datetime, settings: Settings) -> bool:
+    """``read_due`` of the snapshot's status: observe reads the host's BMC itself."""
+    return read_due(Progress.from_wire(seen.status), now, settings)
+
+
+def lists_evacuation(seen: Seen, settings: Settings) -> str | None:
+    """The fenced Node whose leftovers observe lists (``evacuation_due``), or None."""
+    progress = Progress.from_wire(seen.status)
+    return progress.node if progress.node and evacuation_due(progress, settings) else None
 
 
 def tolerates_out_of_service(tolerations: Any) -> bool:

@@ -14,7 +14,7 @@ can be remounted), and the host removed from the provisioner. Per node, in this 
    already off with ``spec.online`` false is not touched;
 3. **wipe**: the drives the BMC lists, each erased with Redfish ``Drive.SecureErase`` and
    waited for. With ``preserve-local-storage``, only the OS drive that the host's
-   ``spec.rootDeviceHints`` choose (metal3's rules, ``policy.rootdevice``); when they
+   ``spec.rootDeviceHints`` choose (metal3's rules, ``destroy.policy.rootdevice``); when they
    choose none (or several), nothing is erased and the node fails saying why. A drive is
    reported erased only once the BMC reported its erase finished (invariant 8); a BMC that
    cannot erase (IPMI) makes the node fail with "NOT wiped", never a success;
