@@ -19,7 +19,7 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace
 
 from metalmend.kube.crds import install_crds
 from metalmend_lab.controlplane import ADMIN_USER, ControlPlane, ControlPlaneConfig
-from metalmend_lab.policies import NODE_NAME_WRITERS_CONFIGMAP, PARAMS_NAMESPACE, POLICIES
+from metalmend_lab.policies import POLICIES, name_writers
 
 # The databases of metalmend serve's stores: `database_url` is a SQLite file or a fresh
 # PostgreSQL database of a throwaway cluster (tests/postgres.py), one test per kind.
@@ -128,10 +128,7 @@ def node_names_guarded(kube: Client) -> None:
 
 
 def guard_node_names(kube: Client) -> None:
-    with contextlib.suppress(ApiError):
-        kube.create(Namespace(metadata=ObjectMeta(name=PARAMS_NAMESPACE)))
     for document in yaml.safe_load_all((POLICIES / "node-name-writers.yaml").read_text()):
-        if document["kind"] == "ConfigMap":
-            assert document["metadata"]["name"] == NODE_NAME_WRITERS_CONFIGMAP
-            document["data"]["users"] = ADMIN_USER
+        if document["kind"] == "ValidatingAdmissionPolicy":
+            name_writers(document, ADMIN_USER)
         kube.apply(codecs.from_dict(document), force=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 from lightkube import Client, codecs
@@ -37,7 +38,7 @@ CHART_DEFAULTS = (
     "node-name-writers.yaml",
 )
 BMC_WRITERS_CONFIGMAP = "metalmend-bmc-writers"
-NODE_NAME_WRITERS_CONFIGMAP = "metalmend-node-name-writers"
+NODE_NAME_WRITERS = "metalmend-node-name-writers"  # its writers are in the policy itself
 BMC_SECRET_BINDING = "metalmend-bmc-secret-binding"  # its writers are in the policy itself
 PARAMS_NAMESPACE = "metalmend-system"  # where the chart's release (and its params) live
 LAB_ADMIN_ACCOUNT = "lab-admin"  # servedeploy's caller token
@@ -46,6 +47,14 @@ FIELD_MANAGER = "metalmend-lab"
 
 def bmc_writers() -> tuple[str, ...]:
     return (ADMIN_USER, f"system:serviceaccount:{PARAMS_NAMESPACE}:{LAB_ADMIN_ACCOUNT}")
+
+
+def name_writers(policy: dict[str, Any], users: str) -> None:
+    """Set the users of deploy/policies/node-name-writers.yaml's policy (as the chart
+    renders ``policies.nodeNameWriters.users``)."""
+    for variable in policy["spec"]["variables"]:
+        if variable["name"] == "writers":
+            variable["expression"] = f"'{users}'.split(',')"
 
 
 def install(client: Client, writers: Sequence[str] | None = None) -> list[str]:
@@ -59,9 +68,9 @@ def install(client: Client, writers: Sequence[str] | None = None) -> list[str]:
             users = ",".join(writers or bmc_writers())
             if document["kind"] == "ConfigMap" and name == BMC_WRITERS_CONFIGMAP:
                 document["data"]["users"] = users
-            if document["kind"] == "ConfigMap" and name == NODE_NAME_WRITERS_CONFIGMAP:
+            if name == NODE_NAME_WRITERS and document["kind"] == "ValidatingAdmissionPolicy":
                 # the lab admin names each host's Node (lab.hosts), as an operator does
-                document["data"]["users"] = ADMIN_USER
+                name_writers(document, ADMIN_USER)
             if name == BMC_SECRET_BINDING and document["kind"] == "ValidatingAdmissionPolicy":
                 # The same writers, written into the policy as the chart renders them (its
                 # one parameter kind is the Secrets): creating a host that names a Secret

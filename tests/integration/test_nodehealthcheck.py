@@ -422,9 +422,10 @@ async def test_a_node_is_fenced_through_its_host_and_a_hostless_node_only_report
         await world.reasons()
     )
 
-    # At rest: a restart reads everything again and writes nothing.
-    before: Any = await world.client.get(NodeHealthCheck, "workers")
+    # At rest: a restart reads everything again and writes nothing (read once the first run
+    # is stopped: a status write of its last reconcile may land after the wait above).
     await run.kill()
+    before: Any = await world.client.get(NodeHealthCheck, "workers")
     count = reconciles("node-health-check")
     await run.start()
     await until(lambda: reconciles("node-health-check") > count)

@@ -495,7 +495,7 @@ async def test_a_host_editor_may_not_name_a_node_for_its_host(
             f"{account} may not add, change or remove metalmend.dev/node-name of"
             " BareMetalHost host-t"
         ) in why, why
-        assert "metalmend-system/metalmend-node-name-writers" in why
+        assert "only the writers named in ValidatingAdmissionPolicy metalmend-node-name-writers" in why
         # nor create a host that names it
         body = BareMetalHost(
             metadata=ObjectMeta(name=f"host-new-{next(tries)}",

@@ -335,6 +335,6 @@ def test_policies_are_valid_admission_objects(kube: Client) -> None:
         for obj in codecs.load_all_yaml(file.read_text())
     ]
     # one binding each: spec.bmc writers (two), MachineHealthCheck and NodeHealthCheck
-    # templates, reboot annotation values and writers, shard labels
-    assert kinds.count("ValidatingAdmissionPolicy") == 7
-    assert kinds.count("ValidatingAdmissionPolicyBinding") == 7
+    # templates, reboot annotation values and writers, shard labels, node-name writers
+    assert kinds.count("ValidatingAdmissionPolicy") == 8
+    assert kinds.count("ValidatingAdmissionPolicyBinding") == 8
