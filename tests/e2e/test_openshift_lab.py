@@ -62,6 +62,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.RunningLab]:
         hosts=3,
         bmc="mixed",
         boot_delay=1.0,
+        redfish_power_delay=1.0,
         controllers="",  # the tests run metalmend themselves, to kill it
         serve=False,
         machine_api="openshift",
