@@ -282,7 +282,19 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
             f"a lab is already running in {lab_dir} (pid {state.supervisor_pid});"
             " run 'metalmend lab down' first"
         )
-    state = LabState(supervisor_pid=os.getpid())
+    # What the machine API needs, found before anything starts (a missing build or CRD is
+    # one line, not a minute of start-up first)
+    machines = options.machines
+    if machines not in MACHINE_APIS:
+        raise LabError(f"machine API {machines!r}: one of {', '.join(MACHINE_APIS)}")
+    cluster_api, openshift_found, m3m_crd = None, None, None
+    if machines in ("capi", "capi-metal3"):
+        cluster_api = options.cluster_api or assets.capi_manager()
+    if machines == "capi-metal3":
+        m3m_crd = metal3machine_crd()
+    if machines == "openshift":
+        openshift_found = options.openshift or assets.openshift_assets()
+    state = LabState(supervisor_pid=os.getpid(), machine_api=machines)
     state.write(lab_dir)
     config = ControlPlaneConfig(
         workdir=lab_dir / "controlplane",
@@ -308,17 +320,13 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
         kubeconfig.chmod(0o600)
         running = RunningLab(state, plane, kubeconfig)
         install_crds(running.client(), crd_dir(options))
-        machines = options.machines
-        if machines not in MACHINE_APIS:
-            raise LabError(f"machine API {machines!r}: one of {', '.join(MACHINE_APIS)}")
-        state.machine_api = machines
         nodelink = True
-        if machines in ("capi", "capi-metal3"):
-            start_cluster_api(running, options.cluster_api or assets.capi_manager())
-            if machines == "capi-metal3":
-                capi.install_metal3machine_crd(running.client(), metal3machine_crd())
-        if machines == "openshift":
-            nodelink = start_openshift(running, options.openshift or assets.openshift_assets())
+        if cluster_api is not None:
+            start_cluster_api(running, cluster_api)
+        if m3m_crd is not None:
+            capi.install_metal3machine_crd(running.client(), m3m_crd)
+        if openshift_found is not None:
+            nodelink = start_openshift(running, openshift_found)
         lab_policies.install(running.client())  # as the chart does (lab/policies.py)
         if options.hosts:
             start_hosts(running, options)
