@@ -7,8 +7,10 @@ and ``status`` find it, and which lets ``down`` clean up even after the supervis
 killed with SIGKILL.
 
 The supervisor restarts ``metalmend run``, ``metalmend serve`` (servedeploy), the lab's
-provisioner (lab.provisioner) and, beside baremetal-operator, the stand-in for it
-(lab.bmostandin) when they die,
+provisioner (lab.provisioner), beside baremetal-operator the stand-in for it
+(lab.bmostandin), and the upstream machine-API controllers ``--machine-api`` runs (Cluster
+API's manager, lab.capi; OpenShift's machine-healthcheck and nodelink-controller,
+lab.openshift) when they die,
 as a Deployment's kubelet would (CrashLoopBackOff, with lab-sized waits: 1 s doubling to
 30 s, back to 1 s once it has run for a minute), so that crash tests can kill the
 controller (or the service) of a lab as started by default. Restarts are logged and
