@@ -125,11 +125,11 @@ def lab_up(
     controllers: Annotated[
         str | None,
         typer.Option(
-            help="Controllers 'metalmend run' runs against the lab ('' for none). Default:"
-            f" every one ({LAB_CONTROLLERS}); with --power-owner bmo-stand-in:"
-            f" {LAB_BMO_CONTROLLERS}; under --machine-api capi or capi-metal3 without"
+            help="Controllers 'metalmend run' runs against the lab ('' for none; 'lab status'"
+            " lists them). Default: every one; with --power-owner bmo-stand-in not host-power"
+            " and machine-remediation; under --machine-api capi or capi-metal3 not"
             " machine-health-check and node-link (Cluster API's manager does both); under"
-            " openshift without node-link (OpenShift's nodelink-controller runs)."
+            " openshift not node-link (OpenShift's nodelink-controller runs)."
         ),
     ] = None,
     machine_api: Annotated[
