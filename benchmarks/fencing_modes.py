@@ -21,6 +21,20 @@ baremetal-operator or CSI driver runs in the lab):
   force-detaches its volume after 6 minutes (``maxWaitForUnmountDuration``).
 The lab has no volumes, so "volumes attached elsewhere" is not measured: with the taint,
 Kubernetes detaches at once when the pod is force-deleted (non-graceful node shutdown).
+
+And the deployments whose own health checker asks metalmend (``lab up --machine-api``;
+MACHINE_API_MODES): OpenShift's machine-healthcheck with ``spec.remediationTemplate``
+naming a FenceRemediationTemplate (``openshift-template``: fence-remediation, the
+out-of-service taint) and with ``external-baremetal`` (``openshift-annotation``:
+machine-remediation, the Node deleted), and Cluster API's MachineHealthCheck with
+Metal3Machines as CAPM3 makes them (``capi-metal3``: needs ``METALMEND_UPSTREAM_CRDS``, the
+directory of the pinned upstream CRDs). For these, each step is timed from the hang, sampled
+every 0.1 s: the request (the FenceRemediation made, or the Machine annotated), the server
+off (when the first power-off its BMC accepted landed, from the BMC's journal
+``<lab>/hardware/<host>.commands``; Redfish power changes land 1 s after the command here,
+IPMI ones at once: not status.json's power, the kubelet's view, read once a second), fenced
+(the Node tainted or deleted), db-0 Running elsewhere, and the checker counting every
+Machine healthy with its request gone.
 Prints numbers; asserts nothing.
 """
 
@@ -33,14 +47,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightkube import ApiError
 from lightkube.models.apps_v1 import StatefulSetSpec
 from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 
 from benchmarks.shared import wait
-from metalmend_lab import bmostandin, lab
+from metalmend.api import names
+from metalmend.api.resources import FenceRemediation, FenceRemediationTemplate, OpenShiftMachine
+from metalmend_lab import bmostandin, capi, lab, openshift
 from metalmend_lab.hosts import NAMESPACE, fence_health_check
 
 RUNS = int(os.environ.get("METALMEND_BENCH_FENCING_RUNS", "3"))
@@ -134,9 +151,192 @@ def measure(mode: str) -> list[float]:
     return moves
 
 
+TAINT = MODES["out-of-service-taint"]
+TEMPLATE_API = "remediation.metalmend.dev/v1alpha1"
+# mode -> the lab's --machine-api; metalmend run is the lab's, with its default controllers
+MACHINE_API_MODES = {
+    "openshift-template": "openshift",
+    "openshift-annotation": "openshift",
+    "capi-metal3": "capi-metal3",
+}
+STEPS = ("request", "off", "fenced", "moved", "healthy")
+CONTROL_PLANE = "worker-0"  # under Cluster API, the Cluster's one control-plane Machine
+REDFISH_POWER_DELAY = 1.0  # seconds a Redfish power change takes in these modes
+
+
+def db(client: Any) -> None:
+    client.create(
+        StatefulSet(
+            metadata=ObjectMeta(name="db"),
+            spec=StatefulSetSpec(
+                serviceName="db", replicas=1, selector=LabelSelector(matchLabels=LABELS),
+                template=PodTemplateSpec(
+                    metadata=ObjectMeta(labels=LABELS),
+                    spec=PodSpec(containers=[Container(name="db", image="db:1")]),
+                ),
+            ),
+        ),
+        namespace=NAMESPACE,
+    )  # fmt: skip
+
+
+def checker(client: Any, mode: str) -> tuple[Any, Any]:
+    """The mode's MachineHealthCheck 'workers' (Ready Unknown or False for 2 s), created;
+    returns the resource to read its status with and a function: whether a request exists."""
+    client.create(
+        FenceRemediationTemplate(
+            metadata=ObjectMeta(name="fence", namespace=NAMESPACE),
+            spec={"template": {"spec": {"strategy": "reboot", "powerOffTimeoutSeconds": 60,
+                                        "powerOnTimeoutSeconds": 120}}},
+        )
+    )  # fmt: skip
+    template = {"apiVersion": TEMPLATE_API, "kind": "FenceRemediationTemplate", "name": "fence"}
+    if mode == "capi-metal3":
+        client.create(
+            capi.MachineHealthCheckV1Beta2.from_dict({
+                "apiVersion": capi.API, "kind": "MachineHealthCheck",
+                "metadata": {"name": "workers", "namespace": NAMESPACE},
+                "spec": {
+                    "clusterName": capi.CLUSTER, "selector": {"matchLabels": {"role": "worker"}},
+                    "checks": {"unhealthyNodeConditions": [
+                        {"type": "Ready", "status": "Unknown", "timeoutSeconds": 2},
+                        {"type": "Ready", "status": "False", "timeoutSeconds": 2}]},
+                    "remediation": {"templateRef": template},
+                },
+            })
+        )  # fmt: skip
+        return capi.MachineHealthCheckV1Beta2, lambda: bool(
+            list(client.list(FenceRemediation, namespace=NAMESPACE))
+        )
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": {"role": "worker"}},
+        "unhealthyConditions": [{"type": "Ready", "status": "Unknown", "timeout": "2s"},
+                                {"type": "Ready", "status": "False", "timeout": "2s"}],
+    }  # fmt: skip
+    annotations = {}
+    if mode == "openshift-template":
+        spec["remediationTemplate"] = template
+    else:
+        annotations[openshift.REMEDIATION_STRATEGY] = openshift.EXTERNAL_BAREMETAL
+    client.create(
+        openshift.MachineHealthCheck(
+            metadata=ObjectMeta(name="workers", namespace=NAMESPACE, annotations=annotations),
+            spec=spec,
+        )
+    )
+
+    def requested() -> bool:
+        if mode == "openshift-template":
+            return bool(list(client.list(FenceRemediation, namespace=NAMESPACE)))
+        return any(
+            names.EXTERNAL_REMEDIATION in (m.metadata.annotations or {})
+            for m in client.list(OpenShiftMachine, namespace=NAMESPACE)
+        )
+
+    return openshift.MachineHealthCheck, requested
+
+
+def measure_steps(mode: str) -> list[dict[str, float]]:
+    """RUNS remediations under the mode's own health checker: seconds from the hang to each
+    of STEPS."""
+    saved = {k: os.environ.get(k) for k in TAINT}
+    os.environ.update(TAINT)
+    runs: list[dict[str, float]] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="metalmend-bench-") as tmp:
+            options = lab.LabOptions(
+                lab_dir=Path(tmp) / "lab", node_monitor_grace_period=GRACE, hosts=3,
+                bmc="mixed", boot_delay=1.0, serve=False, machine_api=MACHINE_API_MODES[mode],
+                redfish_power_delay=REDFISH_POWER_DELAY,
+            )  # fmt: skip
+            with lab.started(options) as running:
+                client = running.client()
+                check, requested = checker(client, mode)
+                if mode == "capi-metal3":  # db-0 kept off the one control-plane Machine
+                    client.patch(Node, CONTROL_PLANE, {"spec": {"unschedulable": True}})
+
+                def counted(wanted: int) -> bool:
+                    try:
+                        status = client.get(check, "workers", namespace=NAMESPACE).get("status")
+                    except ApiError:
+                        return False
+                    status = status or {}
+                    return (status.get("expectedMachines"), status.get("currentHealthy")) == (
+                        wanted, wanted)  # fmt: skip
+
+                for i in range(RUNS):
+                    wait(lambda: counted(3) and not requested(), 300)
+                    db(client)
+                    wait(lambda: running_on(client) is not None, 120)
+                    hung = str(running_on(client))
+                    runs.append(follow(running, client, hung, requested, lambda: counted(3)))
+                    print(f"  {mode} {i + 1}: {hung}: {runs[-1]}", flush=True)
+                    client.delete(StatefulSet, "db", namespace=NAMESPACE)
+                    wait(
+                        lambda: not list(client.list(Pod, namespace=NAMESPACE, labels=LABELS)), 120
+                    )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return runs
+
+
+def follow(
+    running: lab.RunningLab, client: Any, hung: str, requested: Any, healthy: Any
+) -> dict[str, float]:
+    """Hang ``hung`` and sample every 0.1 s until the checker counts every Machine healthy
+    again with no request left."""
+    at: dict[str, float] = {}
+    lab.inject_fault(running.plane.workdir.parent, hung, "hang")
+    began, wall = time.monotonic(), time.time()
+    while time.monotonic() - began < 600:
+        now = round(time.monotonic() - began, 1)
+        try:
+            if (off := off_landed(running, hung, wall)) is not None:
+                at.setdefault("off", round(off - wall, 1))
+            try:
+                node = client.get(Node, hung)
+                fenced = any(t.key == names.OUT_OF_SERVICE_TAINT for t in node.spec.taints or [])
+            except ApiError as error:
+                fenced = error.status.code == 404
+            asked = requested()
+            if asked:
+                at.setdefault("request", now)
+            if fenced:
+                at.setdefault("fenced", now)
+            if "fenced" in at and running_on(client) not in (None, hung):
+                at.setdefault("moved", now)
+            if "moved" in at and not asked and healthy():
+                at["healthy"] = now
+                return at
+        except (ApiError, OSError, ValueError, KeyError):
+            pass  # the API server or the status file mid-write: the next sample
+        time.sleep(0.1)
+    raise TimeoutError(f"{hung} not remediated within 600s: {at}")
+
+
+def off_landed(running: lab.RunningLab, host: str, since: float) -> float | None:
+    """When the first power-off ``host``'s BMC accepted after ``since`` landed (wall clock)."""
+    journal = running.plane.workdir.parent / "hardware" / f"{host}.commands"
+    assert running.hardware is not None
+    spec = next(h for h in running.hardware.hosts if h.name == host)
+    delay = REDFISH_POWER_DELAY if spec.bmc == "redfish" else spec.power_delay
+    for line in journal.read_text().splitlines() if journal.exists() else []:
+        stamp, _, action = line.partition(" ")
+        if action in ("hard off", "soft off") and float(stamp) >= since:
+            return float(stamp) + delay
+    return None
+
+
 def main() -> None:
-    chosen = os.environ.get("METALMEND_BENCH_FENCING_MODES", ",".join(MODES)).split(",")
+    chosen = os.environ.get(
+        "METALMEND_BENCH_FENCING_MODES", ",".join([*MODES, *MACHINE_API_MODES])
+    ).split(",")
     results = {mode: measure(mode) for mode in MODES if mode in chosen}
+    steps = {mode: measure_steps(mode) for mode in MACHINE_API_MODES if mode in chosen}
     waits = GRACE + MHC_TIMEOUT
     print(f"fencing modes, {RUNS} runs each (node-monitor grace {GRACE:g}s + check timeout"
           f" {MHC_TIMEOUT:g}s = {waits:g}s of configured waits in each):")  # fmt: skip
@@ -147,12 +347,24 @@ def main() -> None:
         print(f"  (beside-bmo-stand-in: the stand-in's power refresh {bmostandin.DEFAULT_REFRESH:g}s,"
               f" its looks every {bmostandin.DEFAULT_POWER_REQUEUE:g}s while its power-off"
               " is under way)")  # fmt: skip
-    taint = statistics.median(results.get("out-of-service-taint") or [0.0])
-    print(f"  with CAPM3's evidence on the same path: BMO's own power-off in poweredOn"
-          f" within +{CAPM3_EVIDENCE_EXPECTED:g}s -> ~{taint + CAPM3_EVIDENCE_EXPECTED:.0f}s"
-          f" (a change BMO did not make: up to {CAPM3_STALE_WORST:g}s old)")  # fmt: skip
+    if taints := results.get("out-of-service-taint"):
+        taint = statistics.median(taints)
+        print(f"  with CAPM3's evidence on the same path: BMO's own power-off in poweredOn"
+              f" within +{CAPM3_EVIDENCE_EXPECTED:g}s -> ~{taint + CAPM3_EVIDENCE_EXPECTED:.0f}s"
+              f" (a change BMO did not make: up to {CAPM3_STALE_WORST:g}s old)")  # fmt: skip
     print(f"  no fencing (taint never added): the pod stays Terminating until someone acts;"
           f" its volume force-detached after {DETACH_WITHOUT_FENCING:g}s")  # fmt: skip
+    if steps:
+        print(f"under the deployment's own health checker, {RUNS} runs each, seconds after the"
+              " hang, median (min-max):")  # fmt: skip
+        print(f"  {'mode':22} " + " ".join(f"{s:>17}" for s in STEPS))
+    for mode, runs in steps.items():
+        cells = []
+        for step in STEPS:
+            values = [r[step] for r in runs if step in r]
+            cells.append(f"{statistics.median(values):5.1f} ({min(values):.1f}-{max(values):.1f})"
+                         if values else "-")  # fmt: skip
+        print(f"  {mode:22} " + " ".join(f"{c:>17}" for c in cells))
 
 
 if __name__ == "__main__":

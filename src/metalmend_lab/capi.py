@@ -33,6 +33,16 @@ What the lab gives the manager, and why:
   the providerID and sets ``status.nodeRef`` to the Node with that providerID. The Machine
   also carries ``metal3.io/BareMetalHost``, and the BareMetalHost's consumerRef names it:
   how metalmend's fence-remediation finds the host (docs/remediation.md).
+- **Or, as CAPM3 makes them** (``lab up --machine-api capi-metal3``), per host a
+  ``Metal3Machine`` (upstream's CRD, cluster-api-provider-metal3
+  ``config/crd/bases/infrastructure.cluster.x-k8s.io_metal3machines.yaml``, with the contract
+  label ``cluster.x-k8s.io/v1beta2: v1beta2`` a provider's kustomization adds to its CRDs)
+  named after the Machine, carrying ``metal3.io/BareMetalHost: <namespace>/<host>``
+  (``HostAnnotation``) and ``spec.providerID: metal3://<namespace>/<host>/<metal3machine>``
+  (``SetDefaultProviderID``), ``status.initialization.provisioned: true``; the Machine's
+  ``spec.infrastructureRef`` names it and the Machine carries no host annotation; the host's
+  consumerRef names the Metal3Machine. CAPM3's controller does not run (the Go module proxy
+  refuses its module): these objects are made once, as it leaves them for a provisioned host.
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.core_v1 import Secret
+from lightkube.types import PatchType
 
 from metalmend.kube import errors
 from metalmend.kube.crds import FIELD_MANAGER, crd_name, wait_established
@@ -73,6 +84,31 @@ MachineHealthCheckV1Beta2 = create_namespaced_resource(
 )
 LabMachine = create_namespaced_resource(INFRA_GROUP, INFRA_VERSION, "LabMachine", "labmachines")
 LabCluster = create_namespaced_resource(INFRA_GROUP, INFRA_VERSION, "LabCluster", "labclusters")
+METAL3_GROUP = "infrastructure.cluster.x-k8s.io"
+METAL3_VERSION = "v1beta2"  # the storage version of the pinned Metal3Machine CRD
+Metal3MachineV1Beta2 = create_namespaced_resource(
+    METAL3_GROUP, METAL3_VERSION, "Metal3Machine", "metal3machines"
+)
+METAL3MACHINE_CRD = "infrastructure.cluster.x-k8s.io_metal3machines.yaml"
+
+
+def metal3_provider_id(host: HostSpec, metal3machine: str) -> str:
+    """CAPM3's providerID (``SetDefaultProviderID``): ``metal3://<ns>/<host>/<m3m>``."""
+    return f"metal3://{host.namespace}/{host.name}/{metal3machine}"
+
+
+def install_metal3machine_crd(client: Client, path: Path, timeout: float = 60.0) -> str:
+    """Upstream's Metal3Machine CRD as a provider installs it: with Cluster API's contract
+    label (what tells Cluster API which of its versions to read)."""
+    objs = list(load_all_yaml(path.read_text()))
+    if len(objs) != 1 or not isinstance(objs[0], CustomResourceDefinition):
+        raise ValueError(f"{path} does not hold one CustomResourceDefinition")
+    body = objs[0].to_dict()
+    body["metadata"].setdefault("labels", {})[CONTRACT_LABEL] = METAL3_VERSION
+    crd = cast(CustomResourceDefinition, CustomResourceDefinition.from_dict(body))
+    name = crd_name(client.apply(crd, field_manager=FIELD_MANAGER, force=True))
+    wait_established(client, [name], timeout)
+    return name
 
 
 def infra_crd(kind: str) -> dict[str, Any]:
@@ -279,15 +315,51 @@ def machine_objects(
     ]  # fmt: skip
 
 
+def metal3_objects(
+    host: HostSpec, labels: dict[str, str], host_annotation: str, control_plane: bool
+) -> list[dict[str, Any]]:
+    """The host's bootstrap Secret, Metal3Machine and Machine (``v1beta2``) as CAPM3 and
+    Cluster API make them: the host annotation on the Metal3Machine, none on the Machine."""
+    secret, _, machine = machine_objects(host, labels, {}, control_plane)
+    m3m = host.name  # as Cluster API names an infrastructure object after its Machine
+    machine["spec"]["infrastructureRef"] = {"apiGroup": METAL3_GROUP, "kind": "Metal3Machine",
+                                            "name": m3m}  # fmt: skip
+    infra = {
+        "apiVersion": f"{METAL3_GROUP}/{METAL3_VERSION}", "kind": "Metal3Machine",
+        "metadata": {"name": m3m, "namespace": host.namespace,
+                     "labels": {CLUSTER_NAME_LABEL: CLUSTER},
+                     "annotations": {"metal3.io/BareMetalHost": host_annotation}},
+        "spec": {"providerID": metal3_provider_id(host, m3m)},
+    }  # fmt: skip
+    return [secret, infra, machine]
+
+
 def create_machine(
-    client: Client, host: HostSpec, design: dict[str, Any], control_plane: bool
+    client: Client,
+    host: HostSpec,
+    design: dict[str, Any],
+    control_plane: bool,
+    metal3: bool = False,
 ) -> Any:
     """Create the host's Cluster API objects from its design Machine (``design``: the
-    lab's v1beta1 Machine, for its labels and host annotation); return the Machine."""
+    lab's v1beta1 Machine, for its labels and host annotation); return the Machine. With
+    ``metal3``, a Metal3Machine as CAPM3 makes it (``metal3_objects``) instead of a
+    LabMachine."""
     meta = design["metadata"]
-    secret, infra, machine = machine_objects(
-        host, dict(meta.get("labels") or {}), dict(meta.get("annotations") or {}), control_plane
+    labels, annotations = dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})
+    if not metal3:
+        secret, infra, machine = machine_objects(host, labels, annotations, control_plane)
+        _create(client, Secret.from_dict(secret))
+        _create(client, LabMachine.from_dict(infra))
+        return client.create(MachineV1Beta2.from_dict(machine))
+    secret, infra, machine = metal3_objects(
+        host, labels, annotations["metal3.io/BareMetalHost"], control_plane
     )
     _create(client, Secret.from_dict(secret))
-    _create(client, LabMachine.from_dict(infra))
+    _create(client, Metal3MachineV1Beta2.from_dict(infra))
+    client.patch(
+        Metal3MachineV1Beta2.Status, host.name,
+        {"status": {"initialization": {"provisioned": True}, "ready": True}},
+        namespace=host.namespace, patch_type=PatchType.MERGE,
+    )  # fmt: skip
     return client.create(MachineV1Beta2.from_dict(machine))

@@ -93,8 +93,14 @@ def _lab_errors() -> tuple[type[Exception], ...]:
 
 # The lab's own default (lab.DEFAULT_CONTROLLERS), written here too so that --help does
 # not load the lab; tests/unit/test_import_contract.py checks that they agree.
-LAB_CONTROLLERS = "node-link,host-power,machine-health-check,metal3-remediation,machine-remediation"
-LAB_BMO_CONTROLLERS = "node-link,machine-health-check,metal3-remediation"  # lab.BMO_CONTROLLERS
+LAB_CONTROLLERS = (
+    "node-link,host-power,machine-health-check,node-health-check,metal3-remediation,"
+    "machine-remediation,fence-remediation"
+)
+LAB_BMO_CONTROLLERS = (  # lab.BMO_CONTROLLERS
+    "node-link,machine-health-check,node-health-check,metal3-remediation,fence-remediation"
+)
+LAB_MACHINE_APIS = ("none", "capi", "capi-metal3", "openshift")  # lab.MACHINE_APIS
 LAB_PROVISION_DELAY = 2.0  # provisioner.DEFAULT_DELAY, likewise
 
 
@@ -119,10 +125,22 @@ def lab_up(
     controllers: Annotated[
         str | None,
         typer.Option(
-            help="Controllers 'metalmend run' runs against the lab ('' for none). Default:"
-            f" {LAB_CONTROLLERS}; with --power-owner bmo-stand-in: {LAB_BMO_CONTROLLERS}."
+            help="Controllers 'metalmend run' runs against the lab ('' for none; 'lab status'"
+            " lists them). Default: every one; with --power-owner bmo-stand-in not host-power"
+            " and machine-remediation; under --machine-api capi or capi-metal3 not"
+            " machine-health-check and node-link (Cluster API's manager does both); under"
+            " openshift not node-link (OpenShift's nodelink-controller runs)."
         ),
     ] = None,
+    machine_api: Annotated[
+        str,
+        typer.Option(
+            help="Whose Machines: none (metalmend's subset of Cluster API's CRDs), capi"
+            " (Cluster API's manager, make capi), capi-metal3 (the same, with Metal3Machines"
+            " as CAPM3 makes them; needs METALMEND_UPSTREAM_CRDS) or openshift (OpenShift's"
+            " machine-healthcheck and nodelink-controller, make openshift).",
+        ),
+    ] = "none",
     power_owner: Annotated[
         str,
         typer.Option(
@@ -144,8 +162,9 @@ def lab_up(
         fail(f"--bmc must be redfish, ipmi or mixed, not {bmc!r}", code=2)
     if power_owner not in ("metalmend", "bmo-stand-in"):
         fail(f"--power-owner must be metalmend or bmo-stand-in, not {power_owner!r}", code=2)
-    if controllers is None:
-        controllers = LAB_BMO_CONTROLLERS if power_owner == "bmo-stand-in" else LAB_CONTROLLERS
+    if machine_api not in LAB_MACHINE_APIS:
+        fail(f"--machine-api must be one of {', '.join(LAB_MACHINE_APIS)}, not {machine_api!r}",
+             code=2)  # fmt: skip
     options = lab_.LabOptions(
         lab_dir=lab_dir,
         node_monitor_grace_period=node_grace,
@@ -157,6 +176,7 @@ def lab_up(
         controllers=controllers,
         power_owner=power_owner,
         bmo_refresh=bmo_refresh,
+        machine_api=machine_api,
     )
     if detach:
         state = lab_.up_detached(options)
@@ -207,6 +227,9 @@ def lab_status(lab_dir: LabDir = Path(".lab")) -> None:
         running = "yes" if c.running else "[red]no[/red]"
         table.add_row(c.name, str(c.pid), running, str(c.restarts))
     out.print(table)
+    out.print(f"machine API {report.machine_api}")
+    controllers = ", ".join(report.controllers) or "none"
+    out.print(f"metalmend run --controllers: {controllers}", soft_wrap=True)
     if report.hosts:
         hosts_table = Table(
             "host", "BMC", "power", "kubelet", "Node", "Ready", "pods", "BMC reachable"

@@ -33,10 +33,11 @@ from metalmend.api.resources import (
     Machine,
     MachineHealthCheck,
     Metal3RemediationTemplate,
+    OpenShiftMachine,
 )
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL, SECRET_LABEL_VALUE
 from metalmend.kube import errors
-from metalmend_lab import capi, drives, emulator, sitedesign
+from metalmend_lab import capi, drives, emulator, openshift, sitedesign
 from metalmend_lab.controlplane import LOOPBACK, ControlPlane, free_port, free_udp_port
 from metalmend_lab.inventory import HardwareConfig, HostSpec
 from metalmend_lab.osdrive import OsDrive
@@ -168,13 +169,25 @@ def hardware_argv(config_file: Path) -> list[str]:
     return [sys.executable, "-m", "metalmend_lab.hardware", str(config_file)]
 
 
+MACHINE_APIS = ("none", "capi", "capi-metal3", "openshift")
+
+
 def register(
-    client: Client, config: HardwareConfig, cluster_api: capi.ClusterAccess | None = None
+    client: Client,
+    config: HardwareConfig,
+    cluster_api: capi.ClusterAccess | None = None,
+    machine_api: str = "none",
 ) -> None:
     """Create the namespace, and per host its Secret, BareMetalHost and Machine. With
     ``cluster_api`` (the lab runs Cluster API's manager, lab.capi): first the Cluster and
     its kubeconfig Secret, and each Machine as Cluster API's, with its infrastructure
-    object; the first host's Machine is the Cluster's stand-alone control-plane Machine."""
+    object (a Metal3Machine as CAPM3 makes it with ``machine_api`` "capi-metal3"); the
+    first host's Machine is the Cluster's stand-alone control-plane Machine. With
+    ``machine_api`` "openshift": a MachineSet and per host an OpenShift Machine as its
+    metal3 provider makes it (lab.openshift), each host's ``provider_id`` set to the one
+    naming its BareMetalHost's uid (register before the hosts' kubelets start)."""
+    if machine_api not in MACHINE_APIS:
+        raise ValueError(f"machine API {machine_api!r}: one of {', '.join(MACHINE_APIS)}")
     try:
         client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
     except ApiError as error:
@@ -182,14 +195,19 @@ def register(
             raise
     if cluster_api is not None:
         capi.register_cluster(client, NAMESPACE, cluster_api.kubeconfig, cluster_api.server)
+    if machine_api == "openshift":
+        labels = {"role": "worker"}
+        body = openshift.machineset_object(NAMESPACE, labels, len(config.hosts))
+        machineset: Any = client.create(openshift.MachineSet.from_dict(body))
+        for host in config.hosts:
+            register_openshift_host(client, host, str(machineset.metadata.uid))
+        return
     for index, host in enumerate(config.hosts):
-        register_host(client, host, None if cluster_api is None else index == 0)
+        control_plane = None if cluster_api is None else index == 0
+        register_host(client, host, control_plane, metal3=machine_api == "capi-metal3")
 
 
-def register_host(client: Client, host: HostSpec, control_plane: bool | None = None) -> None:
-    """``control_plane``: None for the lab's own Machine (metalmend's CRD), else a Cluster
-    API Machine (lab.capi), labelled control-plane when True."""
-    ns = host.namespace
+def _bmc_secret(client: Client, host: HostSpec) -> None:
     client.create(
         Secret(
             # labelled as BMC credentials and bound to this host only, as an operator
@@ -201,23 +219,65 @@ def register_host(client: Client, host: HostSpec, control_plane: bool | None = N
             ),
             stringData={"username": host.username, "password": host.password},
         ),
-        namespace=ns,
+        namespace=host.namespace,
     )
+
+
+def _host_body(host: HostSpec, consumer_ref: dict[str, str]) -> dict[str, Any]:
+    body = sitedesign.host_object(host)
+    body["spec"]["consumerRef"] = consumer_ref
+    # The host names its Node (the lab's Nodes are named after their hosts), as an operator
+    # does: the confirmation a NodeHealthCheck needs (api/links.node_host), which no kubelet
+    # can write. Not in the site design: a design may not carry metalmend.dev/ annotations.
+    body["metadata"].setdefault("annotations", {})[names.HOST_NODE] = host.name
+    return body
+
+
+def register_host(
+    client: Client, host: HostSpec, control_plane: bool | None = None, metal3: bool = False
+) -> None:
+    """``control_plane``: None for the lab's own Machine (metalmend's CRD), else a Cluster
+    API Machine (lab.capi), labelled control-plane when True; ``metal3``: its
+    infrastructure a Metal3Machine, which the host's consumerRef names (CAPM3's links)."""
+    _bmc_secret(client, host)
     # The objects of the lab's site design (lab.sitedesign), so that a host redeployed
     # from that design comes back as it was registered.
     design = sitedesign.machine_object(host)
     machine: Any = (
         client.create(Machine.from_dict(design))
         if control_plane is None
-        else capi.create_machine(client, host, design, control_plane)
+        else capi.create_machine(client, host, design, control_plane, metal3=metal3)
     )
-    body = sitedesign.host_object(host)
-    body["spec"]["consumerRef"]["uid"] = machine.metadata.uid
-    # The host names its Node (the lab's Nodes are named after their hosts), as an operator
-    # does: the confirmation a NodeHealthCheck needs (api/links.node_host), which no kubelet
-    # can write. Not in the site design: a design may not carry metalmend.dev/ annotations.
-    body["metadata"].setdefault("annotations", {})[names.HOST_NODE] = host.name
-    client.create(BareMetalHost.from_dict(body))
+    if metal3:
+        api = f"{capi.METAL3_GROUP}/{capi.METAL3_VERSION}"
+        consumer = {"apiVersion": api, "kind": "Metal3Machine", "name": host.name,
+                    "namespace": host.namespace}  # fmt: skip
+    else:
+        consumer = {**sitedesign.consumer_ref(host), "uid": machine.metadata.uid}
+    client.create(BareMetalHost.from_dict(_host_body(host, consumer)))
+    _provisioned(client, host)
+
+
+def register_openshift_host(client: Client, host: HostSpec, machineset_uid: str) -> None:
+    """The host (its uid is in the providerID), then its OpenShift Machine, then the host's
+    consumerRef naming that Machine by uid; ``host.provider_id`` becomes the Machine's, for
+    the host's kubelet to register its Node with."""
+    _bmc_secret(client, host)
+    consumer = {"apiVersion": openshift.API, "kind": "Machine", "name": host.name,
+                "namespace": host.namespace}  # fmt: skip
+    made: Any = client.create(BareMetalHost.from_dict(_host_body(host, consumer)))
+    labels = {"role": "worker", sitedesign.HOST_LABEL: host.name}
+    body = openshift.machine_object(host, labels, str(made.metadata.uid), machineset_uid)
+    machine: Any = client.create(OpenShiftMachine.from_dict(body))
+    host.provider_id = body["spec"]["providerID"]
+    client.patch(
+        BareMetalHost, host.name, {"spec": {"consumerRef": {"uid": machine.metadata.uid}}},
+        namespace=host.namespace, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    _provisioned(client, host)
+
+
+def _provisioned(client: Client, host: HostSpec) -> None:
     client.patch(
         BareMetalHost.Status,
         host.name,
@@ -234,7 +294,7 @@ def register_host(client: Client, host: HostSpec, control_plane: bool | None = N
                 "hardware": {"storage": [d.drive().to_metal3() for d in host.drives]},
             }
         },
-        namespace=ns,
+        namespace=host.namespace,
         patch_type=PatchType.MERGE,
     )
 

@@ -7,8 +7,10 @@ and ``status`` find it, and which lets ``down`` clean up even after the supervis
 killed with SIGKILL.
 
 The supervisor restarts ``metalmend run``, ``metalmend serve`` (servedeploy), the lab's
-provisioner (lab.provisioner) and, beside baremetal-operator, the stand-in for it
-(lab.bmostandin) when they die,
+provisioner (lab.provisioner), beside baremetal-operator the stand-in for it
+(lab.bmostandin), and the upstream machine-API controllers ``--machine-api`` runs (Cluster
+API's manager, lab.capi; OpenShift's machine-healthcheck and nodelink-controller,
+lab.openshift) when they die,
 as a Deployment's kubelet would (CrashLoopBackOff, with lab-sized waits: 1 s doubling to
 30 s, back to 1 s once it has run for a minute), so that crash tests can kill the
 controller (or the service) of a lab as started by default. Restarts are logged and
@@ -39,10 +41,11 @@ from lightkube.resources.core_v1 import Node
 
 from metalmend.api.resources import CRD_DIR
 from metalmend.kube.crds import install_crds
-from metalmend_lab import bmostandin, capi, hosts, provisioner, siteetcd
+from metalmend.settings import CONTROLLER_NAMES
+from metalmend_lab import assets, bmostandin, capi, hosts, openshift, provisioner, siteetcd
 from metalmend_lab import policies as lab_policies
 from metalmend_lab import servedeploy as lab_serve
-from metalmend_lab.assets import CapiAssets
+from metalmend_lab.assets import CapiAssets, OpenShiftAssets
 from metalmend_lab.controlplane import (
     LOOPBACK,
     Component,
@@ -78,6 +81,8 @@ class LabState:
     error: str = ""
     restarts: dict[str, int] = field(default_factory=dict)  # component -> times restarted
     design_ref: str = ""  # the site design's URL (its EtcdClusters document), with >= 3 hosts
+    controllers: str = ""  # what `metalmend run` runs (--controllers), "" none
+    machine_api: str = "none"  # whose Machines (LabOptions.machine_api)
 
     @classmethod
     def read(cls, lab_dir: Path) -> LabState | None:
@@ -115,12 +120,43 @@ def running_state(lab_dir: Path) -> LabState | None:
     return None
 
 
-DEFAULT_CONTROLLERS = ",".join(
-    ["node-link", "host-power", "machine-health-check", "metal3-remediation", "machine-remediation"]
+# Every controller `metalmend run` has (metalmend.settings.CONTROLLER_NAMES): a
+# NodeHealthCheck or a FenceRemediation made in the lab is acted on.
+DEFAULT_CONTROLLERS = ",".join(CONTROLLER_NAMES)
+# Beside baremetal-operator (--power-owner bmo-stand-in): nothing that sends power commands
+# or fences on host-power's evidence (runner.OWN_POWER_ONLY).
+BMO_CONTROLLERS = ",".join(
+    c for c in CONTROLLER_NAMES if c not in ("host-power", "machine-remediation")
 )
-# Beside baremetal-operator (--power-owner bmo-stand-in): nothing that sends power commands.
-BMO_CONTROLLERS = "node-link,machine-health-check,metal3-remediation"
 POWER_OWNERS = ("metalmend", bmostandin.COMPONENT)
+# Whose Machines the lab makes (lab.hosts.register): "none" metalmend's own subset of
+# Cluster API's CRDs (metalmend's MachineHealthCheck judges them); "capi" Cluster API's, its
+# manager running (lab.capi); "capi-metal3" the same with Metal3Machines as CAPM3 makes
+# them; "openshift" OpenShift's, its machine-healthcheck and nodelink-controller running
+# (lab.openshift).
+MACHINE_APIS = hosts.MACHINE_APIS
+# Where the pinned upstream CRDs are (the directory holding metal3/): the lab's capi-metal3
+# mode reads upstream's Metal3Machine CRD from there; metalmend does not ship it.
+UPSTREAM_CRDS_ENV = "METALMEND_UPSTREAM_CRDS"
+
+
+def default_controllers(machine_api: str, power_owner: str, nodelink: bool = True) -> str:
+    """What `lab up` runs unless told: every controller but those another component of the
+    lab does itself. Beside baremetal-operator: not host-power and machine-remediation.
+    Under Cluster API: not machine-health-check (Cluster API's own acts on every
+    MachineHealthCheck: two would remediate twice) and not node-link (Cluster API's Machine
+    controller sets nodeRef). Under OpenShift: not node-link where its nodelink-controller
+    runs."""
+    skip: set[str] = set()
+    if power_owner == bmostandin.COMPONENT:
+        skip |= {"host-power", "machine-remediation"}
+    if machine_api in ("capi", "capi-metal3"):
+        skip |= {"machine-health-check", "node-link"}
+    if machine_api == "openshift" and nodelink:
+        skip.add("node-link")
+    return ",".join(c for c in CONTROLLER_NAMES if c not in skip)
+
+
 BMH_CRD = "metal3.io_baremetalhosts.yaml"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,7 +172,7 @@ class LabOptions:
     # seconds before a Redfish power change lands (None: sushy-tools' random 1-11 s)
     redfish_power_delay: float | None = None
     erase_seconds: float = DEFAULT_ERASE_SECONDS  # a drive's secure erase (lab.drives)
-    controllers: str = DEFAULT_CONTROLLERS  # `metalmend run` ("" none)
+    controllers: str | None = None  # `metalmend run` ("" none; None: default_controllers)
     soft_power_off_timeout: float = 30.0
     provision_delay: float = provisioner.DEFAULT_DELAY  # seconds an image takes to write
     apiserver_args: tuple[str, ...] = ()  # extra kube-apiserver flags (a benchmark's audit log)
@@ -148,10 +184,19 @@ class LabOptions:
     # baremetal-operator (lab.bmostandin) with upstream's BareMetalHost CRD.
     power_owner: str = "metalmend"
     bmo_refresh: float = bmostandin.DEFAULT_REFRESH  # the stand-in's power refresh period
+    machine_api: str = "none"  # MACHINE_APIS; "none" with cluster_api set means "capi"
+    openshift: OpenShiftAssets | None = None  # None: found (assets.openshift_assets) if needed
 
     @property
     def beside_bmo(self) -> bool:
         return self.power_owner == bmostandin.COMPONENT
+
+    @property
+    def machines(self) -> str:
+        """The machine API in effect (``machine_api``, or "capi" given ``cluster_api``)."""
+        if self.machine_api == "none" and self.cluster_api is not None:
+            return "capi"
+        return self.machine_api
 
 
 RESTART_FIRST_WAIT = 1.0  # seconds before the first restart after a crash
@@ -239,7 +284,19 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
             f"a lab is already running in {lab_dir} (pid {state.supervisor_pid});"
             " run 'metalmend lab down' first"
         )
-    state = LabState(supervisor_pid=os.getpid())
+    # What the machine API needs, found before anything starts (a missing build or CRD is
+    # one line, not a minute of start-up first)
+    machines = options.machines
+    if machines not in MACHINE_APIS:
+        raise LabError(f"machine API {machines!r}: one of {', '.join(MACHINE_APIS)}")
+    cluster_api, openshift_found, m3m_crd = None, None, None
+    if machines in ("capi", "capi-metal3"):
+        cluster_api = options.cluster_api or assets.capi_manager()
+    if machines == "capi-metal3":
+        m3m_crd = metal3machine_crd()
+    if machines == "openshift":
+        openshift_found = options.openshift or assets.openshift_assets()
+    state = LabState(supervisor_pid=os.getpid(), machine_api=machines)
     state.write(lab_dir)
     config = ControlPlaneConfig(
         workdir=lab_dir / "controlplane",
@@ -265,15 +322,24 @@ def started(options: LabOptions) -> Iterator[RunningLab]:
         kubeconfig.chmod(0o600)
         running = RunningLab(state, plane, kubeconfig)
         install_crds(running.client(), crd_dir(options))
-        if options.cluster_api is not None:
-            start_cluster_api(running, options.cluster_api)
+        nodelink = True
+        if cluster_api is not None:
+            start_cluster_api(running, cluster_api)
+        if m3m_crd is not None:
+            capi.install_metal3machine_crd(running.client(), m3m_crd)
+        if openshift_found is not None:
+            nodelink = start_openshift(running, openshift_found)
         lab_policies.install(running.client())  # as the chart does (lab/policies.py)
         if options.hosts:
             start_hosts(running, options)
             if options.beside_bmo:
                 start_bmo_stand_in(running, options.bmo_refresh)
-        if options.controllers:
-            start_controllers(running, options.controllers, options.soft_power_off_timeout)
+        controllers = options.controllers
+        if controllers is None:
+            controllers = default_controllers(machines, options.power_owner, nodelink)
+        state.controllers = controllers
+        if controllers:
+            start_controllers(running, controllers, options.soft_power_off_timeout)
         if options.serve:
             start_serve(running)
         state.ready, state.server = True, plane.server
@@ -346,13 +412,49 @@ def _record(running: RunningLab, component: Component) -> None:
     running.state.write(running.plane.workdir.parent)
 
 
-def start_cluster_api(running: RunningLab, assets: CapiAssets) -> None:
+def start_cluster_api(running: RunningLab, found: CapiAssets) -> None:
     """Cluster API's CRDs over metalmend's subset, then its manager (lab.capi), restarted
     when it dies as `metalmend run` is."""
-    manager = capi.Manager(running.plane, assets, running.kubeconfig)
+    manager = capi.Manager(running.plane, found, running.kubeconfig)
     capi.install_crds(running.client(), manager)
     _record(running, manager.start())
     running.restarting[capi.COMPONENT] = Restarts()
+
+
+def metal3machine_crd() -> Path:
+    """Upstream's Metal3Machine CRD (cluster-api-provider-metal3 ``config/crd/bases/``),
+    from the directory of pinned upstream CRDs ``METALMEND_UPSTREAM_CRDS`` names (its
+    ``metal3/``): CAPM3's module cannot be fetched through the Go module proxy, so nothing
+    here can generate it, and metalmend does not ship another project's CRD."""
+    base = os.environ.get(UPSTREAM_CRDS_ENV)
+    if not base:
+        raise LabError(
+            f"--machine-api capi-metal3 needs upstream's Metal3Machine CRD: set {UPSTREAM_CRDS_ENV}"
+            f" to a directory holding metal3/{capi.METAL3MACHINE_CRD} (cluster-api-provider-metal3"
+            " config/crd/bases/)"
+        )
+    found = Path(base) / "metal3" / capi.METAL3MACHINE_CRD
+    if not found.is_file():
+        raise LabError(f"no Metal3Machine CRD at {found} ({UPSTREAM_CRDS_ENV}={base})")
+    return found
+
+
+def start_openshift(running: RunningLab, found: OpenShiftAssets) -> bool:
+    """OpenShift's machine-api CRDs, its machine-healthcheck and, where it built, its
+    nodelink-controller (lab.openshift), each restarted when it dies as `metalmend run` is.
+    Whether the nodelink-controller runs (else metalmend's node-link sets nodeRef)."""
+    openshift.install_crds(running.client(), found)
+    workdir = running.plane.workdir.parent / "openshift"
+    check = openshift.HealthCheck(found, running.kubeconfig, workdir)
+    _record(running, check.start())
+    running.restarting[openshift.COMPONENT] = Restarts()
+    if found.nodelink_controller is None:
+        running.say("OpenShift's nodelink-controller is not built: metalmend's node-link runs")
+        return False
+    nodelink = openshift.NodeLink(found.nodelink_controller, running.kubeconfig, workdir)
+    _record(running, nodelink.start())
+    running.restarting[openshift.NODELINK] = Restarts()
+    return True
 
 
 def start_hosts(running: RunningLab, options: LabOptions) -> None:
@@ -389,6 +491,15 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
             ),
         )  # fmt: skip
     site = siteetcd.plan(options.lab_dir, config.hosts, running.plane.binaries.etcd)
+    machines = options.machines
+    if machines == "capi-metal3":  # the Nodes' providerID names the Metal3Machine (CAPM3's)
+        for spec in config.hosts:
+            spec.provider_id = capi.metal3_provider_id(spec, spec.name)
+    access = None
+    if machines in ("capi", "capi-metal3"):
+        access = capi.ClusterAccess(running.kubeconfig.read_bytes(), running.plane.server)
+    if machines == "openshift":  # the providerIDs carry the hosts' uids: hosts first
+        hosts.register(running.client(), config, None, machines)
     config_file = workdir / "config.json"
     config.write(config_file)
     _record(
@@ -399,10 +510,8 @@ def start_hosts(running: RunningLab, options: LabOptions) -> None:
             waiting_for=f"the hosts' BMCs up and {status_path(options.lab_dir)} written",
         ),
     )  # fmt: skip
-    access = None
-    if options.cluster_api is not None:
-        access = capi.ClusterAccess(running.kubeconfig.read_bytes(), running.plane.server)
-    hosts.register(running.client(), config, access)
+    if machines != "openshift":
+        hosts.register(running.client(), config, access, machines)
     start_provisioner(running, config_file, options.provision_delay)
     if site is not None:  # the site etcd (on the hosts) and the design declaring it
         siteetcd.wait_healthy(site)
@@ -523,7 +632,10 @@ def up_detached(options: LabOptions, timeout: float = 600.0) -> LabState:
     argv = [sys.executable, "-m", "metalmend", "lab", "up", "--dir", str(lab_dir)]
     argv += ["--node-grace", f"{options.node_monitor_grace_period:g}"]
     argv += ["--hosts", str(options.hosts), "--bmc", options.bmc]
-    argv += ["--boot-delay", f"{options.boot_delay:g}", "--controllers", options.controllers]
+    argv += ["--boot-delay", f"{options.boot_delay:g}"]
+    if options.controllers is not None:
+        argv += ["--controllers", options.controllers]
+    argv += ["--machine-api", options.machines]
     argv += ["--erase-seconds", f"{options.erase_seconds:g}"]
     argv += ["--provision-delay", f"{options.provision_delay:g}"]
     argv += ["--power-owner", options.power_owner, "--bmo-refresh", f"{options.bmo_refresh:g}"]
@@ -597,6 +709,8 @@ class LabStatus:
     kubeconfig: str = ""
     apiserver_ready: bool = False
     components: list[ComponentStatus] = field(default_factory=list)
+    controllers: list[str] = field(default_factory=list)  # what `metalmend run` runs
+    machine_api: str = "none"
     hosts: list[HostStatus] = field(default_factory=list)
     site_etcd: siteetcd.SiteStatus | None = None
 
@@ -614,6 +728,8 @@ def status(lab_dir: Path) -> LabStatus:
             ComponentStatus(n, p, alive(p), state.restarts.get(n, 0))
             for n, p in state.components.items()
         ],
+        controllers=[c for c in state.controllers.split(",") if c],
+        machine_api=state.machine_api,
     )
     if state.ready:
         report.apiserver_ready = _apiserver_ready(lab_dir)

@@ -24,16 +24,25 @@ What the controller needs, and what it does (``pkg/controller/machinehealthcheck
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 from lightkube import Client
 from lightkube.generic_resource import create_namespaced_resource
 
+from metalmend.api import names
 from metalmend.kube.crds import install_crds as apply_crds
 from metalmend_lab.assets import OpenShiftAssets
 from metalmend_lab.controlplane import LOOPBACK, Component, free_port, start_component
+from metalmend_lab.inventory import HostSpec
 
 COMPONENT = "openshift-machine-healthcheck"
+NODELINK = "openshift-nodelink-controller"
+MACHINESET = "workers"  # the lab's one MachineSet, owner of every host's Machine
+CLUSTER_LABEL = "machine.openshift.io/cluster-api-cluster"
+MACHINESET_LABEL = "machine.openshift.io/cluster-api-machineset"
+MACHINE_ROLE_LABEL = "machine.openshift.io/cluster-api-machine-role"
+CLUSTER = "lab"
 API = "machine.openshift.io/v1beta1"
 REMEDIATION_STRATEGY = "machine.openshift.io/remediation-strategy"
 EXTERNAL_BAREMETAL = "external-baremetal"
@@ -85,4 +94,87 @@ class HealthCheck:
             COMPONENT, self.argv(), self.workdir, self.ready,
             waiting_for=f"OpenShift's machine-healthcheck's GET http://{LOOPBACK}:"
             f"{self.health_port}/readyz to answer 200",
+        )  # fmt: skip
+
+
+def provider_id(namespace: str, host: str, uid: str) -> str:
+    """The providerID OpenShift's metal3 provider (cluster-api-provider-baremetal) writes on
+    a Machine and its Node: ``baremetalhost:///<namespace>/<host>/<host uid>``."""
+    return f"baremetalhost:///{namespace}/{host}/{uid}"
+
+
+def machineset_object(namespace: str, labels: dict[str, str], replicas: int) -> dict[str, Any]:
+    """The MachineSet that owns the lab's Machines (OpenShift's machineset controller does not
+    run here: nothing scales it; it is the Machines' controller owner, as in a cluster)."""
+    selector = {CLUSTER_LABEL: CLUSTER, MACHINESET_LABEL: MACHINESET}
+    return {
+        "apiVersion": API, "kind": "MachineSet",
+        "metadata": {"name": MACHINESET, "namespace": namespace,
+                     "labels": {CLUSTER_LABEL: CLUSTER}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            "template": {"metadata": {"labels": {**selector, **labels}},
+                         "spec": {"providerSpec": {}}},
+        },
+    }  # fmt: skip
+
+
+def machine_object(
+    host: HostSpec, labels: dict[str, str], host_uid: str, machineset_uid: str
+) -> dict[str, Any]:
+    """A host's ``machine.openshift.io/v1beta1`` Machine as OpenShift's metal3 provider makes
+    it: named after the host (the lab's hosts, Machines and Nodes share names), annotated
+    ``metal3.io/BareMetalHost: <namespace>/<host>``, ``spec.providerID`` naming the host with
+    its uid, a controller ownerReference to the MachineSet."""
+    owner = {"apiVersion": API, "kind": "MachineSet", "name": MACHINESET,
+             "uid": machineset_uid, "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    return {
+        "apiVersion": API, "kind": "Machine",
+        "metadata": {
+            "name": host.name, "namespace": host.namespace,
+            "labels": {**labels, CLUSTER_LABEL: CLUSTER, MACHINESET_LABEL: MACHINESET,
+                       MACHINE_ROLE_LABEL: "worker"},
+            "annotations": {names.MACHINE_HOST: f"{host.namespace}/{host.name}"},
+            "ownerReferences": [owner],
+        },
+        "spec": {"providerID": provider_id(host.namespace, host.name, host_uid),
+                 "providerSpec": {}},
+    }  # fmt: skip
+
+
+class NodeLink:
+    """OpenShift's nodelink-controller (``cmd/nodelink-controller``): sets a Machine's
+    ``status.nodeRef`` to the Node with its providerID, and annotates the Node
+    ``machine.openshift.io/machine: <namespace>/<machine>``. It has no health endpoint and
+    serves no metrics (``BindAddress: "0"`` in its main.go): it is ready once its log says
+    controller-runtime started its workers."""
+
+    READY_LINE = "Starting workers"
+
+    def __init__(self, binary: Path, kubeconfig: Path, workdir: Path) -> None:
+        self.binary, self.kubeconfig, self.workdir = binary, kubeconfig, workdir
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"{NODELINK}.log"
+
+    def argv(self) -> list[str]:
+        return [str(self.binary), f"--kubeconfig={self.kubeconfig}", "--leader-elect=false"]
+
+    def start(self) -> Component:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        begun_at = self.log_path.stat().st_size if self.log_path.exists() else 0
+
+        def ready() -> bool:
+            try:
+                with self.log_path.open("rb") as log:
+                    log.seek(begun_at)
+                    return self.READY_LINE.encode() in log.read()
+            except OSError:
+                return False
+
+        return start_component(
+            NODELINK, self.argv(), self.workdir, ready,
+            waiting_for=f"OpenShift's nodelink-controller to log {self.READY_LINE!r}",
         )  # fmt: skip

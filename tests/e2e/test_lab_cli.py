@@ -17,6 +17,7 @@ from lightkube import Client, KubeConfig
 from lightkube.types import PatchType
 
 from metalmend.api.resources import BareMetalHost
+from metalmend.settings import CONTROLLER_NAMES
 from metalmend_lab.assets import find_binaries
 from metalmend_lab.inventory import status_path
 from metalmend_lab.lab import LabState, alive
@@ -54,11 +55,17 @@ def test_detached_lab_serves_kubectl_and_down_leaves_nothing(tmp_path: Path) -> 
         "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "metalmend",
         "metalmend-serve",
     }  # fmt: skip
+    # every controller by default (issue 37: a NodeHealthCheck or FenceRemediation made in
+    # the lab was silently ignored)
+    assert state.controllers == ",".join(CONTROLLER_NAMES)
     assert (lab_dir / "endpoints.json").exists()
     try:
         report = metalmend("lab", "status", lab_dir=lab_dir)
         assert report.returncode == 0
         assert "readyz ok" in report.stdout
+        listed = f"metalmend run --controllers: {', '.join(CONTROLLER_NAMES)}"
+        assert listed in report.stdout, report.stdout
+        assert "machine API none" in report.stdout
         assert "teardown API https://127.0.0.1:" in report.stdout
         again = metalmend("lab", "up", "--detach", lab_dir=lab_dir)
         assert again.returncode == 1
@@ -138,6 +145,29 @@ def test_bad_asset_variable_gives_one_clear_line(tmp_path: Path, variable: str, 
     )
     assert result.returncode == 1
     assert result.stderr.strip() == f"metalmend: {says}"
+
+
+def test_an_unknown_machine_api_gives_one_clear_line(tmp_path: Path) -> None:
+    result = metalmend("lab", "up", "--machine-api", "rancher", lab_dir=tmp_path / "lab")
+    assert result.returncode == 2
+    assert "--machine-api must be one of none, capi, capi-metal3, openshift, not 'rancher'" in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_capi_metal3_without_the_upstream_crds_gives_one_clear_line(tmp_path: Path) -> None:
+    """Checked before anything starts: metalmend does not ship CAPM3's CRD."""
+    env = {k: v for k, v in os.environ.items() if k != "METALMEND_UPSTREAM_CRDS"}
+    result = subprocess.run(
+        [sys.executable, "-m", "metalmend", "lab", "up", "--machine-api", "capi-metal3",
+         "--dir", str(tmp_path / "lab")],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "METALMEND_UPSTREAM_CRDS" in lines[0]
 
 
 def test_lab_with_hosts_reports_them_takes_faults_and_leaves_nothing_behind(

@@ -263,6 +263,7 @@ def test_lab_up_offers_the_labs_own_default_controllers() -> None:
 
     assert cli.LAB_CONTROLLERS == lab.DEFAULT_CONTROLLERS
     assert cli.LAB_BMO_CONTROLLERS == lab.BMO_CONTROLLERS
+    assert cli.LAB_MACHINE_APIS == lab.MACHINE_APIS
 
 
 def test_lab_up_offers_the_provisioners_own_default_delay() -> None:

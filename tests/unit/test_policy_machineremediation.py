@@ -16,6 +16,7 @@ from metalmend.api.stamps import parse_stamp, stamp
 from metalmend.policy import healthcheck as check_policy
 from metalmend.policy.fencing import HostPower
 from metalmend.policy.machineremediation import (
+    BOOT_GRACE,
     KEY,
     TRUTH_TABLE,
     DeleteNode,
@@ -30,6 +31,7 @@ from metalmend.policy.machineremediation import (
     SetLinkCondition,
     Step,
     View,
+    WithdrawRequest,
     decide,
     powered_on,
     table_step,
@@ -226,8 +228,13 @@ class Site:
     acknowledged: bool = False  # poweredOffFor lists the key
     on_since: dt.datetime = NOW - dt.timedelta(days=1)
     power_offs: list[dt.datetime] = field(default_factory=list)
+    openshift: bool = False  # OpenShift's check: asks while the Node is missing or sick
 
     def health_check(self, startup: float) -> None:
+        if self.openshift:  # needsRemediation: no end stamp read, nothing ever withdrawn
+            if not self.node or self.sick:
+                self.annotations.setdefault(names.EXTERNAL_REMEDIATION, "")
+            return
         rule = check_policy.UnhealthyCondition("KernelDeadlock", "True", 60)
         conditions = {}
         if self.node:
@@ -253,6 +260,8 @@ class Site:
             needs_remediation=names.EXTERNAL_REMEDIATION in self.annotations,
             node=N1 if self.node else None, power=power,
             remediation_ended=names.REMEDIATION_ENDED_AT in self.annotations,
+            remediation_ended_at=parse_stamp(self.annotations.get(names.REMEDIATION_ENDED_AT)),
+            checker_reads_end=not self.openshift,
         )  # fmt: skip
         for action in work(decide(facts, self.now)):
             match action:
@@ -266,6 +275,9 @@ class Site:
                 case ReleasePower():
                     self.held = False
                 case ForgetRemediationEnd():
+                    self.annotations.pop(names.REMEDIATION_ENDED_AT)
+                case WithdrawRequest():
+                    self.annotations.pop(names.EXTERNAL_REMEDIATION)
                     self.annotations.pop(names.REMEDIATION_ENDED_AT)
 
     def second(self) -> None:
@@ -316,3 +328,77 @@ def test_node_startup_timeout_zero_lets_a_remediated_server_wait_for_its_node_fo
     assert len(site.power_offs) == 1
     assert site.on
     assert not site.held
+
+
+# ---- rule "same failure": a check that does not read the end stamp (OpenShift's) ----------------
+
+ENDED = NOW - dt.timedelta(seconds=30)
+
+
+def asked_again(**changes: object) -> View:
+    """m1 (an OpenShift Machine) asks again 30 s after its last remediation ended."""
+    base = view(remediation_ended=True, remediation_ended_at=ENDED, checker_reads_end=False)
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("node", "power", "expected"),
+    [
+        pytest.param(None, HELD_OFF, [ReleasePower()],
+                     id="asked again before the release: the host is released, not re-stamped"),
+        pytest.param(None, ON, [], id="asked again while it boots: no second power cycle"),
+        pytest.param(None, RELEASED_OFF, [], id="asked again before it reads on: nothing"),
+        pytest.param(N1, ON, [WithdrawRequest()],
+                     id="its Node back: the request made while it was missing is withdrawn"),
+        pytest.param(N1, HELD_OFF, [DeleteNode("n1", "uid-n1"), DeletePods("n1"), ForgetRemediationEnd()],
+                     id="a cycle of its own under way: the table"),
+    ],
+)  # fmt: skip
+def test_same_failure_rule(node: NodeView | None, power: HostPower, expected: list[object]) -> None:
+    assert work(decide(asked_again(node=node, power=power), NOW)) == expected
+
+
+def test_same_failure_while_booting_looks_again_when_the_grace_ends() -> None:
+    assert decide(asked_again(node=None), NOW).requeue_at == ENDED + BOOT_GRACE
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        pytest.param({}, [RequestPowerOff()], id="no stamp"),
+        pytest.param({"remediation_ended_at": ENDED, "checker_reads_end": True},
+                     [RequestPowerOff()], id="a check that reads the stamp: the table"),
+        pytest.param({"remediation_ended_at": NOW - BOOT_GRACE}, [RequestPowerOff()],
+                     id="after the grace: a server that never registered is cycled again"),
+        pytest.param({"remediation_ended_at": NOW + dt.timedelta(minutes=5)}, [RequestPowerOff()],
+                     id="a stamp from the future is not machine-remediation's"),
+        pytest.param({"remediation_ended_at": ENDED, "needs_remediation": False}, [],
+                     id="nothing asked: the table (row 0 0 1 0)"),
+    ],
+)  # fmt: skip
+def test_same_failure_rule_does_not_apply(
+    changes: dict[str, object], expected: list[object]
+) -> None:
+    facts = replace(view(node=None, checker_reads_end=False), **changes)  # type: ignore[arg-type]
+    assert work(decide(facts, NOW)) == expected
+
+
+def test_openshifts_check_asking_again_at_once_gets_one_power_cycle() -> None:
+    """OpenShift's check puts the request back as soon as it is removed while the Node is
+    missing, and never withdraws it: before the rule, the host was power-cycled again as
+    soon as it read on, before its kubelet registered, and again after each power-on."""
+    site = Site(openshift=True)
+    site.run(600, startup=600)
+    assert len(site.power_offs) == 1
+    assert site.node
+    assert site.on
+    assert not site.held
+    assert site.annotations == {}  # the request withdrawn once the Node came back
+
+
+def test_openshifts_check_and_a_server_that_never_registers_cycles_each_grace() -> None:
+    site = Site(openshift=True, boot=None)
+    site.run(2000, startup=600)
+    gaps = [b - a for a, b in itertools.pairwise(site.power_offs)]
+    assert len(site.power_offs) >= 2
+    assert all(gap >= BOOT_GRACE for gap in gaps)

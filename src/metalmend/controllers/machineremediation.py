@@ -20,8 +20,8 @@ from typing import Any
 from lightkube.resources.core_v1 import Node
 
 from metalmend.api import indexes, links, names
-from metalmend.api.resources import BareMetalHost, machine_resource
-from metalmend.api.stamps import stamp
+from metalmend.api.resources import BareMetalHost, OpenShiftMachine, machine_resource
+from metalmend.api.stamps import parse_stamp, stamp
 from metalmend.controllers import machines as machine_kinds
 from metalmend.controllers import metrics
 from metalmend.controllers.tenancy import report
@@ -109,6 +109,10 @@ class MachineRemediationController:
             refused_claims=self._refused_claims(host_key),
             remediation_ended=names.REMEDIATION_ENDED_AT in asked,
             teardown=teardown_claim(annotations),
+            remediation_ended_at=parse_stamp(asked.get(names.REMEDIATION_ENDED_AT)),
+            # only metalmend's own check reads the end stamp, and it judges Cluster API's
+            # Machines only; OpenShift's check does not read it
+            checker_reads_end=machine is None or machine_resource(machine) is not OpenShiftMachine,
         )
 
     def _refused_claims(self, host_key: str) -> tuple[policy.RefusedClaim, ...]:
@@ -170,6 +174,11 @@ class MachineRemediationController:
                 )
                 metrics.OUTCOMES.labels(metrics.MACHINE_REMEDIATION, "power_cycled").inc()
                 return written
+            case policy.WithdrawRequest():
+                withdrawn = {names.EXTERNAL_REMEDIATION: None, names.REMEDIATION_ENDED_AT: None}
+                return await writer.patch_metadata(
+                    machine_resource(machine), machine, "annotations", withdrawn
+                )
             case policy.ForgetRemediationEnd():
                 forget = {names.REMEDIATION_ENDED_AT: None}
                 return await writer.patch_metadata(

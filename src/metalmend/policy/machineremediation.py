@@ -48,6 +48,19 @@ kubelet registers: a loop that never lets it boot. The check reads the stamp and
 ``nodeStartupTimeout`` from it (policy.healthcheck, rule 3). Once the Node that nodeRef
 names is found again, the wait is over and the stamp is removed, so that a later deletion
 of that Node is NodeNotFound at once again.
+
+That stamp works only for a check that reads it. OpenShift's MachineHealthCheck does not
+(openshift/machine-api-operator ``pkg/controller/machinehealthcheck``, ``needsRemediation``:
+a Machine whose nodeRef names a missing Node is unhealthy at once), so on an OpenShift
+Machine (``checker_reads_end`` False) it puts the request back as soon as it is removed.
+Rule "same failure": while the end stamp is fresh (less than ``BOOT_GRACE``, OpenShift's
+default ``nodeStartupTimeout``) a request on such a Machine is the failure just remediated,
+seen again, not a new one: with our key still held, the host is released (the design's row
+would remove the request again, and the two would take turns); with the Node missing,
+nothing (no second power cycle while the server boots; looked at again when the grace
+ends); with the Node registered again, the request is withdrawn together with the stamp
+(the design's row 1 1 1 0 would power-cycle the server that just came back). After the
+grace, the table applies: a server that never registers is power-cycled again.
 """
 
 from __future__ import annotations
@@ -71,6 +84,10 @@ from metalmend.policy.interlock import (
 from metalmend.policy.tenancy import SetLinkCondition as SetLinkCondition  # an action here too
 
 KEY = names.MACHINE_REMEDIATION_REBOOT
+# How long after a remediation ended a request on a Machine whose check does not read the
+# end stamp is taken for the same failure (OpenShift's default nodeStartupTimeout).
+BOOT_GRACE = dt.timedelta(minutes=10)
+CLOCK_SKEW = dt.timedelta(seconds=60)  # an end stamp later than now by more is not ours
 
 
 class Step(StrEnum):
@@ -158,6 +175,11 @@ class View:
     remediation_ended: bool = False
     # a teardown's claim on the host (policy.interlock): the reboot key is not added
     teardown: Claim | None = None
+    # names.REMEDIATION_ENDED_AT as a time (None: absent or not a time)
+    remediation_ended_at: dt.datetime | None = None
+    # the Machine's health check reads that stamp (metalmend's own, for Cluster API
+    # Machines); False for OpenShift's Machines, whose check does not (rule "same failure")
+    checker_reads_end: bool = True
 
 
 # ---- actions, carried out in order by controllers.machineremediation -----------------------
@@ -195,6 +217,13 @@ class RemoveRemediationRequest:
 
 
 @dataclass(frozen=True)
+class WithdrawRequest:
+    """Remove ``host.metal3.io/external-remediation`` and ``metalmend.dev/remediation-ended-at``
+    from the Machine in one write: its Node registered again after a remediation, and the
+    request was put back while it was missing (rule "same failure")."""
+
+
+@dataclass(frozen=True)
 class ForgetRemediationEnd:
     """Remove ``metalmend.dev/remediation-ended-at`` from the Machine: its Node is back."""
 
@@ -208,7 +237,7 @@ class ReleasePower:
 
 Action = (
     SetLinkCondition | RequestPowerOff | DeleteNode | DeletePods | RemoveRemediationRequest
-    | ReleasePower | ForgetRemediationEnd | Event
+    | ReleasePower | ForgetRemediationEnd | WithdrawRequest | Event
 )  # fmt: skip
 
 
@@ -229,6 +258,8 @@ def decide(view: View, now: dt.datetime) -> Decision[Action]:
             SetLinkCondition(view.machine, names.CONDITION_NODE_FENCING, why,
                              REASON_NODE_OF_ANOTHER_HOST),
         )  # fmt: skip
+    if (grace_ends := same_failure(view, now)) is not None:
+        return decision.then(_let_it_boot(view, grace_ends))
     step = table_step(
         view.node is not None, view.needs_remediation, powered_on(view.power),
         view.power.holds_key,
@@ -237,6 +268,42 @@ def decide(view: View, now: dt.datetime) -> Decision[Action]:
     if view.machine is not None and view.remediation_ended and view.node is not None:
         decision.do(ForgetRemediationEnd())  # the Node registered again: the wait is over
     return decision
+
+
+def same_failure(view: View, now: dt.datetime) -> dt.datetime | None:
+    """When rule "same failure" applies to this view: the end of its grace; else None."""
+    ended = view.remediation_ended_at
+    if (
+        view.checker_reads_end
+        or view.machine is None
+        or not view.needs_remediation
+        or view.fence_refusal
+        or ended is None
+        or ended > now + CLOCK_SKEW
+        or now >= ended + BOOT_GRACE
+        or (view.node is not None and view.power.holds_key)  # a cycle of its own: the table
+    ):
+        return None
+    return ended + BOOT_GRACE
+
+
+def _let_it_boot(view: View, grace_ends: dt.datetime) -> Decision[Action]:
+    decision: Decision[Action] = Decision()
+    if view.node is not None:
+        decision.do(WithdrawRequest())
+        message = (
+            f"Node {view.node.name} registered again after the remediation ended:"
+            " the request made while it was missing is withdrawn"
+        )
+        return _tell(decision, message)
+    if view.power.holds_key:
+        decision.do(ReleasePower())
+        message = (
+            f"remediation asked again while Node {view.node_ref} is missing after the one"
+            f" that ended: not a new power cycle; powering host {view.host} on"
+        )
+        return _tell(decision, message)
+    return decision.at(grace_ends)  # booting: its Node (a watched object) ends the wait
 
 
 def _carry_out(step: Step, view: View, now: dt.datetime) -> Decision[Action]:
