@@ -320,10 +320,10 @@ UNGUARDED = "ValidatingAdmissionPolicy metalmend-node-name-writers is not instal
         pytest.param("metal3://t1/h1", [H1], None, None, id="named, providerID agrees"),
         pytest.param("k3s://n1", [H1], None, None, id="named, another scheme"),
         # a providerID with the host's uid needs no guard
-        pytest.param("baremetalhost:///t1/h1/uid-h1", [], H1, "t1/h1", id="openshift uid"),
-        pytest.param("baremetalhost:///t1/h1/uid-h1", [H1], H1, "t1/h1",
+        pytest.param(f"baremetalhost:///t1/h1/{UID_H1}", [], H1, "t1/h1", id="openshift uid"),
+        pytest.param(f"baremetalhost:///t1/h1/{UID_H1}", [H1], H1, "t1/h1",
                      id="uid, and the same host names it"),
-        pytest.param("metal3://uid-h1", [], H1, "t1/h1", id="legacy uid"),
+        pytest.param(f"metal3://{UID_H1}", [], H1, "t1/h1", id="legacy uid"),
     ],
 )  # fmt: skip
 def test_the_hosts_word_counts_only_while_its_writers_are_guarded(

@@ -23,9 +23,10 @@ from metalmend.policy.nodelink import (
 MACHINE = MachineIdentity(namespace="t1", name="m", uid="uid-m", infrastructure_ref={})
 CONSUMER = {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine", "name": "m",
             "namespace": "t1", "uid": "uid-m"}  # fmt: skip
-OWN = {"t1/h1": HostFacts("t1/h1", "uid-h1", CONSUMER)}
-UNCLAIMED = {"t1/h1": HostFacts("t1/h1", "uid-h1", None)}
-OTHERS = {"t1/h1": HostFacts("t1/h1", "uid-h1", {**CONSUMER, "name": "m2", "uid": "uid-m2"})}
+UID_H1 = "6f0c2a4e-1b7d-4c39-9a5e-0d8f3b2c1a01"  # a host uid is a UUID (api/links.parse_provider_id)
+OWN = {"t1/h1": HostFacts("t1/h1", UID_H1, CONSUMER)}
+UNCLAIMED = {"t1/h1": HostFacts("t1/h1", UID_H1, None)}
+OTHERS = {"t1/h1": HostFacts("t1/h1", UID_H1, {**CONSUMER, "name": "m2", "uid": "uid-m2"})}
 
 
 def node(name: str, provider_id: str | None = None) -> NodeFacts:
@@ -39,7 +40,7 @@ def node(name: str, provider_id: str | None = None) -> NodeFacts:
                      "n1", "", id="providerID of the Machine's confirmed host"),
         pytest.param(None, "metal3://t1/h1", OWN, {"metal3://t1/h1": node("n1", "metal3://t1/h1")}, None,
                      "n1", "", id="no annotation: the host the providerID names confirms"),
-        pytest.param("t1/h1", "metal3://uid-h1", OWN, {"metal3://uid-h1": node("n1", "metal3://uid-h1")}, None,
+        pytest.param("t1/h1", f"metal3://{UID_H1}", OWN, {f"metal3://{UID_H1}": node("n1", f"metal3://{UID_H1}")}, None,
                      "n1", "", id="legacy providerID through the annotation"),
         pytest.param("t1/h1", "metal3://t1/h1/m3m", OWN, {"metal3://t1/h1/m3m": node("n1")}, None,
                      "n1", "", id="CAPM3 providerID"),
