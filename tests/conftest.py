@@ -7,12 +7,14 @@ tests/e2e -> e2e. Only tests that ask for a control-plane fixture start one.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, settings
 from lightkube import ApiError, AsyncClient, Client, KubeConfig, codecs
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Namespace
@@ -25,6 +27,16 @@ from metalmend_lab.policies import POLICIES, name_writers
 # PostgreSQL database of a throwaway cluster (tests/postgres.py), one test per kind.
 from tests.postgres import database_url, postgres_server  # noqa: F401
 from tests.support import slowness
+
+# Property tests are tables of generated cases, not timing tests: no per-example deadline
+# and no "too slow" health check (a loaded 2-core CI runs an example 10x slower than an idle
+# laptop), and the same cases on every run, so that a red run can be rerun and a green one
+# means the same thing everywhere. HYPOTHESIS_PROFILE=explore draws fresh cases.
+settings.register_profile(
+    "ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
+settings.register_profile("explore", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Short enough that node-lifecycle tests take seconds, long enough for a loaded 2-core CI.
 NODE_MONITOR_GRACE_PERIOD = 6.0

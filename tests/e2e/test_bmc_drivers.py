@@ -10,8 +10,10 @@ import contextlib
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +27,7 @@ from metalmend.bmc import (
     Unreachable,
     parse,
 )
+from metalmend.bmc import ipmi, metrics
 from metalmend.bmc.errors import BmcError
 from metalmend.bmc.settings import BmcSettings
 from metalmend_lab import lab
@@ -279,5 +282,43 @@ async def test_a_cancelled_ipmi_call_ends_its_worker(hosts_lab: lab.RunningLab) 
             await until(ended, within=5)
             assert await bmcs.power_state(target(spec)) == PowerState.ON  # on a fresh worker
             assert pid not in bmcs.ipmi_workers.pids()
+    finally:
+        await bmcs.close()
+
+
+async def test_a_worker_slow_to_start_outlives_the_call_that_gave_up_and_serves_the_next(
+    hosts_lab: lab.RunningLab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a loaded machine a worker's start (Python importing pyghmi) can take longer than
+    a call's deadline. The call gives up; the worker is not killed for it but comes up for
+    the next call: one start, not one per call (was: every call killed the worker it was
+    waiting for and the next started another, so an IPMI BMC answering in milliseconds
+    read "did not answer" for as long as the load lasted)."""
+    gate = tmp_path / "imports-done"
+    slow = tmp_path / "slow-worker"  # the worker, held back until the test opens the gate
+    slow.write_text(
+        f"#!/bin/sh\nwhile [ ! -e {gate} ]; do sleep 0.05; done\n"
+        f"exec {sys.executable} -m metalmend.bmc.ipmi_worker\n"
+    )
+    slow.chmod(0o755)
+    monkeypatch.setattr(ipmi, "WORKER_COMMAND", (str(slow),))
+    spec = host(hosts_lab, "ipmi")
+    bmcs = BmcPool(BmcSettings(timeout=1))
+    starts = metrics.IPMI_WORKER_STARTS._value.get()
+    try:
+        with pytest.raises(TimedOut):
+            await bmcs.power_state(target(spec))
+        with pytest.raises(TimedOut):  # a second call waits on the same start
+            await bmcs.power_state(target(spec))
+        gate.touch()
+
+        async def served() -> bool:
+            try:
+                return await bmcs.power_state(target(spec)) == PowerState.ON
+            except TimedOut:
+                return False  # still starting on a busy machine
+
+        await until(served, within=60, what="the held-back worker serves a power read")
+        assert metrics.IPMI_WORKER_STARTS._value.get() - starts == 1
     finally:
         await bmcs.close()

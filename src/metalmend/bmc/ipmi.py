@@ -58,11 +58,21 @@ OPERATION = {
 PROBE_WAIT = 3.0
 """Longest the preflight waits for the BMC's answer (a LAN BMC answers in milliseconds;
 pyghmi's own first retransmission comes after 0.5-1 s)."""
+# A worker's start-up (a Python process importing pyghmi): under a second on an idle machine,
+# seconds on a loaded one; never counted against a call's deadline (IpmiWorkers.worker).
+WORKER_STARTUP = 60.0
+WORKER_COMMAND = (sys.executable, "-m", "metalmend.bmc.ipmi_worker")
 ANSWER_LIMIT = 1 << 16  # one answer line of a worker; anything longer is a broken worker
 
 # IPMI 2.0 "Get Channel Authentication Capabilities", sent outside any session: every BMC
 # answers it before a login (it is how clients discover what the BMC supports).
 _AUTH_CAPABILITIES = bytes.fromhex("0600ff07000000000000000000092018c88100388e04b5")
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    """Mark a future's outcome as seen: no "exception was never retrieved" at exit."""
+    if not future.cancelled():
+        future.exception()
 
 
 class _WorkerGone(Exception):
@@ -77,18 +87,33 @@ class _Worker:
         self.process = process
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.killed = False  # set at once by kill(): the process is reaped only later
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.ready.add_done_callback(_consume)  # a worker killed before it was ready
         self._ids = 0
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
     async def start(cls) -> _Worker:
+        """A worker that said it is ready (its imports done), or BmcError."""
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "metalmend.bmc.ipmi_worker",
+            *WORKER_COMMAND,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             limit=ANSWER_LIMIT,
         )  # fmt: skip
         metrics.IPMI_WORKER_STARTS.inc()
-        return cls(process)
+        worker = cls(process)
+        try:
+            async with asyncio.timeout(WORKER_STARTUP):
+                await worker.ready
+        except BaseException as error:
+            worker.kill()
+            if isinstance(error, TimeoutError | _WorkerGone):
+                raise BmcError(
+                    f"an IPMI worker process did not start within {WORKER_STARTUP:.0f}s"
+                    " (is the machine overloaded, or pyghmi not installed?)"
+                ) from None
+            raise
+        return worker
 
     @property
     def alive(self) -> bool:
@@ -114,6 +139,10 @@ class _Worker:
         try:
             while line := await self.process.stdout.readline():
                 answer = json.loads(line)
+                if answer == {"ready": True}:
+                    if not self.ready.done():
+                        self.ready.set_result(None)
+                    continue
                 future = self.pending.get(answer.get("id"))
                 if future is not None and not future.done():
                     future.set_result(answer)
@@ -128,7 +157,7 @@ class _Worker:
         with contextlib.suppress(ProcessLookupError):
             if self.process.returncode is None:
                 self.process.kill()
-        for future in self.pending.values():
+        for future in [self.ready, *self.pending.values()]:
             if not future.done():
                 future.set_exception(_WorkerGone())
         if self.process.stdin is not None:
@@ -146,23 +175,46 @@ class IpmiWorkers:
     def __init__(self, size: int = 2) -> None:
         self.size = size
         self._workers: dict[int, _Worker] = {}
-        self._starting: dict[int, asyncio.Lock] = {}
+        self._starting: dict[int, asyncio.Task[_Worker]] = {}
 
     def slot(self, endpoint: str) -> int:
         return int.from_bytes(hashlib.sha256(endpoint.encode()).digest()[:4]) % self.size
 
     async def worker(self, endpoint: str) -> _Worker:
+        """The slot's live worker, started if there is none.
+
+        A start runs in a task of its own, shielded from the caller: a call whose deadline
+        passes while the worker is still importing pyghmi (seconds on a loaded machine)
+        gives up, but the worker comes up for the next call. Started under each call's
+        deadline, every start on a busy machine was killed before it was ready and the next
+        call started another: a BMC that answers in milliseconds read "did not answer" for
+        as long as the load lasted."""
         slot = self.slot(endpoint)
-        async with self._starting.setdefault(slot, asyncio.Lock()):
-            worker = self._workers.get(slot)
-            if worker is None or not worker.alive:  # a killed one is reaped by asyncio
-                worker = self._workers[slot] = await _Worker.start()
+        worker = self._workers.get(slot)
+        if worker is not None and worker.alive:  # a killed one is reaped by asyncio
             return worker
+        starting = self._starting.get(slot)
+        if starting is None or starting.done():
+            starting = asyncio.get_running_loop().create_task(self._start(slot))
+            starting.add_done_callback(_consume)  # its callers may all have given up
+            self._starting[slot] = starting
+        return await asyncio.shield(starting)
+
+    async def _start(self, slot: int) -> _Worker:
+        worker = self._workers[slot] = await _Worker.start()
+        return worker
 
     def pids(self) -> list[int]:
         return [w.process.pid for w in self._workers.values() if w.alive]
 
     async def close(self) -> None:
+        starting = [task for task in self._starting.values() if not task.done()]
+        self._starting.clear()
+        for task in starting:
+            task.cancel()
+        for task in starting:
+            with contextlib.suppress(BaseException):
+                await task
         workers = list(self._workers.values())
         self._workers.clear()
         for worker in workers:

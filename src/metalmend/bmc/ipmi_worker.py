@@ -6,7 +6,8 @@ request per line::
     {"id": 7, "op": "state" | "on" | "shutdown" | "off", "host": "10.0.0.9", "port": 623,
      "local": "10.0.0.1", "username": "...", "password": "..."}
 
-one answer per line, in any order::
+first, once its imports are done, the line ``{"ready": true}``; then one answer per line,
+in any order::
 
     {"id": 7, "power": "on" | "off"}   or   {"id": 7, "ok": true}
     {"id": 7, "error": "auth" | "timeout" | "unsupported" | "failed", "message": "..."}
@@ -211,6 +212,8 @@ def main() -> None:
     # stderr instead of corrupting the protocol.
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     sys.stdout = sys.stderr
+    answers.write(json.dumps({"ready": True}) + "\n")
+    answers.flush()
     serve(sys.stdin, answers)
     os._exit(0)  # pyghmi's IO thread is not a daemon we could join; leave at once
 
