@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-site test k8s helm metal3 promtool prometheus kwok capi openshift image test-image tools lint bench venv clean
+.PHONY: demo demo-site test test-thorough k8s helm metal3 promtool prometheus kwok capi openshift image test-image tools lint bench venv clean
 
 demo: venv k8s
 	$(BIN)/metalmend demo
@@ -24,6 +24,11 @@ TEST_WORKERS ?= 2
 # cached results and name the make target when one is missing.
 test: venv k8s helm metal3 promtool prometheus capi openshift tools test-image lint
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+
+# The long form of the randomised tests (tests/support.py, THOROUGH): more kills in the
+# chaos tests, more and fresh property cases. Before a release, after a state-machine change.
+test-thorough: venv k8s helm metal3 promtool prometheus capi openshift tools test-image lint
+	METALMEND_TESTS=thorough $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 venv: $(STAMP)
 

@@ -7,7 +7,6 @@ tests/e2e -> e2e. Only tests that ask for a control-plane fixture start one.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -26,17 +25,18 @@ from metalmend_lab.policies import POLICIES, name_writers
 # The databases of metalmend serve's stores: `database_url` is a SQLite file or a fresh
 # PostgreSQL database of a throwaway cluster (tests/postgres.py), one test per kind.
 from tests.postgres import database_url, postgres_server  # noqa: F401
-from tests.support import slowness
+from tests.support import THOROUGH, slowness
 
 # Property tests are tables of generated cases, not timing tests: no per-example deadline
 # and no "too slow" health check (a loaded 2-core CI runs an example 10x slower than an idle
-# laptop), and the same cases on every run, so that a red run can be rerun and a green one
-# means the same thing everywhere. HYPOTHESIS_PROFILE=explore draws fresh cases.
+# laptop). The short form (CI) draws the same cases on every run, so that a red run can be
+# rerun and a green one means the same thing everywhere; the thorough form
+# (tests/support.py, THOROUGH) draws fresh ones every run.
 settings.register_profile(
-    "ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+    "short", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
-settings.register_profile("explore", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+settings.register_profile("thorough", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("thorough" if THOROUGH else "short")
 
 # Short enough that node-lifecycle tests take seconds, long enough for a loaded 2-core CI.
 NODE_MONITOR_GRACE_PERIOD = 6.0
@@ -47,6 +47,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for kind in ("unit", "integration", "e2e"):
             if f"tests/{kind}/" in Path(item.path).as_posix():
                 item.add_marker(getattr(pytest.mark, kind))
+
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -16,6 +16,20 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 
+# ---- the suite's two lengths ---------------------------------------------------------------
+#
+# `make test` (and CI) runs the short form of the randomised tests: the chaos tests kill
+# metalmend fewer times, the property tests draw fewer cases, always the same ones
+# (tests/conftest.py). `make test-thorough` (METALMEND_TESTS=thorough) runs the long form:
+# more kills, several times the cases, fresh ones each run. Worth a run before a release
+# and after a change to a state machine.
+THOROUGH = os.environ.get("METALMEND_TESTS") == "thorough"
+
+
+def thorough(short: int, long: int) -> int:
+    """``long`` in a thorough run, else ``short``."""
+    return long if THOROUGH else short
+
 
 def reconciles(controller: str) -> float:
     """``controller``'s reconciles so far in this process, every outcome (its /metrics)."""

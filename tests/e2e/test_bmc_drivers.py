@@ -25,9 +25,10 @@ from metalmend.bmc import (
     PowerState,
     TimedOut,
     Unreachable,
+    ipmi,
+    metrics,
     parse,
 )
-from metalmend.bmc import ipmi, metrics
 from metalmend.bmc.errors import BmcError
 from metalmend.bmc.settings import BmcSettings
 from metalmend_lab import lab

@@ -34,6 +34,7 @@ from metalmend.serve.root import compose
 from metalmend.siteactions.policy.redeploy import RedeploySettings
 from metalmend_lab.controlplane import ControlPlane
 from tests.integration.test_serve_promenade import bearer, lines, serve_kubeconfig, status_of, token
+from tests.support import until
 
 __all__ = ["serve_kubeconfig"]
 
@@ -389,16 +390,21 @@ async def wait_for(
     http: httpx.AsyncClient, who: dict[str, str], action_id: str, step: str | None = None,
     within: float = 60,
 ) -> dict[str, Any]:  # fmt: skip
-    """The action once it has finished (or once ``step`` is running)."""
-    async with asyncio.timeout(within):
-        while True:
-            found: dict[str, Any] = (await http.get(f"/actions/{action_id}", headers=who)).json()
-            states = {s["id"]: s["state"] for s in found["steps"]}
-            if step is not None and states.get(step) == "running":
-                return found
-            if found["action_lifecycle"] in ("Complete", "Failed"):
-                return found
-            await asyncio.sleep(0.1)
+    """The action once it has finished (or once ``step`` is running); the wait stretched by
+    the machine's load, as every wait of the suite (tests/support.py)."""
+    found: dict[str, Any] = {}
+
+    async def there() -> bool:
+        nonlocal found
+        found = (await http.get(f"/actions/{action_id}", headers=who)).json()
+        states = {s["id"]: s["state"] for s in found["steps"]}
+        if step is not None and states.get(step) == "running":
+            return True
+        return found["action_lifecycle"] in ("Complete", "Failed")
+
+    awaited = f"step {step} of action {action_id} running" if step else f"action {action_id} ended"
+    await until(there, within, what=awaited, state=lambda: found)
+    return found
 
 
 def host_up(kube: Client, namespace: str, name: str) -> None:

@@ -90,13 +90,18 @@ class Steps:
 
 
 async def finished(store: ActionStore, action_id: str, within: float = 20) -> model.Action:
-    async with asyncio.timeout(within):
-        while True:
-            found = store.get(action_id)
-            assert found is not None
-            if found.finished:
-                return found
-            await asyncio.sleep(0.05)
+    """The action once it finished (the wait stretched by the machine's load, as every wait
+    of the suite: tests/support.py)."""
+
+    def ended() -> bool:
+        found = store.get(action_id)
+        assert found is not None
+        return found.finished
+
+    await until(ended, within, what=f"action {action_id} finished")
+    found = store.get(action_id)
+    assert found is not None
+    return found
 
 
 def worker(store: ActionStore, plan: tuple[Planned, ...], owner: str) -> ActionWorker:

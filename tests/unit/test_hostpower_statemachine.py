@@ -23,6 +23,7 @@ from metalmend.api.names import REBOOT
 from metalmend.api.power import PowerState
 from metalmend.api.reboot import is_reboot_annotation
 from metalmend.policy.hostpower import Decision, Host, PowerSettings, PowerStatus, SetStatus, decide
+from tests.support import thorough
 from tests.unit import hostpower_views as views
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -186,7 +187,7 @@ class HostPowerMachine(RuleBasedStateMachine):
 
 
 HostPowerMachine.TestCase.settings = settings(
-    max_examples=1000, stateful_step_count=50, deadline=None
+    max_examples=thorough(250, 1000), stateful_step_count=50, deadline=None
 )
 test_host_power_state_machine = HostPowerMachine.TestCase
 # Seconds on an idle machine, but hundreds of examples: on a busy one (CI beside other

@@ -123,6 +123,7 @@ from metalmend.policy import machineremediation as mr_policy
 from metalmend.policy import remediation as policy
 from metalmend.policy.fencing import is_remediation_key
 from metalmend.settings import FenceMethod, RemediationSettings, RuntimeSettings, Settings
+from tests.support import thorough
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 NS = "metal3"
@@ -1468,7 +1469,7 @@ class RemediationWorld(RuleBasedStateMachine):
 
 
 RemediationWorld.TestCase.settings = settings(
-    max_examples=500,
+    max_examples=thorough(100, 500),
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -8,7 +8,8 @@
 #       PACKAGE with LDFLAGS into "$gotool_tmp/NAME" (a temporary directory under the
 #       cache, removed on exit: an interrupted build never leaves a half-written binary
 #       that a later run would trust). The caller moves what it keeps into place.
-# The caller sets "cache" (the cache root of this tool) before calling gotool_build.
+# The caller sets "cache" (the cache root of this tool) before calling gotool_build, and may
+# set "gotool_tags" (Go build tags) to leave parts of a big command out.
 
 gotool_fail() {
   echo "metalmend: $*" >&2
@@ -38,7 +39,7 @@ gotool_build() {
   trap "rm -rf '$gotool_tmp'" EXIT
   echo "metalmend: building $name $version (first use only; takes a few minutes)" >&2
   if ! (cd "$dir" && CGO_ENABLED=0 GOFLAGS=-mod=mod nice -n 10 go build -trimpath \
-        -ldflags "$ldflags" -o "$gotool_tmp/$name" "$package") >"$gotool_tmp/build.log" 2>&1; then
+        -tags "${gotool_tags:-}" -ldflags "$ldflags" -o "$gotool_tmp/$name" "$package") >"$gotool_tmp/build.log" 2>&1; then
     tail -n 20 "$gotool_tmp/build.log" >&2
     gotool_fail "'go build' of $name failed (log above)"
   fi

@@ -17,6 +17,11 @@ source "$here/versions.env"
 
 # shellcheck source=../lib/gotool.sh
 source "$here/../lib/gotool.sh"
+# Without the cloud service discoveries (AWS, Azure, GCE, Kubernetes, ...: Prometheus's own
+# build tags, plugins/plugin_*.go): the lab scrapes static targets and promtool checks rules,
+# and their SDKs were most of a cold build's time. Static and file discovery stay.
+# shellcheck disable=SC2034  # read by gotool_build
+gotool_tags=remove_all_sd
 command="${1:-promtool}"
 case "$command" in
   promtool) gotool_override promtool "${METALMEND_PROMTOOL:-}" ;;
