@@ -318,7 +318,9 @@ def assert_fenced_once(watch: FenceWatch, bmcs: Bmcs, target: Target) -> None:
         f"{target.host}: one power-off and one power-on, the BMC saw {entries}"
     )
     (off, _), (on, _) = entries
-    assert target.host in watch.fenced_at, f"{target.node} was never seen tainted"
+    assert target.host in watch.fenced_at, (
+        f"{target.node} was never seen tainted (the watch's errors: {watch.errors[-3:]})"
+    )
     assert off < watch.fenced_at[target.host], (
         f"{target.node} tainted (seen at {watch.fenced_at[target.host]:.6f}) before its BMC"
         f" journalled the power-off ({off:.6f})"
