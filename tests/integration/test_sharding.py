@@ -13,6 +13,7 @@ renew its Lease stops and exits.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -55,10 +56,15 @@ class Bmcs:
 
     def commands(self, host: str) -> list[str]:
         """The host's resets as its BMC journalled them: "hard off", "on", ..."""
+        return [word for _, word in self.entries(host)]
+
+    def entries(self, host: str) -> list[tuple[float, str]]:
+        """The host's resets with the BMC's time of each (unix seconds)."""
         path = self.journal / f"{host}.commands"
         if not path.exists():
             return []
-        return [line.split(" ", 1)[1] for line in path.read_text().splitlines()]
+        split = (line.split(" ", 1) for line in path.read_text().splitlines())
+        return [(float(at), word) for at, word in split]
 
 
 @pytest.fixture
@@ -131,6 +137,10 @@ class Fleet:
             control_plane, namespace, bmcs, tmp,
         )  # fmt: skip
         self.replicas: dict[str, Replica] = {}
+        # What every replica runs, and its settings by environment (METALMEND_<SECTION>_<NAME>,
+        # settings.py); the fence tests (test_sharding_fences.py) add the remediation.
+        self.controllers = "host-power"
+        self.environment: dict[str, str] = {}
 
     def start(self, name: str, kubeconfig: Path | None = None) -> Replica:
         port = free_port()
@@ -139,12 +149,13 @@ class Fleet:
         argv = [
             sys.executable, "-m", "metalmend", "run",
             "--kubeconfig", str(kubeconfig or self.control_plane.kubeconfig),
-            "--controllers", "host-power", "--namespace", self.namespace,
+            "--controllers", self.controllers, "--namespace", self.namespace,
             "--leader-elect", "--leader-election-namespace", self.namespace,
             "--shard", "--shard-id", name,
             "--bmc-ca-bundle", str(self.bmcs.ca), "--health-bind", f"127.0.0.1:{port}",
         ]  # fmt: skip
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        env = {**os.environ, **self.environment}
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         replica = Replica(name, port, log, process, _out=out)
         self.replicas[name] = replica
         return replica
