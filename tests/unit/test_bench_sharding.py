@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from benchmarks.sharding import (
     Command,
     cpu_ratios,
