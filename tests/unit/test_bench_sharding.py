@@ -11,6 +11,7 @@ from benchmarks.sharding import (
     Command,
     cpu_ratios,
     moved_hosts,
+    p99,
     parse_journal,
     served_twice_or_by_two,
     shares,
@@ -81,3 +82,10 @@ def test_cpu_ratios_are_against_one_nth_of_the_single_replica() -> None:
     assert cpu_ratios({"r0": 5.0, "r1": 6.0}, 10.0) == {"r0": 1.0, "r1": 1.2}
     assert cpu_ratios({}, 10.0) == {}
     assert math.isnan(cpu_ratios({"r0": 1.0}, 0.0)["r0"])
+
+
+def test_p99_stays_within_the_samples() -> None:
+    assert p99([15.0, 17.0, 21.0]) <= 21.0
+    assert p99([float(i) for i in range(1, 61)]) == pytest.approx(59.41)
+    assert p99([3.0]) == 3.0
+    assert math.isnan(p99([]))
