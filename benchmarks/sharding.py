@@ -706,6 +706,8 @@ def main(argv: list[str] | None = None) -> int:
     hosts = args.hosts or REAL_HOSTS
     print(f"sharding benchmark: {hosts} hosts, 1 -> 2 -> 3 -> 4 replicas, {args.trials}"
           f" kill trials, 8 replicas", flush=True)  # fmt: skip
+    # SIGTERM as Ctrl-C: the way out stops every process this run started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     workdir = Path(tempfile.mkdtemp(prefix="metalmend-bench-sharding-"))
     try:
         results = measure(hosts, workdir, args)
