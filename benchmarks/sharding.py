@@ -441,6 +441,10 @@ class Bench:
                 found[host] = why
         return found
 
+    def senders(self, hosts: Iterable[str]) -> Counter[str]:
+        """The journalled power commands of ``hosts`` by sender (``?``: not named)."""
+        return Counter(c.by for host in hosts for c in self.commands(host))
+
 
 # ---- the phases -----------------------------------------------------------------------------
 
@@ -459,6 +463,7 @@ class Results:
     trials: list[tuple[str, float]] = field(default_factory=list)  # victim, slowest
     run_double: dict[str, str] = field(default_factory=dict)
     run_asked: int = 0  # reboots asked over the run
+    senders: Counter[str] = field(default_factory=Counter)  # journalled commands by sender
     exits: list[str] = field(default_factory=list)  # replicas that exited on their own
 
 
@@ -545,6 +550,7 @@ def measure(hosts: int, workdir: Path, args: argparse.Namespace) -> Results:
         results.balance[8] = (balance(counts), counts)
         results.run_double = bench.doubly_served(bench.asked)
         results.run_asked = sum(bench.asked.values())
+        results.senders = bench.senders(bench.asked)
         results.exits = fleet.exits
     return results
 
@@ -620,6 +626,11 @@ def report(hosts: int, results: Results, args: argparse.Namespace) -> list[str]:
     )
     for host, why in sorted(results.run_double.items())[:10]:
         lines.append(f"    {host}: {why}")
+    named = sum(n for by, n in results.senders.items() if by != "?")
+    lines.append(
+        f"  power commands journalled: {sum(results.senders.values())}, the sender named for"
+        f" {named} (" + ", ".join(f"{by} {n}" for by, n in sorted(results.senders.items())) + ")"
+    )
     lines.append(
         f"replicas that exited on their own (could not renew a Lease in time) and were started"
         f" again: {len(results.exits)}"
