@@ -260,8 +260,12 @@ def register(kubeconfig: Path, specs: list[HostSpec]) -> None:
         )
 
     Client(KubeConfig.from_file(kubeconfig)).create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
+    # The first host alone: lightkube's decoders (msgspec) are built at the first answer of
+    # each kind, and building them on 16 threads at once crashed the interpreter
+    # (SIGSEGV in msgspec's get_class_annotations, twice in a row on a busy machine).
+    one(specs[0])
     with ThreadPoolExecutor(REGISTER_THREADS) as pool:
-        list(pool.map(one, specs))
+        list(pool.map(one, specs[1:]))
 
 
 def health_check(client: Client) -> None:
