@@ -575,7 +575,7 @@ def report(hosts: int, results: Results, args: argparse.Namespace) -> list[str]:
             for n, v in sorted(cpu.items())
         )
         ms = results.reboots.get(count, [])
-        lines.append(f"  {count:>8}  {cells:<58}  {p50(ms):>9.0f} / {p99(ms):<9.0f}")
+        lines.append(f"  {count:>8}  {cells:<58}  {p50(ms):>9.0f} / {p99(ms):.0f}")
     lines.append("  (* the leader: it also runs the sharder and the leader-elected controllers)")
     for count, cpu in sorted(results.cpu.items()):
         if count == 1:
