@@ -194,15 +194,22 @@ def system_id(name: str) -> str:
 
 
 def start_bmcs(
-    plane: ControlPlane, workdir: Path, names: list[str]
+    plane: ControlPlane,
+    workdir: Path,
+    names: list[str],
+    journal: list[str] | None = None,
+    journal_peers: bool = False,
 ) -> tuple[Component, dict[str, Any], list[HostSpec]]:
-    """lab.scalebmc for ``names``; the host specs name each host's own port."""
+    """lab.scalebmc for ``names``; the host specs name each host's own port. ``journal``:
+    the hosts whose resets are journalled (the first by default); ``journal_peers``: each
+    journalled reset names the process that sent it."""
     serving = plane.ca.issue("scale-bmc", "scale-bmc", ip_addresses=(LOOPBACK,), server=True)
     credentials = {name: (f"admin-{name}", uuid.uuid4().hex[:16]) for name in names}
     ports_file = workdir / "bmc-ports.json"
     config = {
         "cert": str(serving.cert), "key": str(serving.key), "ports_file": str(ports_file),
-        "journal_dir": str(workdir), "journal": names[:1],
+        "journal_dir": str(workdir),
+        "journal": names[:1] if journal is None else journal, "journal_peers": journal_peers,
         "systems": [{"id": system_id(n), "host": n, "username": credentials[n][0],
                      "password": credentials[n][1]} for n in names],
     }  # fmt: skip
@@ -253,8 +260,12 @@ def register(kubeconfig: Path, specs: list[HostSpec]) -> None:
         )
 
     Client(KubeConfig.from_file(kubeconfig)).create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
+    # The first host alone: lightkube's decoders (msgspec) are built at the first answer of
+    # each kind, and building them on 16 threads at once crashed the interpreter
+    # (SIGSEGV in msgspec's get_class_annotations, twice in a row on a busy machine).
+    one(specs[0])
     with ThreadPoolExecutor(REGISTER_THREADS) as pool:
-        list(pool.map(one, specs))
+        list(pool.map(one, specs[1:]))
 
 
 def health_check(client: Client) -> None:
@@ -526,8 +537,25 @@ async def verdicts(kubeconfig: Path, names: list[str]) -> list[float]:
     return [(created[n] - expiries[n]) * 1000 for n in names]
 
 
-def measure(hosts: int, workdir: Path) -> Measurement:
-    """One lab of ``hosts`` hosts, from nothing to every phase measured."""
+@dataclass
+class ScaleLab:
+    """The lab of ``hosts`` hosts, every Node Ready (kwok), no metalmend yet."""
+
+    plane: ControlPlane
+    audit: Path  # the API server's audit log of metalmend's requests (user USER)
+    bmcs: Component
+    ports: dict[str, Any]  # lab.scalebmc's ports file: control port, system id -> port
+    names: list[str]  # the hosts
+    kubeconfig: Path  # metalmend's identity (USER, system:masters)
+
+
+@contextlib.contextmanager
+def scale_lab(
+    hosts: int, workdir: Path, *, journal: list[str] | None = None, journal_peers: bool = False
+) -> Iterator[ScaleLab]:
+    """The control plane with its audit log, the BMCs (``journal``: the hosts whose resets
+    they journal, the first by default; ``journal_peers``: naming the sender), every host
+    registered with its Node, the health check, kwok; stopped on leaving."""
     workdir.mkdir(parents=True, exist_ok=True)
     policy, audit = workdir / "audit-policy.yaml", workdir / "audit.log"
     policy.write_text(yaml.safe_dump(AUDIT_POLICY))
@@ -543,7 +571,8 @@ def measure(hosts: int, workdir: Path) -> Measurement:
         stack.callback(plane.stop)
         admin = Client(KubeConfig.from_file(plane.kubeconfig))
         install_crds(admin)
-        bmcs, ports, specs = start_bmcs(plane, workdir, names)
+        journalled = names[:1] if journal is None else journal
+        bmcs, ports, specs = start_bmcs(plane, workdir, names, journalled, journal_peers)
         stack.callback(bmcs.stop)
         began = time.monotonic()
         register(plane.kubeconfig, specs)
@@ -553,8 +582,18 @@ def measure(hosts: int, workdir: Path) -> Measurement:
         stack.callback(kwok.stop)
         wait_for(lambda: nodes_ready(plane) >= hosts, 600, 3.0, "Nodes Ready (kwok)", kwok.running)
         kubeconfig = plane.user_kubeconfig(USER, ("system:masters",))
+        yield ScaleLab(plane, audit, bmcs, ports, names, kubeconfig)
+
+
+def measure(hosts: int, workdir: Path) -> Measurement:
+    """One lab of ``hosts`` hosts, from nothing to every phase measured."""
+    with contextlib.ExitStack() as stack:
+        scale = stack.enter_context(scale_lab(hosts, workdir))
+        plane, audit, bmcs, ports, names = (
+            scale.plane, scale.audit, scale.bmcs, scale.ports, scale.names,
+        )  # fmt: skip
         argv = lab.controller_argv(
-            kubeconfig, plane.ca.pair.cert, lab.DEFAULT_CONTROLLERS, free_port(), 30.0
+            scale.kubeconfig, plane.ca.pair.cert, lab.DEFAULT_CONTROLLERS, free_port(), 30.0
         )
         argv += ["--power-poll-interval", f"{POLL:g}"]  # the last flag wins
         progress = Progress(plane.kubeconfig, hosts)

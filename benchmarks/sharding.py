@@ -1,5 +1,7 @@
 """Sharding the hosts between replicas of ``metalmend run`` (docs/sharding.md).
 
+Two modes.
+
 ``--simulate`` (pure functions, no cluster; seconds): the assignment of 20,000 hosts
 (``--hosts``) by the consistent-hash ring of ``metalmend.policy.sharding`` at 4, 8 and 16
 replicas, named as the chart's StatefulSet names its Pods (``metalmend-0`` ...):
@@ -12,21 +14,632 @@ replicas, named as the chart's StatefulSet names its Pods (``metalmend-0`` ...):
 - the time to build the ring and to assign every host (what a sharder pays at each
   membership change).
 
-The measured part of issue 38 (real replicas, kwok hosts and lab BMCs as
-``benchmarks.scale`` uses: CPU per replica, failover p99, hosts served twice) is not
-written yet; docs/sharding.md says what stands in for it (the integration tests of
-``tests/integration/test_sharding.py``).
+Without ``--simulate`` (``--hosts N``, default 5,000; minutes to an hour): real replicas,
+each ``metalmend run --leader-elect --shard --shard-id r<i>`` with every controller the lab
+runs (lab.controller_argv, the production power poll of ``benchmarks.scale``, POLL s), as
+separate processes against the lab of ``benchmarks.scale`` (``scale_lab``: the upstream
+control plane with an audit log of metalmend's requests, N BareMetalHosts with Machines
+and kwok Nodes, one ``lab.scalebmc`` process serving every host's Redfish BMC on a port of
+its own). Every host's BMC journals its resets (``<host>.commands``) and names the process
+that sent each (``journal_peers``), so that a power command is attributed to a replica.
+In one run, in this order:
+
+1. **1, 2 and 4 replicas** (r0; r1 added; r2 and r3 added): once every host is owned by
+   the ring's choice (the ``shard.metalmend.dev/replica`` labels) and metalmend has made no
+   write but its Lease renewals for QUIET s, each replica's CPU (utime+stime from /proc)
+   over a WINDOW s window, as % of one core, and its ratio to 1/N of the one-replica
+   figure (target: within 25 %); then REBOOTS hosts spread over the fleet each rebooted
+   once through the reboot API (the annotation, ``benchmarks.shared.one_reboot``: request
+   -> ``lastPoweredOn`` newer seen by a watcher), p50/p99 beside the one-replica figure.
+2. **one replica added to 3** (r3): the share of the hosts whose owner changed (target at
+   most 1/3, ideally 1/4), whether they all went to the newcomer; reboots asked, at the
+   moment r3 holds its Lease, of up to JOIN_REBOOTS hosts the ring moves to it, so that
+   drains and reboots overlap.
+3. **balance at 4** replicas, from the labels: the busiest replica's hosts over the mean.
+4. **kill -9 of one of 4 replicas**, ``--trials`` times: a replica that does not lead (the
+   leader also runs the sharder: its death adds the leader Lease's expiry; not measured
+   here), in turn; right after the kill, reboots asked of TRIAL_REBOOTS of its hosts;
+   kill -> reboot served (the BMC journals power off, then on) per host, p50/p99 against
+   the target Lease duration + 5 s; then the replica is started again under its name and
+   the run waits until it holds its share again.
+5. **balance at 8** replicas (r4 to r7 added).
+6. **hosts served by two replicas**: every BMC journal of the run against the reboots
+   asked of that host: a host is counted when one of its reboots got its power commands
+   from two replicas, or when it got more commands than the reboots asked (a reboot
+   served twice). Printed for the join and for the whole run.
+
+Every wait is bounded and says what it waited for when it gives up; every server is on
+127.0.0.1 (the BMCs and the control plane bind port 0, a replica's health port is a free
+port); every process is stopped on the way out. Prints numbers; asserts nothing.
+
+Run: ``python -m benchmarks.sharding --hosts 5000`` (``--trials``, ``--window``,
+``--reboots`` to shorten it); ``python -m benchmarks.sharding --simulate``. Needs kwok
+(``make kwok``). Not part of the test suite, nor of ``make bench``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 
+import httpx
+from lightkube import AsyncClient, Client, KubeConfig
+from lightkube.types import PatchType
+
+from benchmarks.at_rest import AUDIT_WRITES
+from benchmarks.scale import POLL, QUIET, ScaleLab, cpu_seconds, listing, scale_lab, wait_for
+from benchmarks.shared import journal, one_reboot
+from metalmend.api import names as api_names
+from metalmend.api.resources import BareMetalHost
+from metalmend.kube.leader import LeaseTiming
 from metalmend.policy.sharding import Ring, balance, loads, moves
+from metalmend_lab import lab
+from metalmend_lab.controlplane import LOOPBACK, free_port
+from metalmend_lab.hosts import NAMESPACE
 
 HOSTS = 20_000
 REPLICAS = (4, 8, 16)
+
+REAL_HOSTS = 5_000
+COUNTS = (1, 2, 4)  # replicas whose CPU at rest and reboot latency are measured
+TRIALS = 20
+TRIAL_REBOOTS = 3  # reboots asked of the killed replica's hosts in each trial
+JOIN_REBOOTS = 50
+REBOOTS = 50
+WINDOW = 120.0  # six host-power polls of every host (POLL s)
+LEASE = LeaseTiming().lease_duration  # the shard Leases' duration (s)
+FAILOVER_TARGET = LEASE + 5.0
+SETTLE = 1800.0  # every host owned by the ring's choice (the first start reads every BMC)
+QUIET_WITHIN = 300.0  # metalmend quiet (no write but Lease renewals) after that
+SERVED_WITHIN = 180.0  # a reboot asked -> served at the BMC
+READY_WITHIN = 120.0  # a replica started -> /readyz (it holds its shard Lease)
+HOSTS_PATH = f"/apis/metal3.io/v1alpha1/namespaces/{NAMESPACE}/baremetalhosts"
+
+
+# ---- the summaries: pure --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command:
+    """One reset as a BMC journalled it: when, what (``hard off``, ``on``...) and who
+    sent it (a replica's name; ``?`` when the BMC could not tell)."""
+
+    at: float
+    word: str
+    by: str
+
+
+def parse_journal(text: str, replicas_by_pid: Mapping[int, str]) -> list[Command]:
+    """lab.scalebmc's journal lines, ``<unix time> <word>[ pid=<pid>]``."""
+    commands = []
+    for line in text.splitlines():
+        stamp, _, rest = line.partition(" ")
+        word, _, sender = rest.partition(" pid=")
+        by = replicas_by_pid.get(int(sender), "?") if sender.isdigit() else "?"
+        commands.append(Command(float(stamp), word, by))
+    return commands
+
+
+def is_off(word: str) -> bool:
+    return word.endswith(" off")
+
+
+def served_twice_or_by_two(commands: list[Command], asked: int) -> str | None:
+    """Why a host's journal is not ``asked`` reboots each served once by one replica (one
+    power-off, then one power-on, from the same sender); None when it is. A sender the
+    BMC could not name (``?``) counts as no one."""
+    expected = ["off", "on"] * asked
+    seen = ["off" if is_off(c.word) else c.word for c in commands]
+    if seen != expected:
+        return f"{asked} reboot(s) asked, the BMC got {' '.join(c.word for c in commands)!r}"
+    for off, on in zip(commands[::2], commands[1::2], strict=True):
+        senders = {off.by, on.by} - {"?"}
+        if len(senders) > 1:
+            return f"one reboot served by {' and '.join(sorted(senders))}"
+    return None
+
+
+def moved_hosts(before: Mapping[str, str | None], after: Mapping[str, str | None]) -> set[str]:
+    """The hosts whose owner differs (a host absent from one side counts as unowned)."""
+    return {h for h in before.keys() | after.keys() if before.get(h) != after.get(h)}
+
+
+def shares(owners: Mapping[str, str | None], replicas: Iterable[str]) -> dict[str, int]:
+    """Hosts per replica (every replica listed, zeros included; unowned hosts left out)."""
+    counts = Counter(o for o in owners.values() if o is not None)
+    return {r: counts.get(r, 0) for r in replicas}
+
+
+def cpu_ratios(per_replica: Mapping[str, float], one: float) -> dict[str, float]:
+    """Each replica's CPU over 1/N of the one-replica figure (1.0: exactly its share)."""
+    share = one / len(per_replica) if per_replica else 0.0
+    return {r: (cpu / share if share else float("nan")) for r, cpu in per_replica.items()}
+
+
+def p99(values: list[float]) -> float:
+    """The 99th percentile, interpolated between the samples (never beyond the largest:
+    with 60 samples, the exclusive method would extrapolate past it)."""
+    if len(values) < 2:
+        return values[0] if values else float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
+
+
+def met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def p50(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+# ---- the replicas ---------------------------------------------------------------------------
+
+
+@dataclass
+class Replica:
+    name: str
+    port: int
+    process: subprocess.Popen[bytes]
+
+
+class Fleet:
+    """The replicas, each a `metalmend run` process with its log in a file; every process
+    ever started is remembered by pid (a BMC journal names the sender's pid)."""
+
+    def __init__(self, scale: ScaleLab, workdir: Path) -> None:
+        self.scale, self.workdir = scale, workdir
+        self.replicas: dict[str, Replica] = {}
+        self.by_pid: dict[int, str] = {}
+        self.killed: set[str] = set()  # killed on purpose, not started again yet
+        self.exits: list[str] = []  # replicas that exited on their own, and why
+
+    def start(self, name: str) -> Replica:
+        port = free_port()
+        argv = lab.controller_argv(
+            self.scale.kubeconfig, self.scale.plane.ca.pair.cert, lab.DEFAULT_CONTROLLERS,
+            port, 30.0,
+        )  # fmt: skip
+        argv += ["--power-poll-interval", f"{POLL:g}",  # the last flag wins
+                 "--leader-elect", "--leader-election-namespace", NAMESPACE,
+                 "--shard", "--shard-id", name]  # fmt: skip
+        with (self.workdir / f"{name}.log").open("ab") as out:
+            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        replica = Replica(name, port, process)
+        self.replicas[name] = replica
+        self.by_pid[process.pid] = name
+        self.killed.discard(name)
+        return replica
+
+    def live(self) -> list[str]:
+        """The replicas that should run: every one started, but those killed on purpose."""
+        return sorted(n for n in self.replicas if n not in self.killed)
+
+    def alive(self) -> bool:
+        """Whether the BMCs run. A replica not killed on purpose that exited (it could not
+        renew its Lease in time: it exits so that a fresh process stands again) is started
+        again under its name, as its StatefulSet would, and counted in ``exits``."""
+        for name in self.live():
+            process = self.replicas[name].process
+            if process.poll() is not None:
+                log = (self.workdir / f"{name}.log").read_text(errors="replace")
+                last = (log.strip().splitlines() or ["(no output)"])[-1][:160]
+                self.exits.append(f"{name} (exit {process.returncode}: {last})")
+                print(f"  {name} exited on its own ({last}); started again", flush=True)
+                self.start(name)
+        return self.scale.bmcs.running()
+
+    def wait_ready(self, replica: Replica) -> None:
+        def ready() -> bool:
+            try:
+                url = f"http://{LOOPBACK}:{self.replicas[replica.name].port}/readyz"
+                return httpx.get(url, timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(
+            ready, READY_WITHIN, 0.2,
+            f"replica {replica.name} ready (/readyz: caches synced, its shard Lease held;"
+            f" log {self.workdir / replica.name}.log)", self.alive,
+        )  # fmt: skip
+
+    def leader(self) -> str | None:
+        """The replica whose /metrics counts the shares (the leader runs the sharder)."""
+        for name in self.live():
+            url = f"http://{LOOPBACK}:{self.replicas[name].port}/metrics"
+            with contextlib.suppress(httpx.HTTPError):
+                if "metalmend_shard_replicas_live" in httpx.get(url, timeout=10).text:
+                    return name
+        return None
+
+    def kill(self, name: str) -> float:
+        """SIGKILL; the moment it is dead."""
+        process = self.replicas[name].process
+        self.killed.add(name)
+        process.send_signal(signal.SIGKILL)
+        process.wait(30)
+        return time.time()
+
+    def stop_all(self) -> None:
+        for replica in self.replicas.values():
+            if replica.process.poll() is None:
+                replica.process.terminate()
+        for replica in self.replicas.values():
+            try:
+                replica.process.wait(30)
+            except subprocess.TimeoutExpired:
+                replica.process.kill()
+                replica.process.wait(10)
+
+
+def owners(scale: ScaleLab) -> dict[str, str | None]:
+    """Each host's owner from its labels (None: unowned, or draining)."""
+    found: dict[str, str | None] = {}
+    for host in listing(scale.plane, HOSTS_PATH):
+        labels = host["metadata"].get("labels") or {}
+        owner = labels.get(api_names.SHARD_REPLICA_LABEL)
+        draining = api_names.SHARD_DRAIN_LABEL in labels
+        found[host["metadata"]["name"]] = None if draining else owner
+    return found
+
+
+def ring_choice(hosts: list[str], live: list[str]) -> dict[str, str | None]:
+    ring = Ring.of(live)
+    return {h: ring.owner(f"{NAMESPACE}/{h}") for h in hosts}
+
+
+class AuditTail:
+    """metalmend's last write (its Lease renewals left out) from the audit log, read on
+    from where it stopped."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.last = path, 0, 0.0
+
+    def last_write(self) -> float:
+        with self.path.open("rb") as log:
+            log.seek(self.offset)
+            chunk = log.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            with contextlib.suppress(ValueError, KeyError):
+                event = json.loads(line)
+                resource = (event.get("objectRef") or {}).get("resource")
+                if event["verb"] in AUDIT_WRITES and resource != "leases":
+                    stamp = datetime.fromisoformat(event["requestReceivedTimestamp"])
+                    self.last = max(self.last, stamp.timestamp())
+        return self.last
+
+
+class Bench:
+    def __init__(self, scale: ScaleLab, workdir: Path, fleet: Fleet, args: argparse.Namespace):
+        self.scale, self.workdir, self.fleet, self.args = scale, workdir, fleet, args
+        self.hosts = scale.names
+        self.audit = AuditTail(scale.audit)
+        self.asked: Counter[str] = Counter()  # reboots asked, per host, over the run
+        self.client = Client(KubeConfig.from_file(scale.plane.kubeconfig))
+
+    def say(self, line: str) -> None:
+        print(line, flush=True)
+
+    def settle(self, what: str) -> None:
+        """Every host owned by the ring's choice of the live replicas, then metalmend quiet
+        (no write but Lease renewals) for QUIET s."""
+        live = self.fleet.live()
+        wanted = ring_choice(self.hosts, live)
+        began = time.time()
+        wait_for(
+            lambda: owners(self.scale) == wanted, SETTLE, 1.0,
+            f"{what}: every host labelled for the ring's choice of {','.join(live)}",
+            self.fleet.alive,
+        )  # fmt: skip
+        owned = time.time()
+
+        def quiet() -> bool:
+            return time.time() - max(self.audit.last_write(), owned) >= QUIET
+
+        wait_for(
+            quiet, QUIET_WITHIN, 1.0,
+            f"{what}: metalmend quiet ({QUIET:g} s without a write but Lease renewals)",
+            self.fleet.alive,
+        )  # fmt: skip
+        self.say(
+            f"  {what}: every host owned by the ring's choice {owned - began:.0f}s after,"
+            f" quiet {time.time() - owned:.0f}s later"
+        )
+
+    def cpu_at_rest(self) -> dict[str, float]:
+        """Each live replica's CPU over the window, % of one core."""
+        for _ in range(3):
+            self.fleet.alive()
+            exits = len(self.fleet.exits)
+            pids = {n: self.fleet.replicas[n].process.pid for n in self.fleet.live()}
+            before, began = {n: cpu_seconds(p) for n, p in pids.items()}, time.monotonic()
+            time.sleep(self.args.window)
+            seconds = time.monotonic() - began
+            if all(self.fleet.replicas[n].process.poll() is None for n in pids):
+                return {n: 100 * (cpu_seconds(p) - before[n]) / seconds for n, p in pids.items()}
+            self.fleet.alive()  # started again: once settled, the window again
+            self.settle("after a replica exited during the CPU window")
+            if len(self.fleet.exits) == exits:
+                break
+        raise RuntimeError("a CPU window without a replica exiting on its own (3 tries)")
+
+    def sample(self) -> list[str]:
+        step = max(1, len(self.hosts) // self.args.reboots)
+        return self.hosts[::step][: self.args.reboots]
+
+    def reboot_sample(self) -> list[float]:
+        """One reboot of each sampled host in turn, request -> status seen (ms)."""
+
+        async def run() -> list[float]:
+            client = AsyncClient(KubeConfig.from_file(self.scale.plane.kubeconfig))
+            took = []
+            try:
+                for host in self.sample():
+                    self.asked[host] += 1
+                    commands = self.workdir / f"{host}.commands"
+                    _, _, total = await asyncio.wait_for(
+                        one_reboot(client, host, commands), SERVED_WITHIN
+                    )
+                    took.append(total)
+            finally:
+                await client.close()
+            return took
+
+        try:
+            return asyncio.run(run())
+        except TimeoutError as error:
+            raise TimeoutError(
+                f"a reboot served (status seen) within {SERVED_WITHIN:g}s"
+            ) from error
+
+    def ask_reboot(self, host: str) -> None:
+        self.asked[host] += 1
+        self.client.patch(
+            BareMetalHost, host, {"metadata": {"annotations": {api_names.REBOOT: '{"mode":"hard"}'}}},
+            namespace=NAMESPACE, patch_type=PatchType.MERGE,
+        )  # fmt: skip
+
+    def served_at(self, host: str, since: float) -> float | None:
+        """When the BMC powered ``host`` on after a power-off at or after ``since``."""
+        path = self.workdir / f"{host}.commands"
+        off = journal(path, since, "hard off")
+        return journal(path, off, "on") if off is not None else None
+
+    def wait_served(self, hosts: list[str], since: float, what: str) -> dict[str, float]:
+        wait_for(
+            lambda: all(self.served_at(h, since) is not None for h in hosts),
+            SERVED_WITHIN, 0.2, f"{what}: the BMCs of {','.join(hosts)} powered off then on",
+            self.fleet.alive,
+        )  # fmt: skip
+        return {h: self.served_at(h, since) or 0.0 for h in hosts}
+
+    def commands(self, host: str) -> list[Command]:
+        path = self.workdir / f"{host}.commands"
+        text = path.read_text() if path.exists() else ""
+        return parse_journal(text, self.fleet.by_pid)
+
+    def doubly_served(self, hosts: Iterable[str]) -> dict[str, str]:
+        found = {}
+        for host in hosts:
+            why = served_twice_or_by_two(self.commands(host), self.asked[host])
+            if why is not None:
+                found[host] = why
+        return found
+
+    def senders(self, hosts: Iterable[str]) -> Counter[str]:
+        """The journalled power commands of ``hosts`` by sender (``?``: not named)."""
+        return Counter(c.by for host in hosts for c in self.commands(host))
+
+
+# ---- the phases -----------------------------------------------------------------------------
+
+
+@dataclass
+class Results:
+    cpu: dict[int, dict[str, float]] = field(default_factory=dict)  # replicas -> name -> %
+    leaders: dict[int, str | None] = field(default_factory=dict)
+    reboots: dict[int, list[float]] = field(default_factory=dict)  # replicas -> ms
+    moved: set[str] = field(default_factory=set)
+    moved_to: set[str | None] = field(default_factory=set)
+    join_asked: list[str] = field(default_factory=list)
+    join_double: dict[str, str] = field(default_factory=dict)
+    balance: dict[int, tuple[float, dict[str, int]]] = field(default_factory=dict)
+    failover: list[float] = field(default_factory=list)  # kill -> served, s
+    trials: list[tuple[str, float]] = field(default_factory=list)  # victim, slowest
+    run_double: dict[str, str] = field(default_factory=dict)
+    run_asked: int = 0  # reboots asked over the run
+    senders: Counter[str] = field(default_factory=Counter)  # journalled commands by sender
+    exits: list[str] = field(default_factory=list)  # replicas that exited on their own
+
+
+def at_rest(bench: Bench, results: Results, count: int) -> None:
+    results.leaders[count] = bench.fleet.leader()
+    results.cpu[count] = bench.cpu_at_rest()
+    cpu = results.cpu[count]
+    bench.say(f"  {count} replica(s): CPU at rest " + ", ".join(
+        f"{n} {v:.1f}%" for n, v in sorted(cpu.items())))  # fmt: skip
+    results.reboots[count] = bench.reboot_sample()
+    ms = results.reboots[count]
+    bench.say(
+        f"  {count} replica(s): {len(ms)} reboots, p50 {p50(ms):.0f} ms, p99 {p99(ms):.0f} ms"
+    )
+
+
+def join(bench: Bench, results: Results) -> None:
+    """r3 added to r0..r2: reboots asked of hosts it takes as soon as it holds its Lease."""
+    before = owners(bench.scale)
+    three, four = bench.fleet.live(), [*bench.fleet.live(), "r3"]
+    moving = sorted(moves(Ring.of(three), Ring.of(four), [f"{NAMESPACE}/{h}" for h in bench.hosts]))
+    asked = [key.split("/", 1)[1] for key in moving][: bench.args.join_reboots]
+    replica = bench.fleet.start("r3")
+    bench.fleet.wait_ready(replica)
+    since = time.time()
+    for host in asked:
+        bench.ask_reboot(host)
+    bench.wait_served(asked, since, "reboots asked while r3 joined")
+    bench.settle("4 replicas (r3 joined)")
+    after = owners(bench.scale)
+    results.moved = moved_hosts(before, after)
+    results.moved_to = {after[h] for h in results.moved}
+    results.join_asked = asked
+    results.join_double = bench.doubly_served(asked)
+
+
+def failover(bench: Bench, results: Results) -> None:
+    for trial in range(bench.args.trials):
+        leader = bench.fleet.leader()
+        victims = [n for n in bench.fleet.live() if n != leader]
+        victim = victims[trial % len(victims)]
+        theirs = sorted(h for h, o in owners(bench.scale).items() if o == victim)
+        start = (trial * TRIAL_REBOOTS) % max(1, len(theirs))
+        chosen = (theirs[start:] + theirs[:start])[:TRIAL_REBOOTS]
+        killed = bench.fleet.kill(victim)
+        for host in chosen:
+            bench.ask_reboot(host)
+        served = bench.wait_served(chosen, killed, f"trial {trial + 1}: {victim} killed")
+        took = [at - killed for at in served.values()]
+        results.failover += took
+        results.trials.append((victim, max(took, default=0.0)))
+        bench.say(f"  trial {trial + 1}: kill -9 {victim}, {len(chosen)} of its hosts rebooted,"
+                  f" served {min(took, default=0):.1f}..{max(took, default=0):.1f}s after")  # fmt: skip
+        bench.fleet.wait_ready(bench.fleet.start(victim))
+        bench.settle(f"trial {trial + 1}: {victim} back")
+
+
+def measure(hosts: int, workdir: Path, args: argparse.Namespace) -> Results:
+    results = Results()
+    with contextlib.ExitStack() as stack:
+        scale = stack.enter_context(
+            scale_lab(hosts, workdir, journal=[f"worker-{i}" for i in range(hosts)],
+                      journal_peers=True)
+        )  # fmt: skip
+        fleet = Fleet(scale, workdir)
+        stack.callback(fleet.stop_all)
+        bench = Bench(scale, workdir, fleet, args)
+        for count in COUNTS:  # 1, 2, 4 (r3 joins from 3: the move measured)
+            while len(fleet.live()) < min(count, 3):
+                fleet.wait_ready(fleet.start(f"r{len(fleet.live())}"))
+            if count == 4:
+                bench.settle("3 replicas")
+                join(bench, results)
+            else:
+                bench.settle(f"{count} replica(s)")
+            at_rest(bench, results, count)
+        counts = shares(owners(scale), fleet.live())
+        results.balance[4] = (balance(counts), counts)
+        failover(bench, results)
+        for i in range(4, 8):
+            fleet.wait_ready(fleet.start(f"r{i}"))
+        bench.settle("8 replicas")
+        counts = shares(owners(scale), fleet.live())
+        results.balance[8] = (balance(counts), counts)
+        results.run_double = bench.doubly_served(bench.asked)
+        results.run_asked = sum(bench.asked.values())
+        results.senders = bench.senders(bench.asked)
+        results.exits = fleet.exits
+    return results
+
+
+# ---- the report -----------------------------------------------------------------------------
+
+
+def report(hosts: int, results: Results, args: argparse.Namespace) -> list[str]:
+    one = results.cpu[1]["r0"] if 1 in results.cpu else float("nan")
+    lines = [
+        f"sharding, measured: {hosts:,} hosts (kwok Nodes, lab.scalebmc Redfish BMCs), real"
+        f" replicas of `metalmend run --shard`, every lab controller, poll {POLL:g}s,"
+        f" {args.window:g}s CPU window",
+        f"  {'replicas':>8}  {'CPU per replica at rest, % of a core (x 1/N of one)':<58}"
+        f"  {'reboot p50 / p99 (ms)':>22}",
+    ]
+    for count, cpu in sorted(results.cpu.items()):
+        ratios = cpu_ratios(cpu, one)
+        leader = results.leaders.get(count)
+        cells = ", ".join(
+            f"{n}{'*' if n == leader else ''} {v:.1f} ({ratios[n]:.2f}x)"
+            for n, v in sorted(cpu.items())
+        )
+        ms = results.reboots.get(count, [])
+        lines.append(f"  {count:>8}  {cells:<58}  {p50(ms):>9.0f} / {p99(ms):.0f}")
+    lines.append("  (* the leader: it also runs the sharder and the leader-elected controllers)")
+    for count, cpu in sorted(results.cpu.items()):
+        if count == 1:
+            lines.append(f"CPU at rest, 1 replica: {one:.1f} % of a core")
+            continue
+        ratios = cpu_ratios(cpu, one)
+        within = sum(0.75 <= r <= 1.25 for r in ratios.values())
+        lines.append(
+            f"CPU at rest, {count} replicas: "
+            + ", ".join(f"{n} {v:.1f} %" for n, v in sorted(cpu.items()))
+            + f" of a core; 1/{count} of one replica's is {one / count:.1f} %; ratios "
+            + ", ".join(f"{ratios[n]:.2f}x" for n in sorted(cpu))
+            + f" ({within} of {count} within 25 %, the target)"
+        )
+    base = p99(results.reboots.get(1, []))
+    for count, ms in sorted(results.reboots.items()):
+        lines.append(
+            f"reboot p99 at {count} replica(s): {p99(ms):.0f} ms beside {base:.0f} ms at one"
+            f" replica ({p99(ms) / base:.2f}x; {len(ms)} hosts, one reboot each)"
+        )
+    lines.append(
+        f"failover, kill -9 of one of 4 replicas (not the leader), {len(results.trials)} trials,"
+        f" {len(results.failover)} reboots asked right after the kill: kill -> reboot served"
+        f" (BMC: power off, then on) p50 {p50(results.failover):.1f} s, p99"
+        f" {p99(results.failover):.1f} s (target <= Lease {LEASE:g} s + 5 s = {FAILOVER_TARGET:g} s:"
+        f" {met(p99(results.failover) <= FAILOVER_TARGET)})"
+    )
+    moved = len(results.moved)
+    to = ",".join(sorted(str(t) for t in results.moved_to)) or "none"
+    lines.append(
+        f"one replica added to 3: {moved} of {hosts} hosts moved ({moved / hosts:.1%}; target"
+        f" <= {1 / 3:.1%}: {met(moved <= hosts / 3)}; ideal {1 / 4:.1%}), to {to}"
+    )
+    lines.append(
+        f"hosts served by two replicas: {len(results.join_double)} (of {len(results.join_asked)}"
+        f" hosts rebooted as r3 took them over, from their BMC journals)"
+    )
+    for host, why in sorted(results.join_double.items())[:10]:
+        lines.append(f"    {host}: {why}")
+    for count, (ratio, counts) in sorted(results.balance.items()):
+        lines.append(
+            f"balance at {count} real replicas: the busiest holds {ratio:.2f}x the mean"
+            f" ({min(counts.values())}..{max(counts.values())} hosts, mean {hosts / count:.0f})"
+        )
+    lines.append(
+        f"over the whole run: hosts served by two replicas or twice: {len(results.run_double)}"
+        f" (every BMC journal against the {results.run_asked} reboots asked)"
+    )
+    for host, why in sorted(results.run_double.items())[:10]:
+        lines.append(f"    {host}: {why}")
+    named = sum(n for by, n in results.senders.items() if by != "?")
+    lines.append(
+        f"  power commands journalled: {sum(results.senders.values())}, the sender named for"
+        f" {named} (" + ", ".join(f"{by} {n}" for by, n in sorted(results.senders.items())) + ")"
+    )
+    lines.append(
+        f"replicas that exited on their own (could not renew a Lease in time) and were started"
+        f" again: {len(results.exits)}"
+    )
+    lines += [f"    {why}" for why in results.exits]
+    return lines
+
+
+# ---- the simulation -------------------------------------------------------------------------
 
 
 def host_keys(count: int) -> list[str]:
@@ -77,17 +690,46 @@ def simulate(hosts: int = HOSTS, replicas: tuple[int, ...] = REPLICAS) -> list[s
     return lines
 
 
-def main(hosts: int = HOSTS, *, simulate_only: bool = True) -> None:
-    for line in simulate(hosts):
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--hosts", type=int, default=None,
+        help=f"hosts (default {HOSTS:,} simulated, {REAL_HOSTS:,} real)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--simulate", action="store_true",
+        help="the assignment by pure functions only (no cluster)",
+    )  # fmt: skip
+    parser.add_argument("--trials", type=int, default=TRIALS, help="kill -9 trials")
+    parser.add_argument("--window", type=float, default=WINDOW, help="the CPU window at rest (s)")
+    parser.add_argument(
+        "--reboots", type=int, default=REBOOTS, help="hosts rebooted per replica count"
+    )
+    parser.add_argument(
+        "--join-reboots", type=int, default=JOIN_REBOOTS,
+        help="reboots asked of hosts the fourth replica takes, as it joins",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.simulate:
+        for line in simulate(args.hosts or HOSTS):
+            print(line, flush=True)
+        return 0
+    hosts = args.hosts or REAL_HOSTS
+    print(f"sharding benchmark: {hosts} hosts, 1 -> 2 -> 3 -> 4 replicas, {args.trials}"
+          f" kill trials, 8 replicas", flush=True)  # fmt: skip
+    # SIGTERM as Ctrl-C: the way out stops every process this run started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    workdir = Path(tempfile.mkdtemp(prefix="metalmend-bench-sharding-"))
+    try:
+        results = measure(hosts, workdir, args)
+    except (TimeoutError, RuntimeError) as error:
+        print(f"sharding benchmark stopped: {error}; the logs are in {workdir}", file=sys.stderr)
+        return 1
+    shutil.rmtree(workdir, ignore_errors=True)
+    for line in report(hosts, results, args):
         print(line, flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, default=HOSTS, help="hosts to assign")
-    parser.add_argument(
-        "--simulate", action="store_true",
-        help="the assignment by pure functions only (no cluster); the only mode so far",
-    )  # fmt: skip
-    args = parser.parse_args()
-    main(args.hosts, simulate_only=True)
+    sys.exit(main())

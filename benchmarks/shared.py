@@ -87,9 +87,11 @@ def wait(check: Callable[[], bool], within: float) -> None:
 
 
 def journal(path: Path, after: float, action: str) -> float | None:
+    """When the BMC journal ``path`` first says ``action`` at or after ``after`` (a line may
+    end in the sender, `` pid=N``: lab.scalebmc's ``journal_peers``)."""
     for line in path.read_text().splitlines() if path.exists() else []:
         stamp, _, what = line.partition(" ")
-        if what == action and float(stamp) >= after:
+        if what.partition(" pid=")[0] == action and float(stamp) >= after:
             return float(stamp)
     return None
 

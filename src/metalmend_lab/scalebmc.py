@@ -17,12 +17,16 @@ authentication and keep-alive HTTP/1.1, from one asyncio process:
 - each system its own username and password (the host's Secret), checked on every request;
 - resets of the systems named in ``journal`` are written to ``<journal_dir>/<host>.commands``
   as the lab's BMCs write them (``<unix time> hard off``), for ``benchmarks.shared.one_reboot``;
+  with ``"journal_peers": true``, each line also names the process that sent the reset
+  (``<unix time> hard off pid=<pid>``: the client's socket found from the connection's
+  peer port in ``/proc/net/tcp`` and the sockets of this user's processes), so that
+  ``benchmarks.sharding`` can tell which replica of ``metalmend run`` sent it;
 - a control port (plain HTTP, no authentication, 127.0.0.1): ``GET /counters`` (requests
   by method, resets), read by the scale benchmark for BMC calls per second.
 
 The configuration file (JSON, written by the benchmark): ``{"cert", "key", "ports_file",
-"journal_dir", "journal": [host...], "systems": [{"id", "host", "username", "password",
-"power"}]}``. Once every port listens, ``ports_file`` is written:
+"journal_dir", "journal": [host...], "journal_peers", "systems": [{"id", "host", "username",
+"password", "power"}]}``. Once every port listens, ``ports_file`` is written:
 ``{"control": port, "systems": {id: port}}``.
 """
 
@@ -37,6 +41,7 @@ import ssl
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +63,7 @@ class System:
     authorization: bytes  # the whole expected header value: b"Basic <base64>"
     power: str = "On"
     journal: Path | None = None
+    journal_peers: bool = False  # name the sending process in the journal
 
     @property
     def path(self) -> str:
@@ -133,8 +139,40 @@ def reset(system: System, reset_type: str) -> str | None:
     return None
 
 
-def answer(system: System, method: str, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
-    """(status, JSON document) of one authenticated Redfish request."""
+def peer_pid(peer_port: int, server_port: int) -> int | None:
+    """The process (of this user) holding the loopback TCP socket ``peer_port`` ->
+    ``server_port``: its inode from /proc/net/tcp, then the process whose descriptors
+    include that socket. None when not found (the client already gone)."""
+    local = f"0100007F:{peer_port:04X}"
+    remote = f"0100007F:{server_port:04X}"
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        columns = line.split()
+        if columns[1] == local and columns[2] == remote:
+            inode = columns[9]
+            break
+    if inode is None:
+        return None
+    wanted, uid = f"socket:[{inode}]", os.getuid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            for fd in os.scandir(f"/proc/{entry.name}/fd"):
+                if os.readlink(fd.path) == wanted:
+                    return int(entry.name)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return None
+
+
+def answer(
+    system: System, method: str, path: str, body: bytes, by: Callable[[], int | None] = lambda: None
+) -> tuple[int, dict[str, Any]]:
+    """(status, JSON document) of one authenticated Redfish request; ``by``: the sending
+    process, asked only when a journalled system with ``journal_peers`` is reset."""
     path = path.split("?", 1)[0]
     if method == "GET":
         if path in (ROOT, ROOT.rstrip("/")):
@@ -153,8 +191,9 @@ def answer(system: System, method: str, path: str, body: bytes) -> tuple[int, di
         if word is None:
             return 400, _error("ActionParameterValueNotInList", f"ResetType {reset_type!r}")
         if system.journal is not None:
+            sender = f" pid={by()}" if system.journal_peers else ""
             with system.journal.open("a") as journal:
-                journal.write(f"{time.time():.6f} {word}\n")
+                journal.write(f"{time.time():.6f} {word}{sender}\n")
         return 204, {}
     return 405, _error("OperationNotAllowed", f"{method} {path}")
 
@@ -230,11 +269,17 @@ class RedfishProtocol(asyncio.Protocol):
             self.counters.refused += 1
             status, document = 401, _error("AccessDenied", "authentication required")
         else:
-            status, document = answer(self.system, method, path, body)
+            status, document = answer(self.system, method, path, body, self._sender)
             self.counters.resets += method == "POST" and status == 204
         self.transport.write(response(status, document, keep_alive))
         if not keep_alive:
             self.transport.close()
+
+    def _sender(self) -> int | None:
+        assert self.transport is not None
+        peer = self.transport.get_extra_info("peername")
+        sock = self.transport.get_extra_info("sockname")
+        return peer_pid(peer[1], sock[1]) if peer and sock else None
 
     def _close(self, last: bytes) -> None:
         assert self.transport is not None
@@ -268,6 +313,7 @@ class ControlProtocol(asyncio.Protocol):
 def systems_from(config: dict[str, Any]) -> list[System]:
     journal_dir = Path(config.get("journal_dir") or ".")
     journalled = set(config.get("journal") or ())
+    peers = bool(config.get("journal_peers"))
     return [
         System(
             id=entry["id"],
@@ -277,6 +323,7 @@ def systems_from(config: dict[str, Any]) -> list[System]:
             journal=journal_dir / f"{entry['host']}.commands"
             if entry["host"] in journalled
             else None,
+            journal_peers=peers,
         )
         for entry in config["systems"]
     ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib.abc
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -172,3 +173,41 @@ async def requests(ports: dict[str, Any]) -> int:
         answer = await http.get(f"http://{LOOPBACK}:{ports['control']}/counters")
     total: int = answer.json()["requests"]
     return total
+
+
+def test_a_journal_with_peers_names_the_process_that_sent_each_reset(tmp_path: Path) -> None:
+    """``journal_peers`` (benchmarks/sharding.py tells replicas apart by it): each
+    journalled reset names the process whose socket sent it, here this test's."""
+    ca = CertificateAuthority(tmp_path / "pki")
+    serving = ca.issue("bmc", "scale-bmc", ip_addresses=(LOOPBACK,), server=True)
+    config = {
+        "cert": str(serving.cert), "key": str(serving.key),
+        "ports_file": str(tmp_path / "ports.json"), "journal_dir": str(tmp_path),
+        "journal": ["host-0"], "journal_peers": True,
+        "systems": [{"id": "sys-0", "host": "host-0", "username": "u0", "password": "p0"}],
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    argv = [sys.executable, "-m", "metalmend_lab.scalebmc", str(tmp_path / "config.json")]
+    process = subprocess.Popen(argv)
+    try:
+        ports_file = tmp_path / "ports.json"
+        started(ports_file.exists, f"the scale BMCs to listen ({ports_file})", process)
+        ports = json.loads(ports_file.read_text())
+
+        async def reboot() -> None:
+            pool = BmcPool(BmcSettings(timeout=10.0, ca_bundle=str(ca.pair.cert)))
+            try:
+                await pool.act(target(ports, 0), PowerAction.HARD_OFF)
+                await pool.act(target(ports, 0), PowerAction.ON)
+            finally:
+                await pool.close()
+
+        asyncio.run(reboot())
+    finally:
+        process.terminate()
+        process.wait(10)
+    lines = (tmp_path / "host-0.commands").read_text().splitlines()
+    assert [line.split(" ", 1)[1] for line in lines] == [
+        f"hard off pid={os.getpid()}",
+        f"on pid={os.getpid()}",
+    ]

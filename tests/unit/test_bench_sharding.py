@@ -1,0 +1,91 @@
+"""The summaries of the sharding benchmark's real mode (benchmarks/sharding.py): a BMC
+journal read back with each reset's sender, a reboot served twice or by two replicas, the
+hosts that moved, hosts per replica and the CPU ratios. Pure: no cluster, no files."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from benchmarks.sharding import (
+    Command,
+    cpu_ratios,
+    moved_hosts,
+    p99,
+    parse_journal,
+    served_twice_or_by_two,
+    shares,
+)
+
+BY_PID = {101: "r0", 102: "r1"}
+
+
+def test_a_journal_names_each_sender_by_its_replica() -> None:
+    text = "10.5 hard off pid=101\n11.0 on pid=102\n12.0 on pid=None\n13.0 hard off\n"
+    assert parse_journal(text, BY_PID) == [
+        Command(10.5, "hard off", "r0"),
+        Command(11.0, "on", "r1"),
+        Command(12.0, "on", "?"),  # the BMC could not tell
+        Command(13.0, "hard off", "?"),  # a journal without senders
+    ]
+    assert parse_journal("14.0 on pid=999\n", BY_PID) == [Command(14.0, "on", "?")]
+    assert parse_journal("", BY_PID) == []
+
+
+def commands(*entries: tuple[str, str]) -> list[Command]:
+    return [Command(float(i), word, by) for i, (word, by) in enumerate(entries)]
+
+
+@pytest.mark.parametrize(
+    ("journal", "asked", "why"),
+    [
+        (commands(), 0, None),
+        (commands(("hard off", "r0"), ("on", "r0")), 1, None),
+        (commands(("hard off", "r0"), ("on", "r0"), ("hard off", "r1"), ("on", "r1")), 2, None),
+        (commands(("soft off", "r0"), ("on", "r0")), 1, None),
+        (commands(("hard off", "?"), ("on", "r1")), 1, None),  # an unknown sender is no one
+        (commands(("hard off", "r0"), ("on", "r1")), 1, "one reboot served by r0 and r1"),
+        (
+            commands(("hard off", "r0"), ("on", "r0"), ("hard off", "r1"), ("on", "r1")),
+            1,
+            "1 reboot(s) asked, the BMC got 'hard off on hard off on'",
+        ),
+        (
+            commands(("hard off", "r0"), ("hard off", "r1"), ("on", "r1")),
+            1,
+            "1 reboot(s) asked, the BMC got 'hard off hard off on'",
+        ),
+        (commands(("hard off", "r0")), 1, "1 reboot(s) asked, the BMC got 'hard off'"),
+        (commands(), 1, "1 reboot(s) asked, the BMC got ''"),
+        (commands(("on", "r0")), 0, "0 reboot(s) asked, the BMC got 'on'"),
+    ],
+)
+def test_a_reboot_served_twice_or_by_two_replicas_is_named(
+    journal: list[Command], asked: int, why: str | None
+) -> None:
+    assert served_twice_or_by_two(journal, asked) == why
+
+
+def test_the_hosts_that_moved_are_those_whose_owner_differs() -> None:
+    before = {"a": "r0", "b": "r1", "c": "r2", "d": None}
+    after = {"a": "r0", "b": "r3", "c": "r2", "d": "r3", "e": "r3"}
+    assert moved_hosts(before, after) == {"b", "d", "e"}
+    assert moved_hosts(before, before) == set()
+
+
+def test_shares_list_every_replica_and_leave_unowned_hosts_out() -> None:
+    owners = {"a": "r0", "b": "r0", "c": "r1", "d": None}
+    assert shares(owners, ["r0", "r1", "r2"]) == {"r0": 2, "r1": 1, "r2": 0}
+
+
+def test_cpu_ratios_are_against_one_nth_of_the_single_replica() -> None:
+    assert cpu_ratios({"r0": 5.0, "r1": 6.0}, 10.0) == {"r0": 1.0, "r1": 1.2}
+    assert cpu_ratios({}, 10.0) == {}
+    assert math.isnan(cpu_ratios({"r0": 1.0}, 0.0)["r0"])
+
+
+def test_p99_stays_within_the_samples() -> None:
+    assert p99([15.0, 17.0, 21.0]) <= 21.0
+    assert p99([float(i) for i in range(1, 61)]) == pytest.approx(59.41)
+    assert p99([3.0]) == 3.0
+    assert math.isnan(p99([]))
