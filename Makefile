@@ -15,9 +15,11 @@ demo: venv k8s
 demo-site: venv k8s
 	$(BIN)/metalmend demo-site
 
-# Two workers, one test file each at a time (module fixtures stay in one process); each
-# worker starts its own control plane. Most of a lab test's time is waiting on the lab.
-TEST_WORKERS ?= 2
+# Three workers on two cores, one test file each at a time (module fixtures stay in one
+# process); each worker starts its own control plane. Most of a lab test's time is waiting
+# on the lab (Leases to expire, grace periods, kills and restarts), so a third worker uses
+# the CPU two leave idle; every wait stretches with the load (tests/support.py).
+TEST_WORKERS ?= 3
 
 # Every tool a test needs is built here, before pytest starts (cold Go builds take minutes
 # on a busy machine: never inside a test, under its timeout); the tests only use the

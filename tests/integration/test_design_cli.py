@@ -94,6 +94,9 @@ def design(
     return run
 
 
+# The command line over SQLite only (tests/integration/test_site_cli.py says why); the
+# kill of the service runs on both kinds of store.
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_put_revisions_documents_tag_and_diff_from_the_command_line(
     design: Run, tmp_path: Path
 ) -> None:
@@ -129,6 +132,7 @@ def test_put_revisions_documents_tag_and_diff_from_the_command_line(
     assert "modified" in diff.stdout
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_refusals_are_status_lines_not_tracebacks(design: Run, tmp_path: Path) -> None:
     run = design
     bad = tmp_path / "bad.yaml"

@@ -16,6 +16,11 @@ from metalmend_lab.controlplane import ControlPlane
 from tests.integration.test_design_cli import Serve, serve
 from tests.integration.test_serve_promenade import token
 
+# The command line over SQLite only: what it adds (arguments, Status lines, exit codes, an
+# action followed live) does not depend on the database, and both kinds of store are run by
+# the API and store tests (test_shipyard_api.py, test_design_store.py, ...).
+pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+
 __all__ = ["serve"]  # a fixture this module uses
 
 Run = Callable[..., subprocess.CompletedProcess[str]]  # `metalmend site ARGS...`
