@@ -157,7 +157,8 @@ class _Worker:
         with contextlib.suppress(ProcessLookupError):
             if self.process.returncode is None:
                 self.process.kill()
-        for future in [self.ready, *self.pending.values()]:
+        futures: list[asyncio.Future[Any]] = [self.ready, *self.pending.values()]
+        for future in futures:
             if not future.done():
                 future.set_exception(_WorkerGone())
         if self.process.stdin is not None:
