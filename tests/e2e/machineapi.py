@@ -24,7 +24,7 @@ from pathlib import Path
 
 from lightkube import ApiError
 from lightkube.resources.apps_v1 import StatefulSet
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Node, Pod
 
 from metalmend_lab import lab
 from metalmend_lab.hosts import NAMESPACE
@@ -122,7 +122,7 @@ def remediate(
     redfish_power_delay: float = 1.0,
 ) -> Sampler:
     """Hang the host running db-0 and follow its remediation to the end: kill -9 and restart
-    `metalmend run` at each of STEPS, wait for db-0 Running on another node and for
+    `metalmend run` at each of STEPS, wait for db-0 replaced by a new pod, Running, and for
     ``healthy_again()`` (the checker counts every Machine healthy, its request gone). Returns
     the sampler: ``at``, the seconds from the hang to each step and to "healthy"."""
     client = fleet.client()
@@ -133,6 +133,8 @@ def remediate(
         found = db_running(client, labels)
         assert found is not None
         victim = found[0]
+        (first,) = client.list(Pod, namespace=NAMESPACE, labels=labels)
+        assert first.metadata is not None
         sampler = Sampler(fleet, victim, requested)
         hung_at = time.time()
         lab.inject_fault(fleet.plane.workdir.parent, victim, "hang")
@@ -149,13 +151,23 @@ def remediate(
                 print(f"  {step} at {sampler.at[step]}s: metalmend run killed -9, restarted")
 
             def moved() -> bool:
-                running = db_running(client, labels)
-                return running is not None and running[0] != victim
+                """db-0 replaced: a new pod Running, on whichever Node the scheduler chose.
+                The fenced server may be back and its Node registered again before the new
+                pod is bound (a loaded machine: the scheduler last), and then it may land
+                there: that is no fault. The sampler holds what matters: the replacement
+                created only after the fence."""
+                return any(
+                    pod.metadata is not None
+                    and pod.metadata.uid != first.metadata.uid
+                    and pod.status is not None
+                    and pod.status.phase == "Running"
+                    for pod in client.list(Pod, namespace=NAMESPACE, labels=labels)
+                )
 
             wait(
                 moved,
                 max(deadline.left(), 1.0),
-                "db-0 Running on another node",
+                "db-0 replaced by a new pod, Running",
                 tolerate=(ApiError,),
             )
             sampler.at["moved"] = round(time.monotonic() - sampler.began, 1)
