@@ -122,7 +122,8 @@ def remediate(
     redfish_power_delay: float = 1.0,
 ) -> Sampler:
     """Hang the host running db-0 and follow its remediation to the end: kill -9 and restart
-    `metalmend run` at each of STEPS, wait for db-0 replaced by a new pod, Running, and for
+    `metalmend run` at each of STEPS, wait for db-0 running again (a new pod, or the same one
+    restarted on the rebooted server) and for
     ``healthy_again()`` (the checker counts every Machine healthy, its request gone). Returns
     the sampler: ``at``, the seconds from the hang to each step and to "healthy"."""
     client = fleet.client()
@@ -150,24 +151,29 @@ def remediate(
                 metalmend.start()
                 print(f"  {step} at {sampler.at[step]}s: metalmend run killed -9, restarted")
 
+            def restarts(pod: Pod) -> int:
+                return sum(c.restartCount for c in (pod.status.containerStatuses or []))
+
+            before = restarts(first) if first.status is not None else 0
+
             def moved() -> bool:
-                """db-0 replaced: a new pod Running, on whichever Node the scheduler chose.
-                The fenced server may be back and its Node registered again before the new
-                pod is bound (a loaded machine: the scheduler last), and then it may land
-                there: that is no fault. The sampler holds what matters: the replacement
-                created only after the fence."""
+                """db-0 running again after the fence: a new pod, or (the fenced server back
+                and its Node registered again before the pod garbage collector removed the
+                pod, as a loaded machine makes likely) the same pod restarted on the server
+                that was powered off. Either is no fault; the sampler holds what matters:
+                no replacement created before the fence."""
                 return any(
                     pod.metadata is not None
-                    and pod.metadata.uid != first.metadata.uid
                     and pod.status is not None
                     and pod.status.phase == "Running"
+                    and (pod.metadata.uid != first.metadata.uid or restarts(pod) > before)
                     for pod in client.list(Pod, namespace=NAMESPACE, labels=labels)
                 )
 
             wait(
                 moved,
                 max(deadline.left(), 1.0),
-                "db-0 replaced by a new pod, Running",
+                "db-0 running again: a new pod, or the same one restarted",
                 tolerate=(ApiError,),
             )
             sampler.at["moved"] = round(time.monotonic() - sampler.began, 1)
