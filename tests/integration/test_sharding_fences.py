@@ -312,6 +312,15 @@ def finish(kube: Client, bmcs: Bmcs, target: Target) -> None:
     )
 
 
+def release_and_finish(kube: Client, bmcs: Bmcs, watch: FenceWatch, targets: list[Target]) -> None:
+    """Let every held pod go, then see each remediation to its end and its host fenced once."""
+    for target in targets:
+        release(kube, target)
+    for target in targets:
+        finish(kube, bmcs, target)
+        assert_fenced_once(watch, bmcs, target)
+
+
 def assert_fenced_once(watch: FenceWatch, bmcs: Bmcs, target: Target) -> None:
     entries = bmcs.entries(target.host)
     assert [word for _, word in entries] == ["hard off", "on"], (
@@ -451,9 +460,7 @@ def test_the_owner_killed_mid_power_off_and_the_leader_killed_mid_fence_each_hos
         within=TAKEOVER,
     )
     assert bmc_power(bmcs, index) == "Off", "held off across both kills"
-    release(kube, target)
-    finish(kube, bmcs, target)
-    assert_fenced_once(watch, bmcs, target)
+    release_and_finish(kube, bmcs, watch, [target])
     others = [h for h in hosts if h != target.host]
     assert all(bmcs.commands(h) == [] for h in others), "no other host was power-cycled"
 
@@ -500,11 +507,7 @@ def test_the_leader_killed_mid_remediation_of_its_own_host_and_anothers_each_fen
             f"{target.node} tainted and {target.host} held off for its pod",
             within=TAKEOVER,
         )
-    for target in targets:
-        release(kube, target)
-    for target in targets:
-        finish(kube, bmcs, target)
-        assert_fenced_once(watch, bmcs, target)
+    release_and_finish(kube, bmcs, watch, targets)
 
 
 def test_a_replica_added_during_fences_takes_its_hosts_mid_remediation_and_each_is_fenced_once(
@@ -547,11 +550,7 @@ def test_a_replica_added_during_fences_takes_its_hosts_mid_remediation_and_each_
             f"{target.node} tainted and {target.host} held off for its pod",
             within=TAKEOVER,
         )
-    for target in targets:
-        release(kube, target)
-    for target in targets:
-        finish(kube, bmcs, target)
-        assert_fenced_once(watch, bmcs, target)
+    release_and_finish(kube, bmcs, watch, targets)
     for target in moved:  # each move a drain its old owner acknowledged
         said = " ".join(fleet.replicas[str(before[target.host])].output().split())
         assert f"host handed over host={namespace}/{target.host}" in said
