@@ -25,10 +25,12 @@ TEST_WORKERS ?= 3
 # on a busy machine: never inside a test, under its timeout); the tests only use the
 # cached results and name the make target when one is missing.
 test: venv k8s helm metal3 promtool prometheus capi openshift tools test-image lint
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not long"
 
-# The long form of the randomised tests (tests/support.py, THOROUGH): more kills in the
-# chaos tests, more and fresh property cases. Before a release, after a state-machine change.
+# Every test, the long ones too (pytest's `long` mark: kills at every step of a flow, the
+# chaos run, a second upstream checker's lab), and the long form of the randomised tests
+# (tests/support.py, THOROUGH): more kills in the chaos tests, more and fresh property
+# cases. Before a release, after a change to a state machine or a controller's steps.
 test-thorough: venv k8s helm metal3 promtool prometheus capi openshift tools test-image lint
 	METALMEND_TESTS=thorough $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 

@@ -49,6 +49,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(getattr(pytest.mark, kind))
 
 
+# The most a stretched limit grows to: a test stuck in a wait that cannot end costs a run at
+# most this long (on two cores, a third of the suite's time), not its limit times 5.
+LONGEST = 1500.0
+
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
@@ -64,7 +68,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         if mark is not None:
             base = mark.args[0] if mark.args else mark.kwargs.get("timeout", base)
         if base and float(base) > 0:
-            item.add_marker(pytest.mark.timeout(float(base) * factor), append=False)
+            limit = min(float(base) * factor, max(float(base), LONGEST))
+            item.add_marker(pytest.mark.timeout(limit), append=False)
     return (yield)
 
 

@@ -59,7 +59,7 @@ def reconciles(controller: str) -> float:
 # costs nothing but the time a failing test takes to say so, and the failure says what
 # was awaited, how long (stretched how much) and what was last seen.
 
-SLOWEST = 8.0
+SLOWEST = 5.0
 
 
 def slowness() -> float:

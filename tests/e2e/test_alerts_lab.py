@@ -288,6 +288,7 @@ def node_ready(running: lab.RunningLab, name: str) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
+@pytest.mark.long
 async def test_a_stuck_remediation_fires_its_alerts_and_they_resolve_when_it_ends(
     hosts_lab: lab.RunningLab, settings_env: None, serve_metrics: str, tmp_path: Path
 ) -> None:

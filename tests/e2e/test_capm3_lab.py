@@ -213,6 +213,7 @@ def workers_only(fleet: lab.RunningLab) -> Iterator[None]:
         client.patch(Node, CONTROL_PLANE, {"spec": {"unschedulable": None}})
 
 
+@pytest.mark.long
 @pytest.mark.timeout(900)  # a loaded machine: the test's own deadlines speak first
 def test_capi_check_remediates_a_capm3_machine_through_fence_remediation(
     fleet: lab.RunningLab, metalmend: Metalmend, workers_only: None

@@ -291,6 +291,7 @@ def phase_of(client: Client, host: str) -> str:
     return str((found.get("status") or {}).get("phase") or "detect")
 
 
+@pytest.mark.long
 def test_killed_at_every_step_every_host_ends_on_and_ready(
     fleet: lab.RunningLab, metalmend: Metalmend
 ) -> None:

@@ -58,6 +58,7 @@ def metalmend(fleet: lab.RunningLab, monkeypatch: pytest.MonkeyPatch) -> Iterato
     process.stop()
 
 
+@pytest.mark.long
 def test_taint_only_on_a_server_that_is_off_and_the_pod_moves_after_it(
     fleet: lab.RunningLab, metalmend: Metalmend
 ) -> None:

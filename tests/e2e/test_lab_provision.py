@@ -165,6 +165,7 @@ async def member_list(running: lab.RunningLab) -> list[Any]:
         return await client.member_list(site.members[1].client_url)
 
 
+@pytest.mark.long
 async def test_a_destroyed_etcd_host_is_provisioned_boots_and_rejoins_etcd(
     site: lab.RunningLab,
 ) -> None:

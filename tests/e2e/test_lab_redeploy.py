@@ -169,6 +169,7 @@ async def member_list(running: lab.RunningLab) -> list[Any]:
         return await client.member_list(plan.members[0].client_url)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(900)  # a loaded machine: the test's own deadlines speak first
 def test_deploy_the_design_then_redeploy_a_member_with_serve_killed_in_every_step(
     site: lab.RunningLab,

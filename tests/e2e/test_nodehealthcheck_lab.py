@@ -145,6 +145,7 @@ def remediation_of(client: Client, node: str) -> Any | None:
         return None
 
 
+@pytest.mark.long
 def test_a_hung_node_is_fenced_by_taint_through_its_host_with_metalmend_killed_at_each_step(
     fleet: lab.RunningLab, metalmend: Metalmend
 ) -> None:

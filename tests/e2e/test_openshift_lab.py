@@ -173,6 +173,7 @@ def fence_remediations(fleet: lab.RunningLab) -> list[str]:
     ]
 
 
+@pytest.mark.long
 @pytest.mark.timeout(900)  # a loaded machine: the test's own deadlines speak first
 def test_openshift_check_with_a_fence_remediation_template(
     fleet: lab.RunningLab, metalmend: Metalmend

@@ -165,6 +165,7 @@ def test_statefulset_pod_moves_only_after_its_node_is_fenced(
     healthy(fleet, 90, "the hung host back, on and Ready")
 
 
+@pytest.mark.long
 def test_killed_at_random_moments_every_host_ends_on_and_ready(
     fleet: lab.RunningLab, metalmend: Metalmend
 ) -> None:

@@ -4,6 +4,7 @@ named ones may change spec.bmc of an existing host."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,7 +99,7 @@ def annotate(client: Client, namespace: str, name: str, changes: dict[str, str |
 def test_malformed_reboot_values_are_refused_at_admission(
     kube: Client, namespace: str, value_policy: None
 ) -> None:
-    counter = iter(range(1000))
+    counter = itertools.count()
 
     def create_bad() -> None:
         name = f"bad-{next(counter)}"
@@ -132,7 +133,7 @@ def test_only_named_writers_touch_reboot_annotations(
     )
     kube.create(host("h1", {}), namespace=namespace)
     kube.create(host("probe", {}), namespace=namespace)
-    probes = iter(range(1000))
+    probes = itertools.count()
     # Enforced? The admin is not a named writer either; each probe uses a new key, so an
     # attempt that lands before the policy is active does not mask a later one.
     refused(lambda: annotate(kube, namespace, "probe", {f"reboot.metal3.io/p{next(probes)}": ""}))
@@ -180,7 +181,7 @@ def test_only_named_writers_touch_shard_labels(
     )  # fmt: skip
     kube.create(host("h1", {}), namespace=namespace)
     kube.create(host("probe", {}), namespace=namespace)
-    probes = iter(range(1000))
+    probes = itertools.count()
     # Enforced? The admin is not a named writer either (a new value each time: see above).
     refused(lambda: label(kube, namespace, "probe", {REPLICA: f"r{next(probes)}"}))
     alice = Client(KubeConfig.from_file(control_plane.user_kubeconfig("alice", ["site-ops"])))
@@ -228,7 +229,7 @@ def test_only_named_users_change_the_bmc_of_an_existing_host(
         group="metal3.io", resources=["baremetalhosts"], verbs=["get", "create", "patch"],
     )  # fmt: skip
     kube.create(host("probe", {}), namespace=namespace)
-    probes = iter(range(1000))
+    probes = itertools.count()
     # Enforced? The admin is not a named writer either (a new port each time, see above).
     refused(
         lambda: set_bmc(
@@ -298,7 +299,7 @@ def test_only_named_users_create_a_host_naming_a_secret_bound_to_other_hosts(
     bmc_secret(kube, namespace, "every-bmc", "*")
     bmc_secret(kube, namespace, "own-bmc", "h-own")
     bmc_secret(kube, namespace, "unbound-bmc", None)
-    probes = iter(range(1000))
+    probes = itertools.count()
     # Enforced? The admin is not a named writer either (a new host each time).
     refused(
         lambda: kube.create(named_host(f"probe-{next(probes)}", "every-bmc"), namespace=namespace)

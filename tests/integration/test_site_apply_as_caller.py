@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import itertools
 import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -244,7 +245,7 @@ async def test_a_design_that_repoints_a_hosts_bmc_is_refused_by_the_policy_as_th
         # Enforced? The test's admin is not a BMC writer either (a new port each time).
         kube.create(BareMetalHost(metadata=ObjectMeta(name="probe", namespace=namespace),
                                   spec={"bmc": {"address": "ipmi://127.0.0.1:1"}}))  # fmt: skip
-        ports = iter(range(2, 1000))
+        ports = itertools.count(2)
         await until(lambda: _refuses_bmc_change(kube, namespace, next(ports)), 30)
         stack.enter_context(registered(kube, name, f"metal3://{namespace}/{name}"))
         design = host_document(
