@@ -49,6 +49,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(getattr(pytest.mark, kind))
 
 
+# pytest-xdist's `--dist loadfile` keeps a test file in one worker, so its module fixtures
+# start once. The e2e lab with hosts (`hosts_lab`, tests/e2e/conftest.py) is a session
+# fixture: every worker that runs one of the files asking for it starts a lab of its own
+# (a control plane, BMCs, kubelet simulators: 15 % of a core each, idle, for the rest of
+# the run). Those files go to one worker, one after another: one lab per run.
+SHARED_LAB = "hosts_lab"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile`` with every file that asks for ``SHARED_LAB`` as one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    root = Path(str(config.rootpath))
+    uses_lab: dict[str, bool] = {}
+
+    class OneLabPerRun(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            if scope not in uses_lab:
+                path = root / scope
+                uses_lab[scope] = path.name != "conftest.py" and path.is_file() and (
+                    SHARED_LAB in path.read_text(encoding="utf-8")
+                )
+            return SHARED_LAB if uses_lab[scope] else scope
+
+    return OneLabPerRun(config, log)  # type: ignore[arg-type]
+
+
 # The most a stretched limit grows to: a test stuck in a wait that cannot end costs a run at
 # most this long (on two cores, a third of the suite's time), not its limit times 5.
 LONGEST = 1500.0

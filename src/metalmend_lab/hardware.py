@@ -74,6 +74,7 @@ async def serve(config: HardwareConfig) -> None:
     tasks += [asyncio.create_task(m.run()) for m in members.values()]
     log.info("hardware up: %d hosts", len(config.hosts))
     (lab_dir / "hardware" / "faults").mkdir(parents=True, exist_ok=True)
+    written = ""  # the status file's text: written again only when it changes
     while True:
         report: dict[str, Any] = {}
         for spec in config.hosts:
@@ -89,9 +90,12 @@ async def serve(config: HardwareConfig) -> None:
                 "bmc_line": faults.bmc,
                 "faults": asdict(faults),  # as applied: `lab fault` waits to see its own
             }
-        tmp = status_path(lab_dir).with_suffix(".tmp")
-        tmp.write_text(json.dumps(report, indent=2))
-        tmp.replace(status_path(lab_dir))
+        text = json.dumps(report, indent=2)
+        if text != written:
+            tmp = status_path(lab_dir).with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(status_path(lab_dir))
+            written = text
         for task in tasks:
             if task.done():
                 task.result()
