@@ -23,6 +23,11 @@ from metalmend_lab.controlplane import ControlPlane, free_port
 from metalmend_lab.hosts import NAMESPACE
 
 WRITES = ("POST", "PATCH", "PUT", "APPLY", "DELETE")
+# How long `metalmend run` may take to answer /readyz: a start on an idle machine takes a few
+# seconds, one on a machine loaded 20 deep took more than a minute (connecting, listing,
+# syncing its caches). Waiting longer costs nothing when the start is healthy, and a process
+# that exits meanwhile fails the wait at once.
+READY_WITHIN = 600.0
 
 
 def apiserver_requests(plane: ControlPlane) -> Counter[tuple[str, str]]:
@@ -65,8 +70,12 @@ def start_metalmend(
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), env.get("PYTHONPATH")]))
     with log.open("ab") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + READY_WITHIN
     while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"metalmend exited ({process.returncode}) before it was ready; see {log}"
+            )
         try:
             if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
                 return process, port
@@ -74,7 +83,8 @@ def start_metalmend(
             pass
         time.sleep(0.2)
     process.kill()
-    raise RuntimeError(f"metalmend did not become ready; see {log}")
+    process.wait()
+    raise RuntimeError(f"metalmend did not become ready within {READY_WITHIN:.0f}s; see {log}")
 
 
 def wait(check: Callable[[], bool], within: float) -> None:

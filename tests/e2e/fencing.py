@@ -79,6 +79,28 @@ def power_of(workdir: Path, host: str) -> str:
     return str(json.loads(status_path(workdir).read_text())[host]["power"])
 
 
+def power_commands(workdir: Path, host: str, since: float) -> list[tuple[float, str]]:
+    """The power commands ``host``'s BMC accepted at or after ``since`` (wall-clock), from
+    its own journal (``<lab>/hardware/<host>.commands``, reads left out): what the server
+    was told, which no sampling of its power can miss."""
+    journal = workdir / "hardware" / f"{host}.commands"
+    lines = journal.read_text().splitlines() if journal.exists() else []
+    commands = [(float(t), what.partition(" pid=")[0])
+                for t, _, what in (line.partition(" ") for line in lines)]  # fmt: skip
+    return [(t, what) for t, what in commands if what != "status" and t >= since]
+
+
+def power_cycles(commands: list[tuple[float, str]]) -> int:
+    """How many power-offs ``commands`` hold, an off sent again before any "on" (a command
+    re-sent, not obeyed yet) counting once."""
+    cycles, last = 0, "on"
+    for _, command in commands:
+        if command.endswith("off") and last == "on":
+            cycles += 1
+        last = "off" if command.endswith("off") else "on" if command == "on" else last
+    return cycles
+
+
 class TaintHistory:
     """Every version of one Node, as its watch delivers them (in order, none missed), with
     whether it carried the out-of-service taint. Polling the Node and the pods one after

@@ -261,12 +261,36 @@ def test_the_reads_are_spread_over_the_window() -> None:
 def test_a_failed_read_fails_the_attempt_after_the_timeout_and_window() -> None:
     decision = decide(
         71,
-        progress=at(r.CONFIRMING),
+        progress=at(r.CONFIRMING, last_read_at=T0 + sec(66)),  # reads failing throughout
         host=host(OFF_FOR_US),
         power_read=r.PowerRead(off=None, error="BMC unreachable"),
     )
     assert progress_of(decision).phase == r.BACKOFF
     assert "ReleasePower" in kinds(decision)
+
+
+@pytest.mark.parametrize("last_read", [None, 1.0], ids=["no read yet", "one read, long ago"])
+def test_a_failed_read_after_none_for_the_whole_timeout_counts_the_timeout_from_itself(
+    last_read: float | None,
+) -> None:
+    """The controller was down (killed, restarting on a loaded machine) past the deadline:
+    its first read failing does not fail the attempt and release a host that is off (it
+    would be powered on, then off again: a second power cycle); the timeout counts from
+    this read, and reads failing through all of it still fail the attempt."""
+    read_at = None if last_read is None else T0 + sec(last_read)
+    failed = r.PowerRead(off=None, error="BMC unreachable")
+    decision = decide(
+        130, progress=at(r.CONFIRMING, last_read_at=read_at), host=host(OFF_FOR_US),
+        power_read=failed,
+    )  # fmt: skip
+    assert kinds(decision) == ["SetProgress"]
+    resumed = progress_of(decision)
+    assert (resumed.phase, resumed.phase_since, resumed.last_read_at) == (
+        r.CONFIRMING, T0 + sec(130), T0 + sec(130),
+    )  # fmt: skip
+    later = decide(130 + 71, progress=replace(resumed, last_read_at=T0 + sec(130 + 66)),
+                   host=host(OFF_FOR_US), power_read=failed)  # fmt: skip
+    assert progress_of(later).phase == r.BACKOFF
 
 
 def test_a_failed_attempt_untaints_before_releasing_the_host() -> None:

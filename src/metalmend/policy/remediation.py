@@ -850,7 +850,11 @@ def _confirming(
     """Reported off: our own BMC reads must say off too, ``confirm_reads`` times over
     ``confirm_window`` seconds, before the taint (some BMCs say Off before the host has
     stopped). A read that says on starts the power-off over; a failed read is not counted,
-    and the attempt fails once powerOffTimeoutSeconds have passed on top of the window."""
+    and the attempt fails once powerOffTimeoutSeconds have passed on top of the window.
+    Those seconds are time spent reading: a failed read after none for longer than
+    powerOffTimeoutSeconds (the controller was down, or restarting on a loaded machine)
+    counts them from itself, rather than fail the attempt at its first read and release a
+    host that is off only to power it off again (a second power cycle)."""
     progress = observed.progress
     if not _reported_off(host, settings):
         return _power_off_again(observed, host, now, settings, "no longer reported off")
@@ -878,6 +882,10 @@ def _confirming(
         )
     if read.off is None:
         message = f"reading {host.key}'s BMC failed: {read.error}; reading again"
+        previous = progress.last_read_at or progress.phase_since or now
+        if (now - previous).total_seconds() > observed.spec.power_off_timeout:
+            resumed = replace(progress, phase_since=now, last_read_at=now, message=message)
+            return decision.do(SetProgress(resumed)).at(now + interval)
         decision.do(SetProgress(replace(progress, last_read_at=now, message=message)))
         if now >= deadline:
             why = f"{host.key} not confirmed off: BMC read failed: {read.error}"
