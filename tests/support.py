@@ -154,9 +154,9 @@ async def until(
 ) -> None:
     """Wait until ``check()`` is true (it may be async); fail after ``within`` seconds, or
     ``GENEROUS`` if that is longer, stretched by the load (``Deadline``), saying ``what``
-    was awaited (else the check's source line) and ``state()``. ``exact``: ``within``
-    itself, unstretched, raising TimeoutError, for a wait whose running out is part of
-    the test."""
+    was awaited (else the check's source line) and ``state()`` (it may be async too).
+    ``exact``: ``within`` itself, unstretched, raising TimeoutError, for a wait whose
+    running out is part of the test."""
     if exact:
 
         async def poll() -> None:
@@ -179,6 +179,8 @@ async def until(
             break
         await asyncio.sleep(0.05)
     seen = state() if state is not None else last
+    if inspect.isawaitable(seen):  # (an async state, as an async check)
+        seen = await seen
     raise AssertionError(f"not within {deadline}: {what or described(check)}; last seen: {seen}")
 
 

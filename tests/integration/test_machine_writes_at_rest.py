@@ -4,19 +4,32 @@ docs/scale.md). The scale lab's shape in small, on the real API server: hosts re
 ``lab up`` registers them, Nodes as kwok keeps them, one check over every Machine with the
 lab's remediation template, and every controller that writes Machines; then Node status
 heartbeats as kwok and kubelets send them: a new ``lastHeartbeatTime``, the same
-conditions. Writes are counted by the API server itself (``apiserver_request_total``)."""
+conditions. Writes are counted by the API server itself (``apiserver_request_total``).
+
+Between those heartbeats the Nodes are kept alive as kwok keeps them: each Node's Lease
+renewed (the Node lifecycle controller's heartbeat), so the control plane's lifecycle
+controller (a grace of seconds here: tests/conftest.py) does not mark them Ready Unknown.
+Left silent, they were: on a busy machine the set-up alone outlasts the grace, and once a
+Node had been Unknown for the check's 300 s its Machine was rightly unhealthy (no longer
+``HealthCheckSucceeded``) and the first wait below could not end. A Node marked Unknown
+all the same (a renewal late under load) reports Ready again, as its kubelet would."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
+import httpx2
 import pytest
-from lightkube import AsyncClient, Client
+from lightkube import ApiError, AsyncClient, Client
+from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.core_v1 import NodeSpec
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
@@ -31,6 +44,8 @@ from tests.support import until
 
 HOSTS = 12  # many Machines under one check, as at scale
 BEATS = 3
+NODE_LEASES = "kube-node-lease"
+RENEW_EVERY = 1.0  # seconds between two renewals of every Lease (the grace is 6 s)
 
 # kwok's Node conditions (sigs.k8s.io/kwok v0.8.0, ``NodeConditions`` in
 # pkg/utils/gotpl/funcs.go), as its node-initialize and node-heartbeat-with-lease stages
@@ -94,12 +109,67 @@ def machine_status_writes(control_plane: ControlPlane) -> int:
     return total
 
 
+def node_lease(node: Any) -> Lease:
+    """A Node's Lease as its kubelet (or kwok) keeps it, owned by the Node, renewed now."""
+    now = dt.datetime.now(dt.UTC)
+    # A MicroTime: the API server refuses one without its fraction, which lightkube leaves
+    # out of a whole second.
+    now = now.replace(microsecond=now.microsecond or 1)
+    owner = OwnerReference(
+        apiVersion="v1", kind="Node", name=node.metadata.name, uid=node.metadata.uid
+    )
+    return Lease(
+        metadata=ObjectMeta(name=node.metadata.name, ownerReferences=[owner]),
+        spec=LeaseSpec(holderIdentity=node.metadata.name, leaseDurationSeconds=40, renewTime=now),
+    )
+
+
+async def keep_alive(client: AsyncClient, names: list[str]) -> None:
+    """kwok's part between status heartbeats, for every Node of ``names`` that has a Lease
+    yet: renew the Lease every ``RENEW_EVERY`` seconds; a Node the lifecycle controller
+    marked Ready Unknown all the same (a renewal late on a busy machine) reports Ready
+    again, as its kubelet would at its next status sync."""
+
+    async def renew(name: str) -> None:
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        # Not made yet (404), or a busy API server's error or timeout: the next round.
+        with contextlib.suppress(ApiError, httpx2.HTTPError):
+            await client.patch(Lease, name, {"spec": {"renewTime": now}},
+                               namespace=NODE_LEASES, patch_type=PatchType.MERGE)  # fmt: skip
+            node: Any = await client.get(Node, name)
+            ready = next((c for c in node.status.conditions or [] if c.type == "Ready"), None)
+            if ready is not None and ready.status != "True":
+                beat = kwok_status(node, dt.datetime.now(dt.UTC))
+                await client.patch(Node.Status, name, beat, patch_type=PatchType.STRATEGIC)
+
+    while True:
+        await asyncio.gather(*(renew(n) for n in names))
+        await asyncio.sleep(RENEW_EVERY)
+
+
 @pytest.fixture
-async def lab(kube: Client, namespace: str) -> AsyncIterator[list[str]]:
+async def lab(kube: Client, aclient: AsyncClient, namespace: str) -> AsyncIterator[list[str]]:
     """HOSTS hosts as the scale benchmark registers them (its Machine, BareMetalHost and
-    BMC Secret; its Node for kwok, with the host's providerID, Ready as kwok makes it), and
-    one check over them all with the lab's template. Yields the Node names."""
+    BMC Secret; its Node for kwok, with the host's providerID, Ready as kwok makes it, and
+    its Lease, kept renewed: ``keep_alive``), and one check over them all with the lab's
+    template. Yields the Node names."""
     names = [f"{namespace}-w{i}" for i in range(HOSTS)]
+    alive = asyncio.create_task(keep_alive(aclient, names))
+    try:
+        # In a thread: the event loop renews the Leases meanwhile.
+        await asyncio.to_thread(register, kube, namespace, names)
+        yield names
+    finally:
+        if alive.done():
+            alive.result()  # (a bug in keep_alive: said here)
+        alive.cancel()
+        await asyncio.gather(alive, return_exceptions=True)
+        for name in names:
+            kube.delete(Node, name)  # (its Lease with it: the garbage collector)
+
+
+def register(kube: Client, namespace: str, names: list[str]) -> None:
+    """The hosts, Machines, Nodes and Leases of ``names``, the template and the check."""
     for name in names:
         provider = f"metal3://{namespace}/{name}"
         spec = HostSpec(name=name, namespace=namespace, bmc="redfish", bmc_port=1,
@@ -113,6 +183,7 @@ async def lab(kube: Client, namespace: str) -> AsyncIterator[list[str]]:
             )
         )
         beat = node.metadata.creationTimestamp
+        kube.create(node_lease(node), namespace=NODE_LEASES)
         kube.patch(Node.Status, name, kwok_status(node, beat, initialize=True),
                    patch_type=PatchType.STRATEGIC)  # fmt: skip
     template = {"strategy": "reboot", "powerOffTimeoutSeconds": 60, "powerOnTimeoutSeconds": 120}
@@ -132,15 +203,35 @@ async def lab(kube: Client, namespace: str) -> AsyncIterator[list[str]]:
     kube.create(
         MachineHealthCheck(metadata=ObjectMeta(name="workers"), spec=spec), namespace=namespace
     )
-    try:
-        yield names
-    finally:
-        for name in names:
-            kube.delete(Node, name)
+
+
+@dataclass
+class Controllers:
+    manager: Manager
+    task: asyncio.Task[None]  # its run(): ended only by a bug, which the waits then name
+
+    def alive(self) -> None:
+        """Raise at once when their run ended (a bug): a wait on them would never end."""
+        if self.task.done():
+            self.task.result()
+            raise AssertionError("the controllers' run() ended")
+
+    def idle(self) -> bool:
+        """Nothing waiting or being reconciled (a scheduled requeue is not work yet)."""
+        self.alive()
+        return all(len(c.queue) == 0 and c.queue.in_progress == 0 for c in self.manager.controllers)
+
+    def busy(self) -> dict[str, str]:
+        """The controllers not idle: their queue's depth and keys in progress."""
+        return {
+            c.name: f"{len(c.queue)} waiting, {c.queue.in_progress} in progress"
+            for c in self.manager.controllers
+            if len(c.queue) or c.queue.in_progress
+        }
 
 
 @pytest.fixture
-async def controllers(aclient: AsyncClient, namespace: str) -> AsyncIterator[Manager]:
+async def controllers(aclient: AsyncClient, namespace: str) -> AsyncIterator[Controllers]:
     """Every controller of `metalmend run` that writes Machines (host-power writes hosts
     only, and needs BMCs)."""
     manager = Manager(aclient)
@@ -149,13 +240,24 @@ async def controllers(aclient: AsyncClient, namespace: str) -> AsyncIterator[Man
         setup(manager, settings)
     task = asyncio.create_task(manager.run())
     await manager.wait_synced()
-    yield manager
+    yield Controllers(manager, task)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 
 
-def idle(manager: Manager) -> bool:
-    return all(len(c.queue) == 0 and c.queue.in_progress == 0 for c in manager.controllers)
+def ready_of(node: Any) -> str:
+    ready = next((c for c in (node.status.conditions or []) if c.type == "Ready"), None)
+    return f"Ready {ready.status} ({ready.reason})" if ready is not None else "no Ready"
+
+
+def machine_state(machine: Any) -> str:
+    status = machine.get("status") or {}
+    checked = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "HealthCheckSucceeded"),
+        {},
+    )
+    node = (status.get("nodeRef") or {}).get("name")
+    return f"nodeRef {node}, HealthCheckSucceeded {checked.get('status')} ({checked.get('reason')})"
 
 
 async def test_node_heartbeats_write_no_machine_status(
@@ -163,23 +265,40 @@ async def test_node_heartbeats_write_no_machine_status(
     namespace: str,
     control_plane: ControlPlane,
     lab: list[str],
-    controllers: Manager,
+    controllers: Controllers,
 ) -> None:
-    async def reconciled() -> bool:
-        machines = [m async for m in aclient.list(Machine, namespace=namespace)]
-        return len(machines) == HOSTS and all(
-            (m.get("status") or {}).get("nodeRef")
-            and any(
-                c.get("type") == "HealthCheckSucceeded" and c.get("status") == "True"
-                for c in (m.get("status") or {}).get("conditions") or []
-            )
-            for m in machines
+    def is_reconciled(machine: Any) -> bool:
+        status = machine.get("status") or {}
+        return bool(status.get("nodeRef")) and any(
+            c.get("type") == "HealthCheckSucceeded" and c.get("status") == "True"
+            for c in status.get("conditions") or []
         )
 
-    await until(reconciled, within=60)
-    await until(lambda: idle(controllers), within=30)
+    async def reconciled() -> bool:
+        controllers.alive()
+        machines = [m async for m in aclient.list(Machine, namespace=namespace)]
+        return len(machines) == HOSTS and all(is_reconciled(m) for m in machines)
+
+    async def not_reconciled() -> dict[str, object]:
+        """The Machines not linked or not healthy yet, and their Nodes' Ready."""
+        machines = [m async for m in aclient.list(Machine, namespace=namespace)]
+        found: dict[str, object] = {}
+        for machine in machines:
+            if not is_reconciled(machine):
+                name = machine["metadata"]["name"]
+                try:
+                    node = ready_of(await aclient.get(Node, name))
+                except ApiError as error:
+                    node = f"unread: {error.status.code}"
+                found[name] = f"{machine_state(machine)}; its Node {node}"
+        return {"machines": len(machines), **found, "busy": controllers.busy()}
+
+    await until(reconciled, within=60, what=f"all {HOSTS} Machines linked and healthy",
+                state=not_reconciled)  # fmt: skip
+    await until(controllers.idle, within=30, what="the controllers idle",
+                state=controllers.busy)  # fmt: skip
     before = machine_status_writes(control_plane)
-    nodes = controllers.informer(Node).store
+    nodes = controllers.manager.informer(Node).store
     start = dt.datetime.now(dt.UTC)
     for beat in range(1, BEATS + 1):
         moment = start + dt.timedelta(minutes=beat)  # a new lastHeartbeatTime each time
@@ -190,13 +309,28 @@ async def test_node_heartbeats_write_no_machine_status(
                                        patch_type=PatchType.STRATEGIC)  # fmt: skip
             written[name] = int(node.metadata.resourceVersion)
 
-        def seen_and_done(written: dict[str, int] = written) -> bool:
+        def behind(written: dict[str, int] = written) -> dict[str, str]:
+            """The Nodes whose heartbeat the controllers' cache has not seen yet."""
             cached = {name: nodes.get(name) for name in written}
-            return all(
-                node is not None and int(node.metadata.resourceVersion) >= written[name]
+            return {
+                name: f"wrote {written[name]}, cached "
+                f"{node.metadata.resourceVersion if node is not None else None}"
                 for name, node in cached.items()
-            ) and idle(controllers)
+                if node is None or int(node.metadata.resourceVersion) < written[name]
+            }
 
-        await until(seen_and_done, within=30)
+        def seen_and_done(written: dict[str, int] = written) -> bool:
+            return not behind(written) and controllers.idle()
+
+        def waiting(written: dict[str, int] = written) -> object:
+            informer = controllers.manager.informer(Node)
+            return {
+                "Nodes not seen": behind(written),
+                "busy": controllers.busy(),
+                "Node informer": f"lists {informer.lists}, last error {informer.last_error}",
+            }
+
+        await until(seen_and_done, within=30, what=f"heartbeat {beat} seen, the controllers idle",
+                    state=waiting)  # fmt: skip
     writes = machine_status_writes(control_plane) - before
     assert writes == 0, f"{writes} Machine status writes for {BEATS} heartbeats of {HOSTS} Nodes"
