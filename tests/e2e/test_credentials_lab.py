@@ -72,14 +72,24 @@ async def test_settled_hosts_cost_no_secret_reads(
         return True
 
     await until(settled, within=60)
-    before, counted = secret_requests(hosts_lab), reconciles("host-power")
-    # Each host reads its BMC again every second: wait for five such rounds per host.
-    await until(lambda: reconciles("host-power") >= counted + 5 * len(names), within=60)
-    after = secret_requests(hosts_lab)
-    assert before.get("LIST", 0.0) > 0, "the cache's own list is counted: the count works"
-    # Before the cache: one GET per reconcile (at least ten here).
-    assert after.get("GET", 0.0) == before.get("GET", 0.0)
-    assert after.get("LIST", 0.0) == before.get("LIST", 0.0)
+    # The API server counts every client's requests, and the lab's other processes (the
+    # controller manager, the lab's own metalmend) may list Secrets once in a while, when a
+    # watch of theirs ends. Reading the Secret on every reconcile shows in every window (at
+    # least ten GETs each); a stray list of another client does not: of up to three windows
+    # one must see no request at all.
+    windows: list[tuple[dict[str, float], dict[str, float]]] = []
+    for _ in range(3):
+        before, counted = secret_requests(hosts_lab), reconciles("host-power")
+        # Each host reads its BMC again every second: wait for five such rounds per host.
+        target = counted + 5 * len(names)
+        await until(lambda target=target: reconciles("host-power") >= target, within=60)
+        after = secret_requests(hosts_lab)
+        assert before.get("LIST", 0.0) > 0, "the cache's own list is counted: the count works"
+        windows.append((before, after))
+        if all(after.get(verb, 0.0) == before.get(verb, 0.0) for verb in ("GET", "LIST")):
+            break
+    else:
+        raise AssertionError(f"Secret requests in every window (before, after): {windows}")
 
 
 async def test_a_corrected_password_is_used_at_once(
