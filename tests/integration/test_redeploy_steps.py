@@ -41,6 +41,7 @@ from metalmend.teardown.drain import Drainer
 from metalmend.teardown.interlock import Interlock
 from metalmend.teardown.policy.settings import TeardownSettings
 from metalmend.teardown.shutdown import KubeletShutdown
+from tests.support import kubelets
 
 IMAGE = {"url": "http://images.lab/os.qcow2", "checksum": "http://images.lab/os.qcow2.sha256"}
 # Who created the actions here: an operator allowed everything (the refusals are tested
@@ -262,10 +263,10 @@ async def test_destroy_killed_at_every_save_creates_one_task_with_preserve_local
 
 
 async def test_deploy_server_killed_at_every_save_brings_the_server_back(
-    kube: Client, site: Site
+    kube: Client, aclient: AsyncClient, site: Site
 ) -> None:
     action = Action("01JREDEPLOYDEPLOY00000000", {"target_nodes": [site.name]}, site.revision)
-    async with running(lambda: hardware(kube, site)):
+    async with running(lambda: hardware(kube, site)), kubelets(aclient, [site.name]):
         note, run = await asyncio.wait_for(
             run_with_kills("deploy_server", action, site.services), 90
         )

@@ -292,8 +292,9 @@ class ActionWorker:
         await self._update(action.id, step, values, Note(self.clock.now(), text))
         if not succeeded:
             log.warning(
-                "shipyard: step failed", extra=fields(action=action.id, step=step, why=text)
-            )
+                "shipyard: step %s of action %s failed: %s", step, action.id, text,
+                extra=fields(action=action.id, step=step, why=text),
+            )  # fmt: skip
         return succeeded
 
     # ---- writes, under the lease -----------------------------------------------------------
