@@ -6,6 +6,8 @@ import datetime as dt
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from metalmend.policy import remediation as r
 from metalmend.policy.fencing import (
     HostPower,
@@ -194,6 +196,36 @@ def test_power_off_timeout_is_a_failed_attempt_and_releases_the_host() -> None:
     progress = progress_of(decision)
     assert (progress.phase, progress.retry_count) == (r.BACKOFF, 1)
     assert progress.next_attempt_at == T0 + sec(60 + 30)
+
+
+@pytest.mark.parametrize(
+    ("awake", "now", "failed"),
+    [
+        (None, 60, True),  # no start known: the phase's own deadline
+        (-30, 60, True),  # awake before the phase began: the phase's own deadline
+        (300, 305, False),  # started long after the deadline: a whole timeout from its start
+        (300, 359, False),
+        (300, 360, True),  # ... and not one second more
+    ],
+)
+def test_the_power_off_timeout_counts_from_the_controllers_start_when_that_is_later(
+    awake: float | None, now: float, failed: bool
+) -> None:
+    """The timeout measures the BMC and host-power, not this controller's absence: a
+    controller that starts (or takes the lead) after the deadline does not fail the attempt
+    at its first look, which would release a host that may be off by now and power it off
+    again (a second power cycle)."""
+    held = replace(ON, holds_key=True)
+    since = None if awake is None else T0 + sec(awake)
+    decision = r.decide(
+        observed(r.POWER_OFF, host=host(held), awake_since=since), T0 + sec(now)
+    )
+    if failed:
+        assert kinds(decision) == ["SetProgress", "ReleasePower"]
+        assert progress_of(decision).phase == r.BACKOFF
+    else:
+        assert kinds(decision) == []
+        assert decision.requeue_at == T0 + sec(awake or 0) + sec(60)
 
 
 def test_bmc_error_is_a_failed_attempt() -> None:

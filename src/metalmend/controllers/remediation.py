@@ -10,6 +10,7 @@ decision was made on (a concurrent change is a 409: re-read, decide again).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from collections.abc import Callable
@@ -108,6 +109,7 @@ class RemediationController:
     ) -> None:
         self.writer = writer or KubeWriter(manager.client, manager.events)
         self.clock = manager.clock
+        self.awake_since: dt.datetime | None = None  # set by the first reconcile
         taint = settings.remediation.fence == policy.FenceMethod.OUT_OF_SERVICE_TAINT
         bmo = settings.remediation.power_owner == policy.PowerOwner.BAREMETAL_OPERATOR
         # Only the taint strategy, and fencing beside baremetal-operator, read BMCs
@@ -299,12 +301,18 @@ class RemediationController:
             reboot_key=reboot_key(remediation),
             host_problem=problem,
             node=node_view(node) if node is not None else None,
+            awake_since=self.awake_since,
             **target,
         )
 
     # ---- reconcile ----------------------------------------------------------------------
 
     async def reconcile(self, key: str) -> Result:
+        if self.awake_since is None:
+            # The first reconcile: this replica leads and its caches are synced. What a
+            # phase begun under another leader, or before a restart, counts its timeout
+            # from (policy.remediation.Seen.awake_since).
+            self.awake_since = self.clock.now()
         planned = await self.plan(key)
         if planned is None:
             return DONE

@@ -364,6 +364,7 @@ class Observed:
     # phase evacuating (None: not looked at).
     power_read: PowerRead | None = None
     evacuation: Evacuation | None = None
+    awake_since: dt.datetime | None = None  # Seen.awake_since
 
 
 @dataclass(frozen=True)
@@ -442,6 +443,9 @@ class Seen:
     node_gone_unnamed: str = ""
     power_read: PowerRead | None = None
     evacuation: Evacuation | None = None
+    # When this controller started watching (its process's start, or its leadership's):
+    # what a phase's timeout is counted from when the phase began before it (``_power_off``).
+    awake_since: dt.datetime | None = None
 
 
 def recorded_node(status: Mapping[str, Any]) -> str | None:
@@ -480,6 +484,7 @@ def view(seen: Seen) -> Observed:
         link_problem=link_problem if host is not None else "",
         power_read=seen.power_read,
         evacuation=seen.evacuation,
+        awake_since=seen.awake_since,
     )
 
 
@@ -791,7 +796,15 @@ def _power_off(
         message = f"{host.key} reported off; fencing Node {progress.node or '(none)'}"
         decision.do(SetProgress(replace(progress, phase=FENCING, phase_since=now, message=message)))
         return decision.note(names.REASON_HOST_POWERED_OFF, message)
-    deadline = (progress.phase_since or now) + _seconds(observed.spec.power_off_timeout)
+    # The timeout measures the BMC and host-power, not this controller's absence: a phase
+    # begun before it started watching counts from its start. Else a restart that came
+    # after the deadline (down, or slow to start on a loaded machine) would fail the
+    # attempt at its first look and release a host that may be off by now, only to power
+    # it off again: a second power cycle (as ``_confirming``'s failed reads).
+    start = progress.phase_since or now
+    if observed.awake_since is not None and observed.awake_since > start:
+        start = observed.awake_since
+    deadline = start + _seconds(observed.spec.power_off_timeout)
     if host.bmc_error:
         return _attempt_failed(observed, now, settings, f"BMC error: {host.bmc_error}")
     if now >= deadline:
