@@ -45,8 +45,9 @@ controllers' workers (host-power: bmc.max_in_flight + 4 = 20) and the API server
 flow control; the start-up QPS printed is what that gives.
 
 Run: ``python -m benchmarks.scale [--hosts N]`` (default HOSTS, or
-``METALMEND_BENCH_SCALE_HOSTS``; `make bench` runs the default). Needs kwok
-(``make kwok``). Prints numbers; asserts nothing.
+``METALMEND_BENCH_SCALE_HOSTS``; `make bench` runs the default;
+``METALMEND_BENCH_SCALE_BUDGET``: another ``power.poll_budget`` for `metalmend run`). Needs
+kwok (``make kwok``). Prints numbers; asserts nothing.
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ from metalmend_lab.hosts import NAMESPACE, register_host
 from metalmend_lab.inventory import HostSpec
 
 HOSTS = int(os.environ.get("METALMEND_BENCH_SCALE_HOSTS", "1000"))
+# Another power.poll_budget than the default (reads a second per process), to measure it.
+BUDGET = os.environ.get("METALMEND_BENCH_SCALE_BUDGET", "")
 POLL = 20.0  # host-power's poll interval: the production default (PowerSettings)
 QUIET = 10.0
 SETTLE_WITHIN = 120.0  # the target: settled within this of the last host reconciled
@@ -596,6 +599,8 @@ def measure(hosts: int, workdir: Path) -> Measurement:
             scale.kubeconfig, plane.ca.pair.cert, lab.DEFAULT_CONTROLLERS, free_port(), 30.0
         )
         argv += ["--power-poll-interval", f"{POLL:g}"]  # the last flag wins
+        if BUDGET:
+            argv += ["--power-poll-budget", BUDGET]
         progress = Progress(plane.kubeconfig, hosts)
         time.sleep(2.0)  # the watches are open
         started = time.time()

@@ -382,20 +382,21 @@ class Bench:
         step = max(1, len(self.hosts) // self.args.reboots)
         return self.hosts[::step][: self.args.reboots]
 
-    def reboot_sample(self) -> list[float]:
-        """One reboot of each sampled host in turn, request -> status seen (ms)."""
+    def reboot_sample(self) -> list[tuple[str, float, float, float]]:
+        """One reboot of each sampled host in turn: the host, request -> off at the BMC,
+        BMC on -> status seen, request -> status seen (ms)."""
 
-        async def run() -> list[float]:
+        async def run() -> list[tuple[str, float, float, float]]:
             client = AsyncClient(KubeConfig.from_file(self.scale.plane.kubeconfig))
             took = []
             try:
                 for host in self.sample():
                     self.asked[host] += 1
                     commands = self.workdir / f"{host}.commands"
-                    _, _, total = await asyncio.wait_for(
+                    off, seen, total = await asyncio.wait_for(
                         one_reboot(client, host, commands), SERVED_WITHIN
                     )
-                    took.append(total)
+                    took.append((host, off, seen, total))
             finally:
                 await client.close()
             return took
@@ -454,6 +455,7 @@ class Results:
     cpu: dict[int, dict[str, float]] = field(default_factory=dict)  # replicas -> name -> %
     leaders: dict[int, str | None] = field(default_factory=dict)
     reboots: dict[int, list[float]] = field(default_factory=dict)  # replicas -> ms
+    slowest: dict[int, str] = field(default_factory=dict)  # replicas -> its slowest reboot
     moved: set[str] = field(default_factory=set)
     moved_to: set[str | None] = field(default_factory=set)
     join_asked: list[str] = field(default_factory=list)
@@ -473,10 +475,17 @@ def at_rest(bench: Bench, results: Results, count: int) -> None:
     cpu = results.cpu[count]
     bench.say(f"  {count} replica(s): CPU at rest " + ", ".join(
         f"{n} {v:.1f}%" for n, v in sorted(cpu.items())))  # fmt: skip
-    results.reboots[count] = bench.reboot_sample()
-    ms = results.reboots[count]
+    sampled = bench.reboot_sample()
+    results.reboots[count] = ms = [total for _, _, _, total in sampled]
+    host, off, seen, total = max(sampled, key=lambda one: one[3])
+    owner = owners(bench.scale).get(host) or "none"
+    results.slowest[count] = (
+        f"{host} (owner {owner}): request -> off at the BMC {off:.0f} ms,"
+        f" BMC on -> status seen {seen:.0f} ms, in all {total:.0f} ms"
+    )
     bench.say(
-        f"  {count} replica(s): {len(ms)} reboots, p50 {p50(ms):.0f} ms, p99 {p99(ms):.0f} ms"
+        f"  {count} replica(s): {len(ms)} reboots, p50 {p50(ms):.0f} ms, p99 {p99(ms):.0f} ms;"
+        f" the slowest {results.slowest[count]}"
     )
 
 
@@ -594,7 +603,8 @@ def report(hosts: int, results: Results, args: argparse.Namespace) -> list[str]:
     for count, ms in sorted(results.reboots.items()):
         lines.append(
             f"reboot p99 at {count} replica(s): {p99(ms):.0f} ms beside {base:.0f} ms at one"
-            f" replica ({p99(ms) / base:.2f}x; {len(ms)} hosts, one reboot each)"
+            f" replica ({p99(ms) / base:.2f}x; {len(ms)} hosts, one reboot each); the slowest"
+            f" {results.slowest.get(count, '?')}"
         )
     lines.append(
         f"failover, kill -9 of one of 4 replicas (not the leader), {len(results.trials)} trials,"
