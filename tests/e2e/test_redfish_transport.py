@@ -90,15 +90,17 @@ async def test_a_hang_up_racing_the_next_request_is_retried_on_a_new_connection(
     answer (its idle timer fired as the request arrived): the request is sent again on a
     fresh connection, once, and the call succeeds."""
     reply = system()
-    served: set[int] = set()
+    # The connections' writers themselves, kept alive: the id() of a closed one's freed
+    # writer can be a new connection's, which then looked kept and was hung up on.
+    served: set[asyncio.StreamWriter] = set()
 
     async def once_per_connection(
         bmc: HostileBmc, r: asyncio.StreamReader, w: asyncio.StreamWriter
     ) -> None:
-        if id(w) in served:
+        if w in served:
             w.close()  # a request on a kept connection: hung up, no answer
             return
-        served.add(id(w))
+        served.add(w)
         await reply(bmc, r, w)
 
     bmc = CountingBmc(healthy(**{SYSTEM: once_per_connection}))
@@ -119,14 +121,16 @@ async def test_an_action_is_never_sent_twice_when_a_kept_connection_was_closed()
     then hung up on would be done twice)."""
     target = f"{SYSTEM}/Actions/ComputerSystem.Reset"
     reply, accepted = system(), answer(None, 204, raw=b"")
-    served: set[int] = set()
+    # The connections' writers themselves, kept alive: the id() of a closed one's freed
+    # writer can be a new connection's, which then looked kept and was hung up on.
+    served: set[asyncio.StreamWriter] = set()
 
     def once_per_connection(respond: Any) -> Any:
         async def serve(bmc: HostileBmc, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            if id(w) in served:
+            if w in served:
                 w.close()  # a request on a kept connection: hung up, no answer
                 return
-            served.add(id(w))
+            served.add(w)
             await respond(bmc, r, w)
 
         return serve
