@@ -208,11 +208,15 @@ def owners(kube: Client, namespace: str, hosts: list[str]) -> dict[str, str | No
 def settled_on(
     kube: Client, namespace: str, hosts: list[str], live: set[str]
 ) -> Callable[[], bool]:
-    """Every host owned by one of ``live``, none draining, and host-power has read each
-    (status.poweredOn written)."""
+    """Every host owned as the ring over ``live`` assigns it (so each of ``live`` that the
+    ring gives hosts holds them: on a busy machine a replica can answer /readyz before the
+    leader has seen its Lease, and "owned by one of them" then held with every host still
+    on the first), none draining, and host-power has read each (status.poweredOn written)."""
+    ring = Ring.of(sorted(live))
 
     def check() -> bool:
-        if not set(owners(kube, namespace, hosts).values()) <= live:
+        found = owners(kube, namespace, hosts)
+        if any(found.get(h) != ring.owner(f"{namespace}/{h}") for h in hosts):
             return False
         for host in kube.list(BareMetalHost, namespace=namespace):
             if (host.get("status") or {}).get("poweredOn") is not True:

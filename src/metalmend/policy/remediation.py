@@ -443,8 +443,8 @@ class Seen:
     node_gone_unnamed: str = ""
     power_read: PowerRead | None = None
     evacuation: Evacuation | None = None
-    # When this controller started watching (its process's start, or its leadership's):
-    # what a phase's timeout is counted from when the phase began before it (``_power_off``).
+    # When this controller first reconciled (it leads, its caches synced): what a phase's
+    # timeout is counted from when the phase began before it (``_power_off``).
     awake_since: dt.datetime | None = None
 
 
