@@ -16,6 +16,7 @@ the check is that the server was off by then)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from collections.abc import Callable
@@ -207,3 +208,12 @@ def remediate(
         return sampler
     finally:
         client.delete(StatefulSet, "db", namespace=NAMESPACE)
+
+
+def not_ready_for(fleet: lab.RunningLab, node: str) -> float:
+    """Seconds the Node's Ready condition has been other than True (0 while True)."""
+    found = fleet.client().get(Node, node)
+    ready = next((c for c in (found.status.conditions or []) if c.type == "Ready"), None)
+    if ready is None or ready.status == "True" or ready.lastTransitionTime is None:
+        return 0.0
+    return (dt.datetime.now(dt.UTC) - ready.lastTransitionTime).total_seconds()

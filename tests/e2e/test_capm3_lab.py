@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from lightkube import ApiError
 from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
 
 from metalmend.api import names
 from metalmend.api.resources import BareMetalHost, FenceRemediation, FenceRemediationTemplate
@@ -36,7 +37,7 @@ from metalmend_lab import assets, capi, lab
 from metalmend_lab.hosts import NAMESPACE
 from tests.e2e.conftest import Metalmend
 from tests.e2e.fencing import power_of, repair, wait
-from tests.e2e.machineapi import Sampler, remediate
+from tests.e2e.machineapi import Sampler, not_ready_for, remediate
 
 GRACE = 6.0
 CONTROLLERS = lab.default_controllers("capi-metal3", "metalmend")
@@ -159,7 +160,14 @@ def one_check(fleet: lab.RunningLab) -> Iterator[None]:
     repair(fleet, CONTROLLERS, lambda: unhealthy(fleet))
 
 
-def health_check(fleet: lab.RunningLab, trigger_if: dict[str, Any] | None = None) -> None:
+def unhealthy_conditions(timeout: int) -> list[dict[str, Any]]:
+    return [{"type": "Ready", "status": "Unknown", "timeoutSeconds": timeout},
+            {"type": "Ready", "status": "False", "timeoutSeconds": timeout}]  # fmt: skip
+
+
+def health_check(
+    fleet: lab.RunningLab, trigger_if: dict[str, Any] | None = None, timeout: int = 2
+) -> None:
     remediation: dict[str, Any] = {
         "templateRef": {"apiVersion": TEMPLATE_API, "kind": "FenceRemediationTemplate",
                         "name": "fence"},
@@ -174,10 +182,7 @@ def health_check(fleet: lab.RunningLab, trigger_if: dict[str, Any] | None = None
             "spec": {
                 "clusterName": capi.CLUSTER,
                 "selector": {"matchLabels": {"role": "worker"}},
-                "checks": {"unhealthyNodeConditions": [
-                    {"type": "Ready", "status": "Unknown", "timeoutSeconds": 2},
-                    {"type": "Ready", "status": "False", "timeoutSeconds": 2},
-                ]},
+                "checks": {"unhealthyNodeConditions": unhealthy_conditions(timeout)},
                 "remediation": remediation,
             },
         })
@@ -250,8 +255,13 @@ def test_capi_check_remediates_a_capm3_machine_through_fence_remediation(
 def test_capi_check_short_circuits_with_two_of_three_hung(
     fleet: lab.RunningLab, metalmend: Metalmend
 ) -> None:
+    """Both Nodes must be unhealthy before the check's timeout runs out on either (else the
+    first to time out would be 1 unhealthy of 3, within the limit, and rightly remediated):
+    the check starts with a timeout of an hour, shortened to 2 s once both Nodes have been
+    Unknown (or NotReady) for longer than that; its status then says 2 unhealthy (Cluster
+    API counts only the timed-out ones there) at the generation of that change."""
     metalmend.start()
-    health_check(fleet, {"unhealthyLessThanOrEqualTo": 1})
+    health_check(fleet, {"unhealthyLessThanOrEqualTo": 1}, timeout=3600)
     assert fleet.hardware is not None
     hung = [h.name for h in fleet.hardware.hosts[1:]]
     workdir = fleet.plane.workdir.parent
@@ -259,13 +269,29 @@ def test_capi_check_short_circuits_with_two_of_three_hung(
     try:
         for name in hung:
             lab.inject_fault(workdir, name, "hang")
+        wait(lambda: all(not_ready_for(fleet, n) > 3.0 for n in hung), 120,
+             f"the Nodes {hung} Unknown or NotReady for more than 3 s", tolerate=(ApiError,),
+             state=lambda: {n: not_ready_for(fleet, n) for n in hung})  # fmt: skip
+        changed = fleet.client().patch(
+            capi.MachineHealthCheckV1Beta2, "workers",
+            {"spec": {"checks": {"unhealthyNodeConditions": unhealthy_conditions(2)}}},
+            namespace=NAMESPACE, patch_type=PatchType.MERGE,
+        )  # fmt: skip
 
         def short_circuited() -> bool:
             status = check_status(fleet)
-            return status.get("currentHealthy") == 1 and status.get("remediationsAllowed") == 0
+            found = {c.get("type"): c for c in status.get("conditions") or []}
+            message = found.get("RemediationAllowed", {}).get("message", "")
+            return (
+                status.get("observedGeneration", 0) >= changed.metadata.generation
+                and status.get("currentHealthy") == 1
+                and status.get("remediationsAllowed") == 0
+                and "unhealthy: 2," in message
+            )
 
-        wait(short_circuited, 180, "Cluster API's check to count 1 of 3 healthy and allow no"
-             " remediation", tolerate=(ApiError,), state=lambda: check_status(fleet))  # fmt: skip
+        wait(short_circuited, 180, "Cluster API's check, its timeouts shortened, to count 2"
+             " unhealthy of 3 and allow no remediation", tolerate=(ApiError,),
+             state=lambda: check_status(fleet))  # fmt: skip
         assert fence_remediations(fleet) == [], "Cluster API's check made no request"
         # The check ends before the hosts recover: one at a time, the first recovered would
         # leave 1 unhealthy, within maxUnhealthy, and the check would then ask (rightly)

@@ -25,6 +25,7 @@ import pytest
 from lightkube import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
 
 from metalmend.api import names
 from metalmend.api.resources import (
@@ -37,7 +38,7 @@ from metalmend_lab import assets, lab, openshift
 from metalmend_lab.hosts import NAMESPACE
 from tests.e2e.conftest import Metalmend
 from tests.e2e.fencing import power_of, repair, wait
-from tests.e2e.machineapi import Sampler, remediate
+from tests.e2e.machineapi import Sampler, not_ready_for, remediate
 
 GRACE = 6.0
 CONTROLLERS = lab.default_controllers("openshift", "metalmend")  # all but node-link
@@ -127,13 +128,17 @@ def one_check(fleet: lab.RunningLab) -> Iterator[None]:
     repair(fleet, CONTROLLERS, lambda: unhealthy(fleet))
 
 
-def health_check(fleet: lab.RunningLab, *, template: bool, max_unhealthy: str = "100%") -> None:
+def unhealthy_conditions(timeout: str) -> list[dict[str, str]]:
+    return [{"type": "Ready", "status": "Unknown", "timeout": timeout},
+            {"type": "Ready", "status": "False", "timeout": timeout}]  # fmt: skip
+
+
+def health_check(
+    fleet: lab.RunningLab, *, template: bool, max_unhealthy: str = "100%", timeout: str = "2s"
+) -> None:
     spec: dict[str, Any] = {
         "selector": {"matchLabels": {"role": "worker"}},
-        "unhealthyConditions": [
-            {"type": "Ready", "status": "Unknown", "timeout": "2s"},
-            {"type": "Ready", "status": "False", "timeout": "2s"},
-        ],
+        "unhealthyConditions": unhealthy_conditions(timeout),
         "maxUnhealthy": max_unhealthy,
     }
     annotations = {}
@@ -230,15 +235,31 @@ def test_openshift_check_with_the_external_baremetal_annotation(
 def test_openshift_check_short_circuits_with_two_of_three_hung(
     fleet: lab.RunningLab, metalmend: Metalmend
 ) -> None:
+    """Both Nodes must be unhealthy before the check's timeout runs out on either: with a 2 s
+    timeout from the start, the first Node to go Unknown could time out while the other was
+    still Ready (the node lifecycle controller marks them on its own passes), leaving 1
+    unhealthy of 3, within maxUnhealthy, and the check would then ask, rightly (an idle CI
+    run saw it). So the check starts with a timeout of an hour and is shortened to 2 s once
+    both Nodes have been Unknown (or NotReady) for longer than that."""
     metalmend.start()
-    health_check(fleet, template=True, max_unhealthy="1")
+    health_check(fleet, template=True, max_unhealthy="1", timeout="1h")
     assert fleet.hardware is not None
     hung = [h.name for h in fleet.hardware.hosts[:2]]
     workdir = fleet.plane.workdir.parent
+    checker_log = fleet.extras[openshift.COMPONENT].log_path
     sampler = Sampler(fleet, hung[0], lambda: False).start()
     try:
         for name in hung:
             lab.inject_fault(workdir, name, "hang")
+        wait(lambda: all(not_ready_for(fleet, n) > 3.0 for n in hung), 120,
+             f"the Nodes {hung} Unknown or NotReady for more than 3 s", tolerate=(ApiError,),
+             state=lambda: {n: not_ready_for(fleet, n) for n in hung})  # fmt: skip
+        logged_before = checker_log.stat().st_size
+        fleet.client().patch(
+            openshift.MachineHealthCheck, "workers",
+            {"spec": {"unhealthyConditions": unhealthy_conditions("2s")}},
+            namespace=NAMESPACE, patch_type=PatchType.MERGE,
+        )  # fmt: skip
 
         def short_circuited() -> bool:
             status = check_status(fleet)
@@ -246,8 +267,14 @@ def test_openshift_check_short_circuits_with_two_of_three_hung(
             allowed = found.get("RemediationAllowed", {})
             return status.get("currentHealthy") == 1 and allowed.get("status") == "False"
 
-        wait(short_circuited, 120, "OpenShift's check to count 1 of 3 healthy and short-circuit"
-             " (RemediationAllowed False)", tolerate=(ApiError,),
+        def short_circuit_logged() -> bool:  # (klog, once per evaluation: not rate-limited)
+            with checker_log.open("rb") as log:
+                log.seek(logged_before)
+                return b"Short-circuiting remediation" in log.read()
+
+        wait(lambda: short_circuit_logged() and short_circuited(), 120,
+             "OpenShift's check, its timeouts shortened, to count 1 of 3 healthy and"
+             " short-circuit (RemediationAllowed False, logged)", tolerate=(ApiError,),
              state=lambda: check_status(fleet))  # fmt: skip
         assert fence_remediations(fleet) == [], "OpenShift's check made no request"
         assert not any(asks(fleet, n) for n in hung)
