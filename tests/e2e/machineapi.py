@@ -217,3 +217,10 @@ def not_ready_for(fleet: lab.RunningLab, node: str) -> float:
     if ready is None or ready.status == "True" or ready.lastTransitionTime is None:
         return 0.0
     return (dt.datetime.now(dt.UTC) - ready.lastTransitionTime).total_seconds()
+
+
+def wait_unhealthy_for(fleet: lab.RunningLab, nodes: list[str], seconds: float) -> None:
+    """Until every one of ``nodes`` has been Unknown or NotReady for more than ``seconds``."""
+    wait(lambda: all(not_ready_for(fleet, n) > seconds for n in nodes), 120,
+         f"the Nodes {nodes} Unknown or NotReady for more than {seconds:g} s",
+         tolerate=(ApiError,), state=lambda: {n: not_ready_for(fleet, n) for n in nodes})  # fmt: skip

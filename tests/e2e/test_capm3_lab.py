@@ -37,7 +37,7 @@ from metalmend_lab import assets, capi, lab
 from metalmend_lab.hosts import NAMESPACE
 from tests.e2e.conftest import Metalmend
 from tests.e2e.fencing import power_of, repair, wait
-from tests.e2e.machineapi import Sampler, not_ready_for, remediate
+from tests.e2e.machineapi import Sampler, remediate, wait_unhealthy_for
 
 GRACE = 6.0
 CONTROLLERS = lab.default_controllers("capi-metal3", "metalmend")
@@ -269,9 +269,7 @@ def test_capi_check_short_circuits_with_two_of_three_hung(
     try:
         for name in hung:
             lab.inject_fault(workdir, name, "hang")
-        wait(lambda: all(not_ready_for(fleet, n) > 3.0 for n in hung), 120,
-             f"the Nodes {hung} Unknown or NotReady for more than 3 s", tolerate=(ApiError,),
-             state=lambda: {n: not_ready_for(fleet, n) for n in hung})  # fmt: skip
+        wait_unhealthy_for(fleet, hung, 3.0)
         changed = fleet.client().patch(
             capi.MachineHealthCheckV1Beta2, "workers",
             {"spec": {"checks": {"unhealthyNodeConditions": unhealthy_conditions(2)}}},
