@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections import deque
 from dataclasses import replace
 
 import pytest
@@ -363,13 +364,96 @@ async def test_background_polls_leave_a_slot_to_calls_for_changes() -> None:
     drivers = Drivers()
     pool = pool_with(drivers, max_in_flight_per_namespace=3, max_in_flight=16)
     held = [await started(pool, drivers, ipmi(port)) for port in (1, 2)]
-    with pytest.raises(Busy, match="already has 2 BMC calls in flight"):
-        await pool.power_state(ipmi(3), background=True)  # the last slot is not for polls
+    poll = asyncio.create_task(pool.power_state(ipmi(3), background=True))
+    await until_in_line(pool, 1)  # the last slot is not for polls: it waits in line
     assert await pool.power_state(ipmi(4)) == PowerState.ON  # a change's call gets it
+    assert not poll.done()
     for driver in drivers.made:
         driver.gate.set()
     await asyncio.gather(*held)
-    assert await pool.power_state(ipmi(3), background=True) == PowerState.ON
+    assert await poll == PowerState.ON  # handed a slot as one freed
+    await pool.close()
+
+
+async def until_in_line(pool: BmcPool, count: int) -> None:
+    """Until ``count`` background calls wait in line for a slot (a few loop turns)."""
+    for _ in range(1000):
+        if len(pool._line) == count:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"waited for {count} calls in line; {len(pool._line)} are")
+
+
+async def test_background_polls_wait_in_line_and_take_freed_slots_first_come() -> None:
+    """A poll that finds every slot of its share taken waits in line (it is not turned
+    away to be requeued and handed out again and again: at 5,000 hosts that loop kept 13
+    workers busy and the event loop lagging), and is handed a slot as one frees, in the
+    order the polls came."""
+    drivers = Drivers()
+    pool = pool_with(drivers, max_in_flight_per_namespace=2, max_in_flight=16)
+    held = await started(pool, drivers, ipmi(1))  # the share less the reserve: 1 slot
+    done: list[int] = []
+
+    async def poll(port: int) -> None:
+        await pool.power_state(ipmi(port), background=True)
+        done.append(port)
+
+    polls = []
+    for port in (2, 3, 4):
+        drivers.stuck.add(str(ipmi(port).address))
+        polls.append(asyncio.create_task(poll(port)))
+        await until_in_line(pool, len(polls))
+    drivers.of(ipmi(1))[0].gate.set()
+    await held
+    for port in (2, 3, 4):  # each freed slot goes to the first in line, one at a time
+        while not drivers.of(ipmi(port)):
+            drivers.new.clear()
+            await drivers.new.wait()
+        assert [p for p in (2, 3, 4) if drivers.of(ipmi(p))] == list(range(2, port + 1))
+        drivers.of(ipmi(port))[0].gate.set()
+    await asyncio.gather(*polls)
+    assert done == [2, 3, 4]
+    assert pool._line == deque()
+    await pool.close()
+
+
+async def test_a_poll_in_line_too_long_is_busy_and_holds_no_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pool_module, "BACKGROUND_SLOT_WAIT", 0.05)
+    drivers = Drivers()
+    pool = pool_with(drivers, max_in_flight_per_namespace=2, max_in_flight=16)
+    held = await started(pool, drivers, ipmi(1))
+    with pytest.raises(Busy, match="already has 1 BMC calls in flight") as busy:
+        await pool.power_state(ipmi(2), background=True)
+    assert busy.value.retry_after > 0
+    assert pool._line == deque()
+    drivers.of(ipmi(1))[0].gate.set()
+    await held
+    assert pool._calls == [], "no slot left taken"
+    await pool.close()
+
+
+async def test_a_poll_cancelled_in_line_or_as_it_is_handed_a_slot_holds_no_slot() -> None:
+    drivers = Drivers()
+    pool = pool_with(drivers, max_in_flight_per_namespace=2, max_in_flight=16)
+    held = await started(pool, drivers, ipmi(1))
+    waiting = asyncio.create_task(pool.power_state(ipmi(2), background=True))
+    await until_in_line(pool, 1)
+    waiting.cancel()  # in line
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert pool._line == deque()
+    handed = asyncio.create_task(pool.power_state(ipmi(3), background=True))
+    await until_in_line(pool, 1)
+    drivers.of(ipmi(1))[0].gate.set()
+    await held  # its slot is handed to the poll in line ...
+    handed.cancel()  # ... which is cancelled before it runs again: the slot goes back
+    with pytest.raises(asyncio.CancelledError):
+        await handed
+    assert pool._calls == []
+    assert pool._line == deque()
+    assert drivers.of(ipmi(3)) == [], "nothing was sent for the cancelled poll"
     await pool.close()
 
 

@@ -170,3 +170,23 @@ async def test_the_queue_says_which_keys_it_handed_out_as_background() -> None:
     assert queue.handed_out_in_background("ns/poll")
     queue.done("ns/poll")
     assert not queue.handed_out_in_background("ns/poll")
+
+
+async def test_background_keys_take_at_most_max_background_workers() -> None:
+    """host-power's polls wait in line for a BMC slot while they hold a worker; the
+    workers beyond ``max_background`` stay free for every other key."""
+    queue = WorkQueue(max_background=2)
+    for key in ("ns/p1", "ns/p2", "ns/p3"):
+        queue.add_after(key, 0, background=True)
+    first = [await next_key(queue), await next_key(queue)]
+    assert first == ["ns/p1", "ns/p2"]
+    with pytest.raises(TimeoutError):  # a third poll would take a third worker
+        await next_key(queue, within=0.05)
+    queue.add("ns/reboot")
+    assert await next_key(queue) == "ns/reboot", "a change still finds a worker"
+    waiting = asyncio.create_task(next_key(queue))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    queue.done("ns/p1")  # a background place frees: the waiting worker takes the poll
+    assert await waiting == "ns/p3"
+    assert queue.handed_out_in_background("ns/p3")

@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -55,6 +56,16 @@ BACKGROUND_RESERVE = 1
 """Slots a background call (a routine power poll) leaves free, of its namespace's share and
 of all: at 5,000 hosts in one namespace the polls alone filled every slot, and a reboot's
 call was turned away as busy again and again, for seconds (benchmarks/scale.py)."""
+
+BACKGROUND_SLOT_WAIT = 2.0
+"""Longest a background call waits in line for a slot of its namespace's share (or of all)
+before ``Busy``. In line it costs nothing and is handed the slot when one frees, first
+come first served. Turned away after SLOT_WAIT instead, at 5,000 hosts in one namespace
+(7 polls in flight, the share less the reserve) 13 of host-power's 20 workers went round
+read -> Busy -> requeue -> read every 50 ms: the event loop lagged 13 ms a turn, each read
+took 45 ms of wall time, and the polls fell to 150 a second (every 33 s, not 20) while
+every reboot waited on the same loop (docs/scale.md). The work queue keeps workers free
+for changes meanwhile (``WorkQueue`` ``max_background``)."""
 
 MIN_RETRY_AFTER = 0.1
 DRIVER_IDLE = 600.0
@@ -113,6 +124,18 @@ class _Call:
         return max(MIN_RETRY_AFTER, min(now - self.started, self.deadline - now))
 
 
+@dataclass(eq=False)
+class _InLine:
+    """A background call waiting in line for a slot (BACKGROUND_SLOT_WAIT): handed its
+    ``_Call`` when a slot frees for it."""
+
+    endpoint: str
+    namespace: str
+    waiter: str
+    driver_key: tuple[str, ...]
+    handed: asyncio.Future[_Call]
+
+
 class BmcPool:
     def __init__(
         self, settings: BmcSettings | None = None, *, driver_factory: DriverFactory | None = None
@@ -124,6 +147,7 @@ class BmcPool:
         self._last_used: dict[tuple[str, ...], float] = {}
         self._calls: list[_Call] = []
         self._freed = asyncio.Event()  # set (and replaced) whenever a call ends
+        self._line: deque[_InLine] = deque()  # background calls waiting for a slot
         self._closing: set[asyncio.Task[None]] = set()
         self._erase_monitors: dict[tuple[str, str], str] = {}  # (system, drive) -> monitor
         self.turns = Turns()
@@ -313,9 +337,11 @@ class BmcPool:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + SLOT_WAIT
         while (blocker := self._blocker(endpoint, namespace, background)) is not None:
+            why, busy, at_endpoint = blocker
+            if background and not at_endpoint:  # only slots: wait in line for one
+                return await self._wait_in_line(target, key, why, busy)
             left = give_up - loop.time()
             if left <= 0:
-                why, busy, at_endpoint = blocker
                 now = time.monotonic()
                 retry_after = min((c.retry_after(now) for c in busy), default=TURN_HOLD)
                 if at_endpoint and target.waiter:
@@ -325,12 +351,41 @@ class BmcPool:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
                     await self._freed.wait()
+        return self._start(endpoint, namespace, target.waiter, key)
+
+    def _start(self, endpoint: str, namespace: str, waiter: str, key: tuple[str, ...]) -> _Call:
         now = time.monotonic()
-        call = _Call(endpoint, namespace, target.waiter, key, now, now + self.settings.timeout)
+        call = _Call(endpoint, namespace, waiter, key, now, now + self.settings.timeout)
         self._calls.append(call)
-        self.turns.started(endpoint, namespace, target.waiter)
+        self.turns.started(endpoint, namespace, waiter)
         metrics.IN_FLIGHT.inc()
         return call
+
+    async def _wait_in_line(
+        self, target: BmcTarget, key: tuple[str, ...], why: str, busy: list[_Call]
+    ) -> _Call:
+        """A background call's wait for a slot: in line, handed one as it frees
+        (``_hand_over``), or ``Busy`` after BACKGROUND_SLOT_WAIT."""
+        handed: asyncio.Future[_Call] = asyncio.get_running_loop().create_future()
+        place = _InLine(target.address.key, target.namespace, target.waiter, key, handed)
+        self._line.append(place)
+        try:
+            async with asyncio.timeout(BACKGROUND_SLOT_WAIT):
+                return await asyncio.shield(handed)
+        except TimeoutError:
+            if handed.done():  # handed a slot as the wait ran out: take it
+                return handed.result()
+            now = time.monotonic()
+            retry_after = min((c.retry_after(now) for c in busy), default=TURN_HOLD)
+            raise Busy(f"{target.address}: {why}; trying again shortly", retry_after, 0) from None
+        except asyncio.CancelledError:
+            if handed.done():  # handed a slot it will never use: give it back
+                self._release(handed.result())
+            raise
+        finally:
+            if not handed.done():
+                handed.cancel()
+                self._line.remove(place)
 
     def _blocker(
         self, endpoint: str, namespace: str, background: bool = False
@@ -374,10 +429,22 @@ class BmcPool:
         """Calls waiting in line for a busy BMC endpoint, by namespace (for /metrics)."""
         return dict(self.turns.waiting_by_namespace(time.monotonic()))
 
+    def _hand_over(self) -> None:
+        """A slot freed: the background calls in line take what they may now, in the order
+        they came (each keeps BACKGROUND_RESERVE free, as it would have on its own)."""
+        for place in list(self._line):
+            if len(self._calls) >= self.settings.max_in_flight - BACKGROUND_RESERVE:
+                return  # every slot a background call may take is taken
+            if self._blocker(place.endpoint, place.namespace, True) is None:
+                self._line.remove(place)
+                call = self._start(place.endpoint, place.namespace, place.waiter, place.driver_key)
+                place.handed.set_result(call)
+
     def _release(self, call: _Call) -> None:
         # Synchronous: a cancellation arriving now cannot leave the slot taken.
         self._calls.remove(call)
         metrics.IN_FLIGHT.dec()
+        self._hand_over()
         freed, self._freed = self._freed, asyncio.Event()
         freed.set()
         if any(c.endpoint == call.endpoint for c in self._calls):

@@ -382,10 +382,13 @@ def setup(manager: Manager, settings: Settings) -> None:
     controller = HostPowerController(manager, settings)
     # More workers than BMC slots: a call that holds a slot until its deadline holds a
     # worker too, and healthy hosts must still find a free one (busy BMCs never block:
-    # the pool answers Busy and the key is requeued).
-    workers = controller.bmcs.settings.max_in_flight + 4
+    # the pool answers Busy and the key is requeued). Routine polls take at most as many
+    # workers as there are slots: they wait in line for a slot (bmc/pool.py), and the
+    # other 4 workers stay free for changes (a reboot, a power change landing).
+    slots = controller.bmcs.settings.max_in_flight
     runner = manager.add(
-        Controller("host-power", controller.reconcile, workers=workers), sharded=True
+        Controller("host-power", controller.reconcile, workers=slots + 4, max_background=slots),
+        sharded=True,
     )
     controller.runner = runner
     metrics.from_cache("host-power", lambda: controller.cache_samples())

@@ -165,12 +165,15 @@ class Controller:
         workers: int = 1,
         clock: Clock = SYSTEM_CLOCK,
         backoff: Backoff | None = None,
+        max_background: int | None = None,
     ) -> None:
+        """``max_background``: at most this many workers on background keys at once
+        (``WorkQueue``); the others stay free for changes."""
         self.name = name
         self.reconcile = reconcile
         self.workers = workers
         self.clock = clock
-        self.queue = WorkQueue(backoff)
+        self.queue = WorkQueue(backoff, max_background)
         self.informers: list[Informer | UnionInformer] = []
         self.workers_alive = 0
         self.died: str | None = None  # why a worker ended while the controller ran

@@ -15,6 +15,10 @@
   waited behind them for seconds (benchmarks/scale.py). Background keys are not starved
   in practice: other work is rare next to them. A background key that is asked for
   meanwhile moves ahead.
+- ``max_background``: at most this many background keys are processed at once, so the
+  other workers stay free for every other key. A background reconcile may then wait for
+  what it needs (host-power's poll waits in line for a BMC slot: bmc/pool.py) without a
+  change ever waiting for a worker behind it.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ class Backoff:
 
 
 class WorkQueue:
-    def __init__(self, backoff: Backoff | None = None) -> None:
+    def __init__(self, backoff: Backoff | None = None, max_background: int | None = None) -> None:
         self.backoff = backoff or Backoff()
+        self.max_background = max_background
         self._queue: deque[str] = deque()  # background keys
         self._urgent: deque[str] = deque()  # every other key: handed out first
         self._dirty: set[str] = set()  # waiting to be handed out
@@ -158,11 +163,17 @@ class WorkQueue:
             and self._queue[0] not in self._processing
         ):
             self._queue.popleft()
-        return bool(self._urgent or self._queue)
+        return bool(self._urgent or (self._queue and self._background_allowed()))
+
+    def _background_allowed(self) -> bool:
+        return self.max_background is None or len(self._from_background) < self.max_background
 
     def done(self, key: str) -> None:
         self._processing.discard(key)
-        self._from_background.discard(key)
+        if key in self._from_background:
+            self._from_background.discard(key)
+            if self._queue and self.max_background is not None:
+                self._notify()  # a background place freed: a waiting worker may take it
         if key in self._dirty:
             (self._urgent if key in self._asked else self._queue).append(key)
             self._notify()
