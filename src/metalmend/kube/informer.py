@@ -39,7 +39,7 @@ from lightkube.core import resource as lkres
 from lightkube.core.generic_client import WatchDriver, transform_exception
 from lightkube.core.selector import build_selector
 
-from metalmend.kube import discovery, errors, metrics
+from metalmend.kube import discovery, errors, generic, metrics
 from metalmend.kube.store import IndexFunc, Store, object_key
 from metalmend.kube.workqueue import Backoff
 from metalmend.log import fields
@@ -314,7 +314,8 @@ def without_managed_fields(obj: Any) -> Any:
     generic resource (a dict) keeps its metadata as a dict; a typed one as ObjectMeta."""
     metadata = obj.get("metadata") if isinstance(obj, dict) else getattr(obj, "metadata", None)
     if isinstance(metadata, dict):
-        metadata.pop("managedFields", None)
+        if metadata.pop("managedFields", None) is not None:
+            generic.forget(obj)  # its metadata as parsed before still held them
     elif metadata is not None:
         metadata.managedFields = None
     return obj
