@@ -190,3 +190,24 @@ async def test_background_keys_take_at_most_max_background_workers() -> None:
     queue.done("ns/p1")  # a background place frees: the waiting worker takes the poll
     assert await waiting == "ns/p3"
     assert queue.handed_out_in_background("ns/p3")
+
+
+async def test_the_wait_of_a_background_key_from_due_to_a_worker_is_told() -> None:
+    """For /metrics (metalmend_workqueue_background_wait_seconds): a routine poll that
+    waits long for a worker says the process lacks CPU or BMC slots."""
+    queue = WorkQueue(max_background=1)
+    waits: list[float] = []
+    queue.on_background_wait = waits.append
+    queue.add_after("ns/p1", 0, background=True)
+    queue.add_after("ns/p2", 0, background=True)
+    assert await next_key(queue) == "ns/p1"
+    await asyncio.sleep(0.05)  # p2 waits behind p1 for the one background place
+    queue.done("ns/p1")
+    assert await next_key(queue) == "ns/p2"
+    assert len(waits) == 2
+    assert waits[1] >= 0.049, "p2 waited at least the 50 ms p1 held the place"
+    queue.add_after("ns/p3", 0, background=True)
+    queue.add("ns/p3")  # asked for meanwhile: handed out as a change, no background wait
+    queue.done("ns/p2")
+    assert await next_key(queue) == "ns/p3"
+    assert len(waits) == 2

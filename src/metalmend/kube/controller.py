@@ -184,6 +184,7 @@ class Controller:
         self.failing_after = FAILING_AFTER
         self.failing_count = FAILING_COUNT
         metrics.QUEUE_DEPTH.labels(name).set_function(lambda: len(self.queue))
+        self.queue.on_background_wait = metrics.BACKGROUND_WAIT.labels(name).observe
 
     def failing(self) -> str | None:
         """Why /readyz should say this controller does not do its work (None: it does)."""

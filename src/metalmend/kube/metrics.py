@@ -25,6 +25,12 @@ RECONCILE_ERRORS = Counter(
     "metalmend_reconcile_errors_total", "Reconciles that raised.", ["controller"]
 )
 QUEUE_DEPTH = Gauge("metalmend_workqueue_depth", "Keys waiting for a worker.", ["controller"])
+BACKGROUND_WAIT = Histogram(
+    "metalmend_workqueue_background_wait_seconds",
+    "Seconds a background key (a routine poll, a resync) waited from due to a worker.",
+    ["controller"],
+    buckets=(0.01, 0.1, 0.5, 1, 2, 5, 10, 20, 60, 300),
+)
 INFORMER_RELISTS = Counter(
     "metalmend_informer_lists_total", "Full lists (first sync and after 410 Gone).", ["resource"]
 )

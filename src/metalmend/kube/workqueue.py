@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -51,6 +52,10 @@ class WorkQueue:
         self._timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}  # (when, timer)
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._shutting_down = False
+        self._due: dict[str, float] = {}  # background keys waiting: loop time they came due
+        self.on_background_wait: Callable[[float], None] | None = None
+        """Told how long each background key waited from due to a worker (for /metrics):
+        a routine poll that waits seconds means the process lacks CPU or BMC slots."""
 
     def __len__(self) -> int:
         """Keys waiting to be handed out (the queue depth)."""
@@ -71,6 +76,7 @@ class WorkQueue:
             return
         self._dirty.add(key)
         self._asked.add(key)  # a background entry of it left in _queue is skipped
+        self._due.pop(key, None)
         if key not in self._processing:
             self._urgent.append(key)
             self._notify()
@@ -79,6 +85,7 @@ class WorkQueue:
         if self._shutting_down or key in self._dirty:
             return
         self._dirty.add(key)
+        self._due[key] = asyncio.get_running_loop().time()
         if key not in self._processing:
             self._queue.append(key)
             self._notify()
@@ -131,6 +138,9 @@ class WorkQueue:
         key = self._next()
         if key not in self._asked:
             self._from_background.add(key)
+            due = self._due.pop(key, None)
+            if due is not None and self.on_background_wait is not None:
+                self.on_background_wait(asyncio.get_running_loop().time() - due)
         self._dirty.discard(key)
         self._asked.discard(key)
         self._processing.add(key)
