@@ -1,6 +1,7 @@
 """Which Node events wake the health checks (controllers.healthcheck.node_health_changed):
 whatever can change a verdict, never a heartbeat (benchmarks/scale.py: at 5,000 Nodes the
-heartbeats were several full evaluations of every Machine a second)."""
+heartbeats were several full evaluations of every Machine a second); and how long one may
+wait (``node_wait``): the pause after a long evaluation, never past a verdict it brings."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from lightkube.models.core_v1 import NodeCondition, NodeStatus
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
 
-from metalmend.controllers.healthcheck import node_health_changed
+from metalmend.controllers.healthcheck import node_health_changed, node_wait
+from metalmend.policy.healthcheck import Check, UnhealthyCondition
 
 T0 = dt.datetime(2026, 11, 25, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -80,3 +82,38 @@ BEAT = ("Ready", "True", at(0), at(300))  # the same condition, heartbeat renewe
 )
 def test_node_events_that_wake_the_checks(old: Any, new: Any, wakes: bool) -> None:
     assert node_health_changed(old, new) is wakes
+
+
+DEADLOCK = Check(unhealthy_conditions=(UnhealthyCondition("KernelDeadlock", "True", 5),))
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "now", "paused", "wait"),
+    [
+        pytest.param(node(READY), node(READY, ("KernelDeadlock", "True", at(0), at(0))),
+                     at(1), 2.0, 2.0, id="unhealthy, due in 4 s: the pause (2 s)"),
+        pytest.param(node(READY), node(READY, ("KernelDeadlock", "True", at(0), at(0))),
+                     at(1), 9.0, 4.0, id="a pause past its verdict: at the verdict (4 s)"),
+        pytest.param(node(READY), node(READY, ("KernelDeadlock", "True", at(0), at(0))),
+                     at(30), 9.0, 0.0, id="seen after its timeout: at once"),
+        pytest.param(node(READY, ("KernelDeadlock", "True", at(0), at(0))), node(BEAT),
+                     at(1), 9.0, 9.0, id="healthy again: the pause"),
+        pytest.param(node(READY), node(READY, deleting=True), at(1), 9.0, 0.0,
+                     id="deleting: at once"),
+        pytest.param(node(READY), node(READY, uid="u2"), at(1), 9.0, 0.0,
+                     id="replaced: at once"),
+        pytest.param(None, node(READY), at(1), 9.0, 0.0, id="created: at once"),
+        pytest.param(node(READY), None, at(1), 9.0, 0.0, id="deleted: at once"),
+    ],
+)  # fmt: skip
+def test_a_node_change_waits_the_pause_but_never_past_its_verdict(
+    old: Any, new: Any, now: dt.datetime, paused: float, wait: float
+) -> None:
+    assert node_wait(old, new, DEADLOCK, now, paused) == pytest.approx(wait)
+
+
+def test_a_node_change_under_a_check_it_cannot_read_waits_for_nothing() -> None:
+    """No rules (the check is gone, or its spec is one the evaluation will refuse, saying
+    why on the check): evaluated at once, as before."""
+    unhealthy = node(READY, ("KernelDeadlock", "True", at(0), at(0)))
+    assert node_wait(node(READY), unhealthy, None, at(1), 9.0) == 0.0

@@ -9,8 +9,15 @@ from typing import Any
 
 import pytest
 
-from metalmend.api.resources import Machine, MachineHealthCheck
-from metalmend.controllers.healthcheck import PAUSE_FACTOR, check_changed, machine_changed, pause
+from metalmend.api.resources import Machine, MachineHealthCheck, Metal3Remediation
+from metalmend.controllers.healthcheck import (
+    PAUSE_FACTOR,
+    check_changed,
+    machine_changed,
+    pause,
+    remediation_changed,
+)
+from metalmend.controllers.healthcheck import generic as generic_kind
 
 T0 = "2026-11-26T12:00:00Z"
 T1 = "2026-11-26T12:05:00Z"
@@ -131,3 +138,54 @@ def test_a_machine_change_waits_a_multiple_of_the_last_evaluation(
     ended: float, took: float, now: float, wait: float
 ) -> None:
     assert pause(ended, took, now) == pytest.approx(wait)
+
+
+def remediation(
+    uid: str = "r1",
+    version: str = "1",
+    deleting: bool = False,
+    status: dict[str, Any] | None = None,
+) -> Any:
+    metadata: dict[str, Any] = {
+        "name": "worker-1",
+        "namespace": "lab",
+        "uid": uid,
+        "resourceVersion": version,
+    }
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-11-29T00:00:00Z"
+    return Metal3Remediation.from_dict(
+        {"apiVersion": "remediation.metal3.io/v1alpha1", "kind": "Metal3Remediation",
+         "metadata": metadata, "spec": {"strategy": {"type": "Reboot"}}, "status": status or {}}
+    )  # fmt: skip
+
+
+def template(version: str, timeout: str) -> Any:
+    kind = generic_kind("remediation.metalmend.dev/v1alpha1", "FenceRemediationTemplate")
+    return kind.from_dict(
+        {"apiVersion": "remediation.metalmend.dev/v1alpha1", "kind": "FenceRemediationTemplate",
+         "metadata": {"name": "fence", "namespace": "lab", "uid": "t1", "resourceVersion": version},
+         "spec": {"template": {"spec": {"timeout": timeout}}}}
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "wakes"),
+    [
+        pytest.param(remediation(), remediation("r1", "2", status={"phase": "running"}), False,
+                     id="its progress written: nothing a check reads"),
+        pytest.param(remediation(), remediation("r1", "2", deleting=True), True,
+                     id="began deleting: counted, not deleted again"),
+        pytest.param(remediation(), remediation("r2", "2"), True, id="replaced (another uid)"),
+        pytest.param(None, remediation(), True, id="created"),
+        pytest.param(remediation(), None, True, id="deleted"),
+        pytest.param(template("1", "5m"), template("2", "10m"), True,
+                     id="a template's change: what the next remediation is made from"),
+    ],
+)  # fmt: skip
+def test_a_remediation_event_wakes_the_checks_only_when_it_came_went_or_began_deleting(
+    old: Any, new: Any, wakes: bool
+) -> None:
+    """A remediation writes its progress to its status at each step, and each write woke
+    every check of its namespace for a full evaluation (docs/scale.md, fix 18)."""
+    assert remediation_changed(old, new) is wakes

@@ -37,6 +37,7 @@ from metalmend.policy.healthcheck import (
     merge_conditions,
     parse_duration,
     verdict,
+    verdict_due,
 )
 
 NOW = dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.UTC)
@@ -150,6 +151,51 @@ def test_next_deadline_is_the_earliest_expiry() -> None:
     result = evaluate(CHECK, pool, NOW)
     assert result.next_deadline == ago(250) + dt.timedelta(seconds=300)  # b expires first
     assert result.remediate == []
+
+
+DEADLOCK_5S = UnhealthyCondition("KernelDeadlock", "True", 5)
+
+
+@pytest.mark.parametrize(
+    ("conditions", "due"),
+    [
+        pytest.param({"Ready": NodeCondition("True", ago(3600))}, None,
+                     id="healthy: no verdict to come"),
+        pytest.param({"Ready": NodeCondition("Unknown", ago(200))}, 100.0,
+                     id="Unknown for 200 s of 300: due in 100 s"),
+        pytest.param({"Ready": NodeCondition("False", ago(400))}, 0.0,
+                     id="past its timeout: due now"),
+        pytest.param({"Ready": NodeCondition("Unknown", ago(0)),
+                      "KernelDeadlock": NodeCondition("True", ago(1))}, 4.0,
+                     id="two held: the soonest"),
+        pytest.param({"KernelDeadlock": NodeCondition("False", ago(10))}, None,
+                     id="a condition the check names, in another status"),
+        pytest.param({"DiskPressure": NodeCondition("True", ago(10))}, None,
+                     id="a condition the check does not name"),
+    ],
+)  # fmt: skip
+def test_a_node_change_says_when_its_verdict_is_due(
+    conditions: dict[str, NodeCondition], due: float | None
+) -> None:
+    """How long a Node's change may wait before the check looks (controllers.healthcheck
+    never waits past it): the soonest expiry of the unhealthy conditions it holds."""
+    check = Check(unhealthy_conditions=(READY_UNKNOWN_5M, READY_FALSE_5M, DEADLOCK_5S))
+    assert verdict_due(check, conditions, NOW) == due
+
+
+def test_a_verdict_due_agrees_with_the_verdict_it_announces() -> None:
+    """At the moment verdict_due names, the Node's Machine is unhealthy; a moment before,
+    it is not yet."""
+    state = target(ready="Unknown", since=120)
+    due = verdict_due(CHECK, state.conditions, NOW)
+    assert due == 180.0
+    assert verdict(CHECK, state, NOW + dt.timedelta(seconds=due)).kind == "unhealthy"
+    assert verdict(CHECK, state, NOW + dt.timedelta(seconds=due - 1)).kind == "waiting"
+
+
+def test_a_timeout_beyond_the_calendar_never_falls_due() -> None:
+    check = Check(unhealthy_conditions=(UnhealthyCondition("Ready", "Unknown", 1e300),))
+    assert verdict_due(check, {"Ready": NodeCondition("Unknown", ago(5))}, NOW) is None
 
 
 @pytest.mark.parametrize(

@@ -97,9 +97,13 @@ WRITES_IN_FLIGHT = 16
 # change. So a check takes at most 1 / (1 + PAUSE_FACTOR) of the event loop for Machine
 # changes (a tenth: the start-up's other work goes on), and a batch of them makes one
 # evaluation; a Machine's own change (a manual remediation request, a failureReason) is
-# judged within seconds at 5,000 Machines. Node, check and remediation changes are not
-# held back (a Node's condition: the verdict latency); at tens of Machines the pause is
-# a few milliseconds.
+# judged within seconds at 5,000 Machines. A Node's change waits the same pause, but never
+# past the soonest verdict its conditions bring (policy.healthcheck.verdict_due: an
+# unhealthy condition's timeout), and a Node that came, went or began deleting waits for
+# nothing: at 5,000 Machines each Node turning unhealthy was a full evaluation at once,
+# then another at its expiry, and the expiries of other Nodes waited behind them
+# (docs/scale.md, fix 18). A check's own changes are not held back; at tens of Machines
+# the pause is a few milliseconds.
 PAUSE_FACTOR = 9.0
 
 
@@ -354,11 +358,20 @@ class HealthCheckController:
             for o in found
         }
 
-    def pause_before(self, key: str) -> float:
+    def pause_before(self, key: str, old: Any | None = None, new: Any | None = None) -> float:
         """Seconds before a Machine change may start the next evaluation of the check
         ``key`` (PAUSE_FACTOR)."""
         ended, took = self.evaluated.get(key, (0.0, 0.0))
         return pause(ended, took, time.monotonic())
+
+    def node_change_wait(self, key: str, old: Any | None, new: Any | None) -> float:
+        """Seconds before a Node's change may start the next evaluation of the check
+        ``key`` (``node_wait``)."""
+        check = self.checks.store.get(key)
+        rules = None
+        with contextlib.suppress(InvalidSpec):  # the evaluation says so on the check
+            rules = parse_check(check.get("spec") or {}) if check is not None else None
+        return node_wait(old, new, rules, self.clock.now(), self.pause_before(key))
 
     # ---- reconcile ----------------------------------------------------------------------
 
@@ -551,6 +564,16 @@ def infrastructure_ready_at(conditions: list[Any]) -> dt.datetime | None:
     return None
 
 
+def node_conditions(node: Any, now: dt.datetime) -> dict[str, NodeCondition]:
+    """A Node's conditions as policy.healthcheck reads them: by type, the status and
+    since when (the transition, else the heartbeat, else ``now``)."""
+    conditions: dict[str, NodeCondition] = {}
+    for c in (node.status.conditions if node.status else None) or []:
+        since = c.lastTransitionTime or c.lastHeartbeatTime or now
+        conditions[c.type] = NodeCondition(c.status, since)
+    return conditions
+
+
 def target_of(
     machine: Any,
     node: Any | None,
@@ -562,10 +585,7 @@ def target_of(
 ) -> Target:
     """What policy.healthcheck reads of a Machine and its Node (None: not found), and of
     its Cluster (None: no Cluster known)."""
-    conditions: dict[str, NodeCondition] = {}
-    for c in (node.status.conditions if node is not None and node.status else None) or []:
-        since = c.lastTransitionTime or c.lastHeartbeatTime or now
-        conditions[c.type] = NodeCondition(c.status, since)
+    conditions = node_conditions(node, now) if node is not None else {}
     status = machine.get("status") or {}
     status = status if isinstance(status, Mapping) else {}
     machine_conditions = status.get("conditions") or []
@@ -617,6 +637,41 @@ def pause(ended: float, took: float, now: float) -> float:
     """Seconds from ``now`` until PAUSE_FACTOR times an evaluation that took ``took`` s
     has passed since it ``ended`` (0: at once)."""
     return max(0.0, ended + PAUSE_FACTOR * took - now)
+
+
+def remediation_changed(old: Any | None, new: Any | None) -> bool:
+    """A remediation object's event that can change a verdict: it came, went, was
+    replaced (another uid) or began deleting; that is all a check reads of one
+    (``existing``). Not its status: a remediation writes its progress there several times
+    (fence-remediation: each step), and each woke every check of its namespace for a full
+    evaluation of all their Machines. A template's change always counts (its spec is
+    what a remediation is made from)."""
+    if old is None or new is None:
+        return True
+    if str(getattr(new, "kind", None) or type(new).__name__).endswith("Template"):
+        return True
+    return remediation_presence(old) != remediation_presence(new)
+
+
+def remediation_presence(obj: Any) -> tuple[Any, ...]:
+    meta = obj.metadata
+    return meta.uid, meta.name, meta.deletionTimestamp is not None
+
+
+def node_wait(
+    old: Any | None, new: Any | None, rules: Check | None, now: dt.datetime, paused: float
+) -> float:
+    """Seconds a Node's change (``old`` -> ``new``) may wait before the check with
+    ``rules`` (None: unknown, or a spec it cannot honour) is evaluated, when a Machine's
+    change would wait ``paused``: as long, but never past the soonest verdict the Node's
+    conditions bring, and not at all for a Node that came, went, was replaced or began
+    deleting (its Machine's Node is missing: a verdict at once)."""
+    if old is None or new is None or rules is None:
+        return 0.0
+    if node_health(old)[:3] != node_health(new)[:3]:
+        return 0.0
+    due = policy.verdict_due(rules, node_conditions(new, now), now)
+    return paused if due is None else min(paused, due)
 
 
 def machine_changed(old: Any | None, new: Any | None) -> bool:
@@ -716,18 +771,18 @@ def setup(manager: Manager, settings: Settings) -> None:
     )
     runner.watch(checks, predicate=check_changed)
 
-    def machine_event(old: Any, new: Any) -> None:  # a batch of them makes one evaluation
-        if machine_changed(old, new):
-            for key in for_namespace(old, new):
-                runner.queue.add_after(key, controller.pause_before(key))
-
-    controller.machines.add_handler(machine_event)
-    runner.watch(controller.nodes, for_node, predicate=node_health_changed)
-    runner.watch(controller.remediations, for_namespace)
+    # a batch of Machine changes makes one evaluation (PAUSE_FACTOR), and so does a batch
+    # of Node changes, up to the soonest verdict they bring
+    machines = controller.machines
+    runner.watch(machines, for_namespace, machine_changed, delay=controller.pause_before)
+    runner.watch(controller.nodes, for_node, node_health_changed, delay=controller.node_change_wait)
+    runner.watch(controller.remediations, for_namespace, predicate=remediation_changed)
     runner.watch(controller.templates, for_namespace)
     runner.watch(controller.hosts, for_namespace, predicate=teardown_claim_changed)
 
     def other_kind_changed(old: Any, new: Any) -> None:  # an informer started on demand
+        if not remediation_changed(old, new):
+            return
         for key in for_namespace(old, new):
             runner.queue.add(key)
 

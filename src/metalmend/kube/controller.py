@@ -106,6 +106,8 @@ Reconcile = Callable[[str], Awaitable[Result]]
 KeyMapper = Callable[[Any | None, Any | None], Iterable[str]]
 # Whether an informer change (old, new) is worth a reconcile at all.
 Predicate = Callable[[Any | None, Any | None], bool]
+# (key, old, new) -> seconds a change may wait before it is reconciled
+Delay = Callable[[str, Any | None, Any | None], float]
 
 
 @dataclass
@@ -197,16 +199,21 @@ class Controller:
         informer: Informer | UnionInformer,
         keys: KeyMapper = own_key,
         predicate: Predicate | None = None,
+        delay: Delay | None = None,
     ) -> None:
         """Reconcile ``keys(old, new)`` whenever ``informer`` sees a change (for which
-        ``predicate(old, new)`` holds, if given)."""
+        ``predicate(old, new)`` holds, if given); ``delay(key, old, new)``: seconds the
+        key may wait (a key already due sooner keeps its time)."""
         self.informers.append(informer)
 
         def enqueue(old: Any | None, new: Any | None) -> None:
             if predicate is not None and not predicate(old, new):
                 return
             for key in keys(old, new):
-                self.queue.add(key)
+                if delay is None:
+                    self.queue.add(key)
+                else:
+                    self.queue.add_after(key, delay(key, old, new))
 
         informer.add_handler(enqueue)
 

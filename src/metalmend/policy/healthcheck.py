@@ -79,7 +79,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -348,15 +348,38 @@ def _startup(check: Check, target: Target, now: dt.datetime) -> Verdict:
     return Verdict(Health.WAITING, "NodeStartup", "waiting for a Node", deadline)
 
 
+def _held(
+    check: Check, conditions: Mapping[str, NodeCondition]
+) -> Iterator[tuple[UnhealthyCondition, NodeCondition, dt.datetime | None]]:
+    """Each of the check's unhealthy conditions a Node's ``conditions`` hold, with the
+    Node's condition and when it turns the Node unhealthy (None: beyond the calendar,
+    never)."""
+    for rule in check.unhealthy_conditions:
+        condition = conditions.get(rule.type)
+        if condition is not None and condition.status == rule.status:
+            yield rule, condition, after(condition.since, rule.timeout)
+
+
+def verdict_due(
+    check: Check, conditions: Mapping[str, NodeCondition], now: dt.datetime
+) -> float | None:
+    """Seconds from ``now`` until the soonest verdict of unhealthy a Node's ``conditions``
+    bring under ``check`` (0: one is due already); None when they hold none of its
+    unhealthy conditions (or only ones that never expire). How long a Node's change may
+    wait before the check is evaluated (controllers.healthcheck: never past this)."""
+    waits = [
+        max(0.0, (deadline - now).total_seconds())
+        for _, _, deadline in _held(check, conditions)
+        if deadline is not None
+    ]
+    return min(waits, default=None)
+
+
 def _conditions(check: Check, target: Target, now: dt.datetime) -> Verdict:
     soonest: dt.datetime | None = None
     pending = False
-    for rule in check.unhealthy_conditions:
-        condition = target.conditions.get(rule.type)
-        if condition is None or condition.status != rule.status:
-            continue
+    for rule, condition, deadline in _held(check, target.conditions):
         pending = True
-        deadline = after(condition.since, rule.timeout)
         if deadline is None:  # beyond the calendar: this rule never expires
             continue
         if now >= deadline:
