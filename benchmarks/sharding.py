@@ -36,12 +36,14 @@ In one run, in this order:
    moment r3 holds its Lease, of up to JOIN_REBOOTS hosts the ring moves to it, so that
    drains and reboots overlap.
 3. **balance at 4** replicas, from the labels: the busiest replica's hosts over the mean.
-4. **kill -9 of one of 4 replicas**, ``--trials`` times: a replica that does not lead (the
-   leader also runs the sharder: its death adds the leader Lease's expiry; not measured
-   here), in turn; right after the kill, reboots asked of TRIAL_REBOOTS of its hosts;
-   kill -> reboot served (the BMC journals power off, then on) per host, p50/p99 against
-   the target Lease duration + 5 s; then the replica is started again under its name and
-   the run waits until it holds its share again.
+4. **kill -9 of one of 4 replicas**, ``--trials`` times: a replica that does not lead, in
+   turn; right after the kill, reboots asked of TRIAL_REBOOTS of its hosts; kill ->
+   reboot served (the BMC journals power off, then on) per host, p50/p99 against the
+   target Lease duration + 5 s; then the replica is started again under its name and the
+   run waits until it holds its share again. Then ``--leader-trials`` times the same with
+   the leader as the victim: the sharder dies with it, so its hosts wait for another
+   replica to take the leader Lease (its expiry) and then reassign them; reported on a
+   line of its own against the same target.
 5. **balance at 8** replicas (r4 to r7 added).
 6. **hosts served by two replicas**: every BMC journal of the run against the reboots
    asked of that host: a host is counted when one of its reboots got its power commands
@@ -97,6 +99,7 @@ REPLICAS = (4, 8, 16)
 REAL_HOSTS = 5_000
 COUNTS = (1, 2, 4)  # replicas whose CPU at rest and reboot latency are measured
 TRIALS = 20
+LEADER_TRIALS = 5  # kill -9 of the leader itself (the sharder moves with it)
 TRIAL_REBOOTS = 3  # reboots asked of the killed replica's hosts in each trial
 JOIN_REBOOTS = 50
 REBOOTS = 50
@@ -463,6 +466,8 @@ class Results:
     balance: dict[int, tuple[float, dict[str, int]]] = field(default_factory=dict)
     failover: list[float] = field(default_factory=list)  # kill -> served, s
     trials: list[tuple[str, float]] = field(default_factory=list)  # victim, slowest
+    leader_failover: list[float] = field(default_factory=list)  # the leader killed: s
+    leader_trials: list[tuple[str, float]] = field(default_factory=list)
     run_double: dict[str, str] = field(default_factory=dict)
     run_asked: int = 0  # reboots asked over the run
     senders: Counter[str] = field(default_factory=Counter)  # journalled commands by sender
@@ -513,21 +518,35 @@ def failover(bench: Bench, results: Results) -> None:
     for trial in range(bench.args.trials):
         leader = bench.fleet.leader()
         victims = [n for n in bench.fleet.live() if n != leader]
-        victim = victims[trial % len(victims)]
-        theirs = sorted(h for h, o in owners(bench.scale).items() if o == victim)
-        start = (trial * TRIAL_REBOOTS) % max(1, len(theirs))
-        chosen = (theirs[start:] + theirs[:start])[:TRIAL_REBOOTS]
-        killed = bench.fleet.kill(victim)
-        for host in chosen:
-            bench.ask_reboot(host)
-        served = bench.wait_served(chosen, killed, f"trial {trial + 1}: {victim} killed")
-        took = [at - killed for at in served.values()]
+        took = kill_trial(bench, trial, victims[trial % len(victims)])
         results.failover += took
-        results.trials.append((victim, max(took, default=0.0)))
-        bench.say(f"  trial {trial + 1}: kill -9 {victim}, {len(chosen)} of its hosts rebooted,"
-                  f" served {min(took, default=0):.1f}..{max(took, default=0):.1f}s after")  # fmt: skip
-        bench.fleet.wait_ready(bench.fleet.start(victim))
-        bench.settle(f"trial {trial + 1}: {victim} back")
+        results.trials.append((victims[trial % len(victims)], max(took, default=0.0)))
+    for trial in range(bench.args.leader_trials):
+        leader = bench.fleet.leader()
+        if leader is None:
+            raise RuntimeError("no replica counts the shares on /metrics: no leader to kill")
+        took = kill_trial(bench, trial, leader, "the leader")
+        results.leader_failover += took
+        results.leader_trials.append((leader, max(took, default=0.0)))
+
+
+def kill_trial(bench: Bench, trial: int, victim: str, role: str = "") -> list[float]:
+    """kill -9 ``victim``, reboots asked of TRIAL_REBOOTS of its hosts at once: kill ->
+    each reboot served (s); then the victim started again and the fleet settled."""
+    theirs = sorted(h for h, o in owners(bench.scale).items() if o == victim)
+    start = (trial * TRIAL_REBOOTS) % max(1, len(theirs))
+    chosen = (theirs[start:] + theirs[:start])[:TRIAL_REBOOTS]
+    what = f"{victim} ({role})" if role else victim
+    killed = bench.fleet.kill(victim)
+    for host in chosen:
+        bench.ask_reboot(host)
+    served = bench.wait_served(chosen, killed, f"trial {trial + 1}: {what} killed")
+    took = [at - killed for at in served.values()]
+    bench.say(f"  trial {trial + 1}: kill -9 {what}, {len(chosen)} of its hosts rebooted,"
+              f" served {min(took, default=0):.1f}..{max(took, default=0):.1f}s after")  # fmt: skip
+    bench.fleet.wait_ready(bench.fleet.start(victim))
+    bench.settle(f"trial {trial + 1}: {victim} back")
+    return took
 
 
 def measure(hosts: int, workdir: Path, args: argparse.Namespace) -> Results:
@@ -613,6 +632,14 @@ def report(hosts: int, results: Results, args: argparse.Namespace) -> list[str]:
         f" {p99(results.failover):.1f} s (target <= Lease {LEASE:g} s + 5 s = {FAILOVER_TARGET:g} s:"
         f" {met(p99(results.failover) <= FAILOVER_TARGET)})"
     )
+    if results.leader_trials:
+        lines.append(
+            f"failover of the leader itself (the sharder dies with it), kill -9, "
+            f"{len(results.leader_trials)} trials, {len(results.leader_failover)} reboots asked"
+            f" right after the kill: kill -> reboot served p50 {p50(results.leader_failover):.1f}"
+            f" s, p99 {p99(results.leader_failover):.1f} s (target <= {FAILOVER_TARGET:g} s:"
+            f" {met(p99(results.leader_failover) <= FAILOVER_TARGET)})"
+        )
     moved = len(results.moved)
     to = ",".join(sorted(str(t) for t in results.moved_to)) or "none"
     lines.append(
@@ -711,6 +738,10 @@ def main(argv: list[str] | None = None) -> int:
         help="the assignment by pure functions only (no cluster)",
     )  # fmt: skip
     parser.add_argument("--trials", type=int, default=TRIALS, help="kill -9 trials")
+    parser.add_argument(
+        "--leader-trials", type=int, default=LEADER_TRIALS,
+        help="kill -9 trials of the leader itself",
+    )  # fmt: skip
     parser.add_argument("--window", type=float, default=WINDOW, help="the CPU window at rest (s)")
     parser.add_argument(
         "--reboots", type=int, default=REBOOTS, help="hosts rebooted per replica count"
@@ -726,7 +757,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     hosts = args.hosts or REAL_HOSTS
     print(f"sharding benchmark: {hosts} hosts, 1 -> 2 -> 3 -> 4 replicas, {args.trials}"
-          f" kill trials, 8 replicas", flush=True)  # fmt: skip
+          f" kill trials, {args.leader_trials} of the leader, 8 replicas", flush=True)  # fmt: skip
     # SIGTERM as Ctrl-C: the way out stops every process this run started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     workdir = Path(tempfile.mkdtemp(prefix="metalmend-bench-sharding-"))

@@ -1,18 +1,22 @@
 """The summaries of the sharding benchmark's real mode (benchmarks/sharding.py): a BMC
 journal read back with each reset's sender, a reboot served twice or by two replicas, the
-hosts that moved, hosts per replica and the CPU ratios. Pure: no cluster, no files."""
+hosts that moved, hosts per replica, the CPU ratios and the report's failover lines. Pure:
+no cluster, no files."""
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import pytest
 from benchmarks.sharding import (
     Command,
+    Results,
     cpu_ratios,
     moved_hosts,
     p99,
     parse_journal,
+    report,
     served_twice_or_by_two,
     shares,
 )
@@ -89,3 +93,23 @@ def test_p99_stays_within_the_samples() -> None:
     assert p99([float(i) for i in range(1, 61)]) == pytest.approx(59.41)
     assert p99([3.0]) == 3.0
     assert math.isnan(p99([]))
+
+
+def test_the_report_says_the_failover_of_a_replica_and_of_the_leader_apart() -> None:
+    """The leader's own failover (the sharder dies with it) on a line of its own, against
+    the same target; none when no leader was killed."""
+    results = Results(cpu={1: {"r0": 10.0}}, reboots={1: [100.0]})
+    results.failover, results.trials = [16.0, 17.5], [("r1", 17.5)]
+    results.leader_failover, results.leader_trials = [19.0, 24.0], [("r0", 24.0)]
+    results.balance = {4: (1.1, {"r0": 1, "r1": 1})}
+    lines = report(2, results, argparse.Namespace(window=120.0))
+    replica = next(line for line in lines if line.startswith("failover, kill -9"))
+    leader = next(line for line in lines if line.startswith("failover of the leader"))
+    assert "1 trials, 2 reboots" in replica
+    assert replica.endswith(": met)")
+    assert "1 trials, 2 reboots" in leader
+    assert leader.endswith(": NOT met)")
+    results.leader_failover, results.leader_trials = [], []
+    assert not any(
+        "of the leader" in line for line in report(2, results, argparse.Namespace(window=120.0))
+    )
