@@ -37,7 +37,10 @@ the lab's 5 s. Printed, per lab size:
   annotation written -> lastPoweredOn newer seen by a watcher), p50/p99;
 - health-check verdict latency: VERDICTS Nodes given a KernelDeadlock=True condition at
   staggered moments; from the condition's timeout expiring to the Metal3Remediation
-  created, seen by a watcher (as benchmarks/detection_latency.py), p50/p99.
+  created, seen by a watcher (as benchmarks/detection_latency.py), p50/p99; and the
+  health check's evaluations over that phase and the seconds they took (its reconciles,
+  from metalmend's /metrics): the work behind the latency, which the machine's load does
+  not change the way it changes a latency.
 
 metalmend's Kubernetes client (lightkube) has no client-side rate limiter: no QPS, no burst
 (client-go's defaults would be 5 QPS, burst 10). Its requests are bounded by the
@@ -80,6 +83,7 @@ from lightkube.models.core_v1 import NodeSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.types import PatchType
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.at_rest import AUDIT_POLICY, AUDIT_WRITES, USER, audit_events, last_write
 from benchmarks.shared import WRITES, apiserver_requests, one_reboot
@@ -163,6 +167,7 @@ class Measurement:
     reboots: list[float] = field(default_factory=list)  # request -> status seen, ms
     reboots_off: list[float] = field(default_factory=list)  # request -> off at the BMC, ms
     verdicts: list[float] = field(default_factory=list)  # ms
+    verdict_work: tuple[float, float] = (0.0, 0.0)  # the check's reconciles, their seconds
     nodes_beat: int = 0  # Nodes whose status heartbeat (lastHeartbeatTime) fell in the window
 
     def per_second(self, count: float) -> float:
@@ -595,8 +600,9 @@ def measure(hosts: int, workdir: Path) -> Measurement:
         plane, audit, bmcs, ports, names = (
             scale.plane, scale.audit, scale.bmcs, scale.ports, scale.names,
         )  # fmt: skip
+        health_port = free_port()
         argv = lab.controller_argv(
-            scale.kubeconfig, plane.ca.pair.cert, lab.DEFAULT_CONTROLLERS, free_port(), 30.0
+            scale.kubeconfig, plane.ca.pair.cert, lab.DEFAULT_CONTROLLERS, health_port, 30.0
         )
         argv += ["--power-poll-interval", f"{POLL:g}"]  # the last flag wins
         if BUDGET:
@@ -620,8 +626,27 @@ def measure(hosts: int, workdir: Path) -> Measurement:
             reboots(plane.kubeconfig, names[0], workdir / f"{names[0]}.commands")
         )
         sick = names[1 : 1 + VERDICTS] if hosts > 1 else names[:1]
+        before = health_check_work(health_port)
         m.verdicts = asyncio.run(verdicts(plane.kubeconfig, sick))
+        after = health_check_work(health_port)
+        m.verdict_work = (after[0] - before[0], after[1] - before[1])
         return m
+
+
+def health_check_work(port: int) -> tuple[float, float]:
+    """The health check's reconciles so far (each an evaluation of a whole check) and the
+    seconds they took, from metalmend's /metrics."""
+    text = httpx.get(f"http://{LOOPBACK}:{port}/metrics", timeout=30).text
+    count = seconds = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("controller") != "machine-health-check":
+                continue
+            if sample.name == "metalmend_reconcile_duration_seconds_count":
+                count += sample.value
+            elif sample.name == "metalmend_reconcile_duration_seconds_sum":
+                seconds += sample.value
+    return count, seconds
 
 
 @contextlib.contextmanager
@@ -668,6 +693,9 @@ def rows(m: Measurement) -> dict[str, str]:
         f"reboot, request -> status seen, {REBOOTS}x (ms)": quantiles(m.reboots),
         "reboot, request -> off at the BMC (ms)": quantiles(m.reboots_off),
         "health-check verdict, expiry -> remediation (ms)": quantiles(m.verdicts),
+        "verdict phase: the check's evaluations / their s": (
+            f"{m.verdict_work[0]:.0f} / {m.verdict_work[1]:.1f}"
+        ),
     }
 
 
