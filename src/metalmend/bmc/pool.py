@@ -343,7 +343,7 @@ class BmcPool:
             left = give_up - loop.time()
             if left <= 0:
                 now = time.monotonic()
-                retry_after = min((c.retry_after(now) for c in busy), default=TURN_HOLD)
+                retry_after = _soonest_free(busy, now)
                 if at_endpoint and target.waiter:
                     self.turns.wait(endpoint, namespace, target.waiter, now, retry_after)
                 others = self._others(endpoint, namespace, now) if at_endpoint else 0
@@ -376,7 +376,7 @@ class BmcPool:
             if handed.done():  # handed a slot as the wait ran out: take it
                 return handed.result()
             now = time.monotonic()
-            retry_after = min((c.retry_after(now) for c in busy), default=TURN_HOLD)
+            retry_after = _soonest_free(busy, now)
             raise Busy(f"{target.address}: {why}; trying again shortly", retry_after, 0) from None
         except asyncio.CancelledError:
             if handed.done():  # handed a slot it will never use: give it back
@@ -508,6 +508,12 @@ def _storage(driver: PowerDriver, target: BmcTarget) -> StorageDriver:
     if not isinstance(driver, StorageDriver):
         raise Unsupported(f"{target.address}: this BMC's driver cannot list or erase drives")
     return driver
+
+
+def _soonest_free(busy: list[_Call], now: float) -> float:
+    """Seconds until the first of the ``busy`` calls should be done (TURN_HOLD: none):
+    what a Busy tells its caller to wait."""
+    return min((c.retry_after(now) for c in busy), default=TURN_HOLD)
 
 
 def _busy_with(others: int) -> str:
