@@ -181,6 +181,15 @@ def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
+def counts_shares(metrics: str) -> bool:
+    """Whether a replica's /metrics text has a sample of metalmend_shard_replicas_live:
+    only the leader's sharder gives one. Every replica declares the metric (its HELP and
+    TYPE lines), so the name alone says nothing."""
+    return any(
+        line.split(" ", 1)[0] == "metalmend_shard_replicas_live" for line in metrics.splitlines()
+    )
+
+
 def met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
@@ -264,7 +273,7 @@ class Fleet:
         for name in self.live():
             url = f"http://{LOOPBACK}:{self.replicas[name].port}/metrics"
             with contextlib.suppress(httpx.HTTPError):
-                if "metalmend_shard_replicas_live" in httpx.get(url, timeout=10).text:
+                if counts_shares(httpx.get(url, timeout=10).text):
                     return name
         return None
 

@@ -12,6 +12,7 @@ import pytest
 from benchmarks.sharding import (
     Command,
     Results,
+    counts_shares,
     cpu_ratios,
     moved_hosts,
     p99,
@@ -113,3 +114,16 @@ def test_the_report_says_the_failover_of_a_replica_and_of_the_leader_apart() -> 
     assert not any(
         "of the leader" in line for line in report(2, results, argparse.Namespace(window=120.0))
     )
+
+
+def test_the_leader_is_the_replica_with_a_share_count_not_one_that_declares_it() -> None:
+    """Every replica's /metrics declares metalmend_shard_replicas_live (HELP, TYPE); only
+    the leader's has a sample. Matching the name alone took the first replica for the
+    leader whichever led."""
+    declared = (
+        "# HELP metalmend_shard_replicas_live Replicas of metalmend run whose shard Lease\n"
+        "# TYPE metalmend_shard_replicas_live gauge\n"
+        'metalmend_shard_hosts_other{replica="r1"} 3.0\n'
+    )
+    assert not counts_shares(declared)
+    assert counts_shares(declared + "metalmend_shard_replicas_live 4.0\n")
