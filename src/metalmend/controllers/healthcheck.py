@@ -102,9 +102,8 @@ WRITES_IN_FLIGHT = 16
 # unhealthy condition's timeout), and a Node that came, went or began deleting waits for
 # nothing: at 5,000 Machines each Node turning unhealthy was a full evaluation at once,
 # then another at its expiry, and the expiries of other Nodes waited behind them
-# (docs/scale.md, fix 18). A remediation object's change (one the check made, coming back)
-# waits the same pause: it changes what the check decides (a remediation there or not)
-# but never starts a verdict's clock. The check's own spec changes are not held back; at
+# (docs/scale.md, fix 18). A check's own spec changes and a remediation object's are not
+# held back (a burst of those makes one evaluation more: the queue holds a key once); at
 # tens of Machines the pause is a few milliseconds.
 PAUSE_FACTOR = 9.0
 
@@ -778,8 +777,7 @@ def setup(manager: Manager, settings: Settings) -> None:
     machines = controller.machines
     runner.watch(machines, for_namespace, machine_changed, delay=controller.pause_before)
     runner.watch(controller.nodes, for_node, node_health_changed, delay=controller.node_change_wait)
-    pause_before = controller.pause_before
-    runner.watch(controller.remediations, for_namespace, remediation_changed, delay=pause_before)
+    runner.watch(controller.remediations, for_namespace, predicate=remediation_changed)
     runner.watch(controller.templates, for_namespace)
     runner.watch(controller.hosts, for_namespace, predicate=teardown_claim_changed)
 
@@ -787,7 +785,7 @@ def setup(manager: Manager, settings: Settings) -> None:
         if not remediation_changed(old, new):
             return
         for key in for_namespace(old, new):
-            runner.queue.add_after(key, controller.pause_before(key))
+            runner.queue.add(key)
 
     controller.kinds.on_change.append(other_kind_changed)
 
