@@ -634,13 +634,18 @@ def report(hosts: int, results: Results, args: argparse.Namespace) -> list[str]:
             f" replica ({p99(ms) / base:.2f}x; {len(ms)} hosts, one reboot each); the slowest"
             f" {results.slowest.get(count, '?')}"
         )
-    lines.append(
-        f"failover, kill -9 of one of 4 replicas (not the leader), {len(results.trials)} trials,"
-        f" {len(results.failover)} reboots asked right after the kill: kill -> reboot served"
-        f" (BMC: power off, then on) p50 {p50(results.failover):.1f} s, p99"
-        f" {p99(results.failover):.1f} s (target <= Lease {LEASE:g} s + 5 s = {FAILOVER_TARGET:g} s:"
-        f" {met(p99(results.failover) <= FAILOVER_TARGET)})"
-    )
+    if not results.trials:
+        lines.append(
+            "failover, kill -9 of one of 4 replicas (not the leader): not run (--trials 0)"
+        )
+    else:
+        lines.append(
+            f"failover, kill -9 of one of 4 replicas (not the leader), {len(results.trials)}"
+            f" trials, {len(results.failover)} reboots asked right after the kill: kill ->"
+            f" reboot served (BMC: power off, then on) p50 {p50(results.failover):.1f} s, p99"
+            f" {p99(results.failover):.1f} s (target <= Lease {LEASE:g} s + 5 s ="
+            f" {FAILOVER_TARGET:g} s: {met(p99(results.failover) <= FAILOVER_TARGET)})"
+        )
     if results.leader_trials:
         lines.append(
             f"failover of the leader itself (the sharder dies with it), kill -9, "

@@ -110,6 +110,11 @@ def test_the_report_says_the_failover_of_a_replica_and_of_the_leader_apart() -> 
     assert replica.endswith(": met)")
     assert "1 trials, 2 reboots" in leader
     assert leader.endswith(": NOT met)")
+    results.failover, results.trials = [], []
+    assert any(
+        line.endswith("not run (--trials 0)")
+        for line in report(2, results, argparse.Namespace(window=120.0))
+    )
     results.leader_failover, results.leader_trials = [], []
     assert not any(
         "of the leader" in line for line in report(2, results, argparse.Namespace(window=120.0))
