@@ -39,6 +39,7 @@ import pytest
 import yaml
 
 from metalmend.settings import Settings
+from tests.unit import sources
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
@@ -197,7 +198,7 @@ def prose_of_python(path: Path) -> Iterator[Prose]:
         for token in tokenize.generate_tokens(io.StringIO(source).readline):
             if token.type == tokenize.COMMENT:
                 yield Prose(path, token.start[0], token.string)
-    for lineno, docstring in _docstrings(ast.parse(source, filename=str(path))):
+    for lineno, docstring in _docstrings(sources.parse(source, filename=str(path))):
         for offset, line in enumerate(docstring.splitlines()):
             yield Prose(path, lineno + offset, line)
 

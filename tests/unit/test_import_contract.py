@@ -38,6 +38,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit import sources
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = SRC / "metalmend"
 LAB = SRC / "metalmend_lab"
@@ -87,7 +89,7 @@ def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
 def imports_of(path: Path) -> Iterator[Import]:
     module = module_name(path)
     is_package = path.name == "__init__.py"
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = sources.parse(path.read_text(), filename=str(path))
 
     def visit(node: ast.AST, top_level: bool, type_checking: bool) -> Iterator[Import]:
         for child in ast.iter_child_nodes(node):
@@ -326,7 +328,7 @@ def test_only_kube_errors_compares_api_status_codes() -> None:
     for path in sorted(PACKAGE.rglob("*.py")):
         if module_name(path) == "metalmend.kube.errors":
             continue
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(sources.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Compare) and any(
                 _reads_status_code(part) for part in [node.left, *node.comparators]
             ):
@@ -370,7 +372,7 @@ def test_no_test_reaches_into_a_controllers_private_names() -> None:
     wrong = [
         f"{path.relative_to(TESTS.parent)}:{line} uses {name}"
         for path in sorted(TESTS.rglob("*.py"))
-        for line, name in _private_uses(ast.parse(path.read_text(), filename=str(path)))
+        for line, name in _private_uses(sources.parse(path.read_text(), filename=str(path)))
     ]
     assert not wrong, "\n".join(wrong)
 
