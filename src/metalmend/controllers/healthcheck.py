@@ -651,10 +651,11 @@ def remediation_changed(old: Any | None, new: Any | None) -> bool:
         return True
     if str(getattr(new, "kind", None) or type(new).__name__).endswith("Template"):
         return True
-    return remediation_presence(old) != remediation_presence(new)
+    return presence(old) != presence(new)
 
 
-def remediation_presence(obj: Any) -> tuple[Any, ...]:
+def presence(obj: Any) -> tuple[Any, ...]:
+    """Which object it is and whether it is being deleted: uid, name, deleting."""
     meta = obj.metadata
     return meta.uid, meta.name, meta.deletionTimestamp is not None
 
@@ -669,7 +670,7 @@ def node_wait(
     deleting (its Machine's Node is missing: a verdict at once)."""
     if old is None or new is None or rules is None:
         return 0.0
-    if node_health(old)[:3] != node_health(new)[:3]:
+    if presence(old) != presence(new):
         return 0.0
     due = policy.verdict_due(rules, node_conditions(new, now), now)
     return paused if due is None else min(paused, due)
@@ -738,12 +739,11 @@ def node_health(node: Any) -> tuple[Any, ...]:
     """What a check reads of a Node (``target_of``, ``teardown_hold``): its identity,
     whether it is deleting, and per condition its status and since when (the transition
     time, else the heartbeat: ``target_of`` falls back to it the same way)."""
-    meta = node.metadata
     conditions = (node.status.conditions if node.status else None) or []
     since = frozenset(
         (c.type, c.status, c.lastTransitionTime or c.lastHeartbeatTime) for c in conditions
     )
-    return meta.uid, meta.name, meta.deletionTimestamp is not None, since
+    return *presence(node), since
 
 
 def setup(manager: Manager, settings: Settings) -> None:
