@@ -134,24 +134,35 @@ class CurlLoop:
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop()
-        if loop is None:  # pragma: no cover - a multi outliving its loop is a bug
+        if loop is None:  # a transfer started on a multi whose loop is gone: a bug
             raise RuntimeError("the event loop of this CurlMulti is gone")
         return loop
 
+    def _open_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop, unless it is closed or gone: libcurl may call back from the garbage
+        collector, a transfer collected in one cycle with its loop (a test's loop at its
+        end, a process's last moments). Nothing is left to watch or call back then, and an
+        exception raised inside a callback reaches nobody."""
+        loop = self._loop()
+        return None if loop is None or loop.is_closed() else loop
+
     def _socket(self, what: int, fd: int, _multi: Any, _data: Any) -> None:
         old = self._watched.pop(fd, 0)
+        loop = self._open_loop()
+        if loop is None:  # the selector went with the loop: the socket is forgotten
+            return
         if old & 1:
-            self.loop.remove_reader(fd)
+            loop.remove_reader(fd)
         if old & 2:
-            self.loop.remove_writer(fd)
+            loop.remove_writer(fd)
         if what == pycurl.POLL_REMOVE:
             return
         flags = 0
         if what in (pycurl.POLL_IN, pycurl.POLL_INOUT):
-            self.loop.add_reader(fd, self._act, fd, pycurl.CSELECT_IN)
+            loop.add_reader(fd, self._act, fd, pycurl.CSELECT_IN)
             flags |= 1
         if what in (pycurl.POLL_OUT, pycurl.POLL_INOUT):
-            self.loop.add_writer(fd, self._act, fd, pycurl.CSELECT_OUT)
+            loop.add_writer(fd, self._act, fd, pycurl.CSELECT_OUT)
             flags |= 2
         self._watched[fd] = flags
 
@@ -159,10 +170,9 @@ class CurlLoop:
         if self._timer_handle is not None:
             self._timer_handle.cancel()
             self._timer_handle = None
-        if ms >= 0:
-            self._timer_handle = self.loop.call_later(
-                ms / 1000, self._act, pycurl.SOCKET_TIMEOUT, 0
-            )
+        loop = self._open_loop()
+        if ms >= 0 and loop is not None:
+            self._timer_handle = loop.call_later(ms / 1000, self._act, pycurl.SOCKET_TIMEOUT, 0)
 
     def _act(self, fd: int, event: int) -> None:
         self.multi.socket_action(fd, event)
