@@ -64,6 +64,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import shutil
 import signal
@@ -73,7 +74,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -104,6 +105,7 @@ TRIAL_REBOOTS = 3  # reboots asked of the killed replica's hosts in each trial
 JOIN_REBOOTS = 50
 REBOOTS = 50
 WINDOW = 120.0  # six host-power polls of every host (POLL s)
+CANARY_EVERY = 1.0  # s between two units of the canary in a CPU window
 LEASE = LeaseTiming().lease_duration  # the shard Leases' duration (s)
 FAILOVER_TARGET = LEASE + 5.0
 SETTLE = 1800.0  # every host owned by the ring's choice (the first start reads every BMC)
@@ -171,6 +173,26 @@ def cpu_ratios(per_replica: Mapping[str, float], one: float) -> dict[str, float]
     """Each replica's CPU over 1/N of the one-replica figure (1.0: exactly its share)."""
     share = one / len(per_replica) if per_replica else 0.0
     return {r: (cpu / share if share else float("nan")) for r, cpu in per_replica.items()}
+
+
+def canary_unit() -> None:
+    """A fixed unit of work, of the kinds a replica's read is made of (Python objects and
+    calls, JSON, a hash in C: about 10 ms): its CPU time is the machine's price of CPU at
+    that moment. Timed during each CPU window, it says how much slower the same work runs
+    when more processes share the cores, apart from what the replicas do."""
+    document = {f"key-{i}": {"state": "On", "seq": i, "tags": ["a", "b"]} for i in range(300)}
+    for _ in range(4):
+        text = json.dumps(document)
+        assert json.loads(text) == document
+        hashlib.sha256(text.encode() * 16).digest()
+        sum(i * len(key) for i, key in enumerate(document))
+
+
+def canary_ms(unit: Callable[[], None] = canary_unit) -> float:
+    """CPU time of one ``unit`` in this thread (ms)."""
+    began = time.thread_time()
+    unit()
+    return (time.thread_time() - began) * 1000
 
 
 def p99(values: list[float]) -> float:
@@ -373,17 +395,22 @@ class Bench:
             f" quiet {time.time() - owned:.0f}s later"
         )
 
-    def cpu_at_rest(self) -> dict[str, float]:
-        """Each live replica's CPU over the window, % of one core."""
+    def cpu_at_rest(self) -> tuple[dict[str, float], float]:
+        """Each live replica's CPU over the window, % of one core; and the canary's median
+        CPU time over the window (ms; ``canary_unit``, once every CANARY_EVERY s)."""
         for _ in range(3):
             self.fleet.alive()
             exits = len(self.fleet.exits)
             pids = {n: self.fleet.replicas[n].process.pid for n in self.fleet.live()}
             before, began = {n: cpu_seconds(p) for n, p in pids.items()}, time.monotonic()
-            time.sleep(self.args.window)
+            canary = []
+            while (left := began + self.args.window - time.monotonic()) > 0:
+                canary.append(canary_ms())
+                time.sleep(min(CANARY_EVERY, max(left, 0.0)))
             seconds = time.monotonic() - began
             if all(self.fleet.replicas[n].process.poll() is None for n in pids):
-                return {n: 100 * (cpu_seconds(p) - before[n]) / seconds for n, p in pids.items()}
+                used = {n: 100 * (cpu_seconds(p) - before[n]) / seconds for n, p in pids.items()}
+                return used, statistics.median(canary)
             self.fleet.alive()  # started again: once settled, the window again
             self.settle("after a replica exited during the CPU window")
             if len(self.fleet.exits) == exits:
@@ -465,6 +492,7 @@ class Bench:
 @dataclass
 class Results:
     cpu: dict[int, dict[str, float]] = field(default_factory=dict)  # replicas -> name -> %
+    canary: dict[int, float] = field(default_factory=dict)  # replicas -> the canary's ms
     leaders: dict[int, str | None] = field(default_factory=dict)
     reboots: dict[int, list[float]] = field(default_factory=dict)  # replicas -> ms
     slowest: dict[int, str] = field(default_factory=dict)  # replicas -> its slowest reboot
@@ -485,10 +513,11 @@ class Results:
 
 def at_rest(bench: Bench, results: Results, count: int) -> None:
     results.leaders[count] = bench.fleet.leader()
-    results.cpu[count] = bench.cpu_at_rest()
+    results.cpu[count], results.canary[count] = bench.cpu_at_rest()
     cpu = results.cpu[count]
     bench.say(f"  {count} replica(s): CPU at rest " + ", ".join(
-        f"{n} {v:.1f}%" for n, v in sorted(cpu.items())))  # fmt: skip
+        f"{n} {v:.1f}%" for n, v in sorted(cpu.items()))
+        + f"; the canary {results.canary[count]:.2f} ms")  # fmt: skip
     sampled = bench.reboot_sample()
     results.reboots[count] = ms = [total for _, _, _, total in sampled]
     host, off, seen, total = max(sampled, key=lambda one: one[3])
@@ -627,6 +656,7 @@ def report(hosts: int, results: Results, args: argparse.Namespace) -> list[str]:
             + ", ".join(f"{ratios[n]:.2f}x" for n in sorted(cpu))
             + f" ({within} of {count} within 25 %, the target)"
         )
+    lines += together(results)
     base = p99(results.reboots.get(1, []))
     for count, ms in sorted(results.reboots.items()):
         lines.append(
@@ -687,6 +717,25 @@ def report(hosts: int, results: Results, args: argparse.Namespace) -> list[str]:
         f" again: {len(results.exits)}"
     )
     lines += [f"    {why}" for why in results.exits]
+    return lines
+
+
+def together(results: Results) -> list[str]:
+    """The replicas' CPU summed, and the canary, at each count beside one replica's: the
+    work the fleet does in all, and how much slower the machine ran the same unit of work
+    (more processes sharing its cores). Where both grow alike, the replicas did no more
+    work than one, each unit of it cost more."""
+    if 1 not in results.cpu:
+        return []
+    one, canary = sum(results.cpu[1].values()), results.canary.get(1, float("nan"))
+    lines = []
+    for count, cpu in sorted(results.cpu.items()):
+        mine = results.canary.get(count, float("nan"))
+        lines.append(
+            f"at {count} replica(s): the replicas' CPU together {sum(cpu.values()):.1f} % of a"
+            f" core ({sum(cpu.values()) / one:.2f}x one replica's); the canary, a fixed unit of"
+            f" work timed in the window, {mine:.2f} ms of CPU ({mine / canary:.2f}x)"
+        )
     return lines
 
 

@@ -12,6 +12,7 @@ import pytest
 from benchmarks.sharding import (
     Command,
     Results,
+    canary_ms,
     counts_shares,
     cpu_ratios,
     moved_hosts,
@@ -20,6 +21,7 @@ from benchmarks.sharding import (
     report,
     served_twice_or_by_two,
     shares,
+    together,
 )
 
 BY_PID = {101: "r0", 102: "r1"}
@@ -132,3 +134,22 @@ def test_the_leader_is_the_replica_with_a_share_count_not_one_that_declares_it()
     )
     assert not counts_shares(declared)
     assert counts_shares(declared + "metalmend_shard_replicas_live 4.0\n")
+
+
+def test_the_replicas_cpu_together_and_the_canary_are_set_beside_one_replicas() -> None:
+    results = Results(
+        cpu={1: {"r0": 40.0}, 4: {"r0": 14.0, "r1": 13.0, "r2": 12.0, "r3": 11.0}},
+        canary={1: 10.0, 4: 12.5},
+    )
+    assert together(results) == [
+        "at 1 replica(s): the replicas' CPU together 40.0 % of a core (1.00x one replica's);"
+        " the canary, a fixed unit of work timed in the window, 10.00 ms of CPU (1.00x)",
+        "at 4 replica(s): the replicas' CPU together 50.0 % of a core (1.25x one replica's);"
+        " the canary, a fixed unit of work timed in the window, 12.50 ms of CPU (1.25x)",
+    ]
+    assert together(Results(cpu={2: {"r0": 1.0, "r1": 1.0}})) == []  # nothing to set beside
+
+
+def test_the_canary_times_its_unit_in_cpu_of_this_thread() -> None:
+    assert canary_ms(lambda: None) >= 0.0
+    assert canary_ms() > 0.0
