@@ -6,10 +6,6 @@
 - The leader renews every ``retry_period``; if it cannot renew for ``renew_deadline`` it
   stops leading (its work is cancelled) before the lease can expire for others:
   renew_deadline < lease_duration is what keeps two leaders from overlapping.
-- A candidate whose last try found the Lease held tries again after a retry period, or
-  just after the Lease expires on its clock if that is sooner (``next_try``; client-go
-  always waits the period, so a Lease that expires just after a try is taken up to a
-  period late).
 - Every write carries the resourceVersion it read, so two candidates cannot both win.
 - On a graceful stop the leader releases the Lease so a standby takes over at once.
 """
@@ -35,19 +31,6 @@ from metalmend.kube import errors, metrics
 from metalmend.log import fields
 
 log = logging.getLogger(__name__)
-
-
-EXPIRY_SLACK = 0.05
-"""Seconds past a Lease's expiry (on our clock) at which a candidate tries again."""
-
-
-def next_try(period: float, expires_in: float | None) -> float:
-    """Seconds a candidate waits before its next try: ``period`` (the jittered retry
-    period), or just past the held Lease's expiry (``expires_in`` seconds from now on our
-    clock; None: not known, the try failed otherwise) when that comes sooner."""
-    if expires_in is None or expires_in + EXPIRY_SLACK >= period:
-        return period
-    return max(expires_in, 0.0) + EXPIRY_SLACK
 
 
 class LeadershipLost(RuntimeError):
@@ -88,19 +71,15 @@ class LeaderElector:
         self.leading = False
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0  # monotonic time we first saw the current record
-        self._held_until: float | None = None  # monotonic: another's Lease expires (last try)
         self._lease: Lease | None = None
 
     async def run(self, lead: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Wait for the Lease, run ``lead()`` while holding it, release it when ``lead``
         returns or we are cancelled. Raises LeadershipLost if renewal fails in time."""
         while True:
-            self._held_until = None
             if await self._try_acquire_or_renew():
                 break
-            period = self.timing.retry_period * random.uniform(1.0, 1.2)
-            held = self._held_until
-            await asyncio.sleep(next_try(period, None if held is None else held - time.monotonic()))
+            await asyncio.sleep(self.timing.retry_period * random.uniform(1.0, 1.2))
         self._set_leading(True)
         work = asyncio.create_task(lead())
         lost = False
@@ -193,7 +172,6 @@ class LeaderElector:
         holder = spec.holderIdentity or ""
         expires = self._observed_at + (spec.leaseDurationSeconds or self.timing.lease_duration)
         if holder and holder != self.identity and time.monotonic() < expires:
-            self._held_until = expires
             return False
         ours = holder == self.identity
         lease.spec = LeaseSpec(
