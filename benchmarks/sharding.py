@@ -28,7 +28,8 @@ In one run, in this order:
    the ring's choice (the ``shard.metalmend.dev/replica`` labels) and metalmend has made no
    write but its Lease renewals for QUIET s, each replica's CPU (utime+stime from /proc)
    over a WINDOW s window, as % of one core, and its ratio to 1/N of the one-replica
-   figure (target: within 25 %); then REBOOTS hosts spread over the fleet each rebooted
+   figure (target: within 25 %), beside the replicas' CPU together and a canary timed in
+   the window (``canary_unit``: whether the machine itself ran slower); then REBOOTS hosts spread over the fleet each rebooted
    once through the reboot API (the annotation, ``benchmarks.shared.one_reboot``: request
    -> ``lastPoweredOn`` newer seen by a watcher), p50/p99 beside the one-replica figure.
 2. **one replica added to 3** (r3): the share of the hosts whose owner changed (target at
@@ -177,9 +178,11 @@ def cpu_ratios(per_replica: Mapping[str, float], one: float) -> dict[str, float]
 
 def canary_unit() -> None:
     """A fixed unit of work, of the kinds a replica's read is made of (Python objects and
-    calls, JSON, a hash in C: about 10 ms): its CPU time is the machine's price of CPU at
-    that moment. Timed during each CPU window, it says how much slower the same work runs
-    when more processes share the cores, apart from what the replicas do."""
+    calls, JSON, a hash in C: 2.5 ms on the machine of docs/sharding.md): its CPU time is
+    the machine's price of CPU at that moment. Timed during each CPU window, it says
+    whether the same work runs slower when more processes share the cores, apart from what
+    the replicas do. Short and started after a second asleep, it begins with cold caches
+    in every phase: it cannot see what a busy process gains from keeping its own warm."""
     document = {f"key-{i}": {"state": "On", "seq": i, "tags": ["a", "b"]} for i in range(300)}
     for _ in range(4):
         text = json.dumps(document)
@@ -723,8 +726,8 @@ def report(hosts: int, results: Results, args: argparse.Namespace) -> list[str]:
 def together(results: Results) -> list[str]:
     """The replicas' CPU summed, and the canary, at each count beside one replica's: the
     work the fleet does in all, and how much slower the machine ran the same unit of work
-    (more processes sharing its cores). Where both grow alike, the replicas did no more
-    work than one, each unit of it cost more."""
+    (more processes sharing its cores). Where the replicas' sum grows and the canary does
+    not, the machine was not slower: the replicas' own work cost more."""
     if 1 not in results.cpu:
         return []
     one, canary = sum(results.cpu[1].values()), results.canary.get(1, float("nan"))
