@@ -29,9 +29,10 @@ In one run, in this order:
    write but its Lease renewals for QUIET s, each replica's CPU (utime+stime from /proc)
    over a WINDOW s window, as % of one core, and its ratio to 1/N of the one-replica
    figure (target: within 25 %), beside the replicas' CPU together and a canary timed in
-   the window (``canary_unit``: whether the machine itself ran slower); then REBOOTS hosts spread over the fleet each rebooted
-   once through the reboot API (the annotation, ``benchmarks.shared.one_reboot``: request
-   -> ``lastPoweredOn`` newer seen by a watcher), p50/p99 beside the one-replica figure.
+   the window (``canary_unit``: whether the machine itself ran slower); then REBOOTS
+   hosts spread over the fleet each rebooted once through the reboot API (the
+   annotation, ``benchmarks.shared.one_reboot``: request -> ``lastPoweredOn`` newer seen
+   by a watcher), p50/p99 beside the one-replica figure.
 2. **one replica added to 3** (r3): the share of the hosts whose owner changed (target at
    most 1/3, ideally 1/4), whether they all went to the newcomer; reboots asked, at the
    moment r3 holds its Lease, of up to JOIN_REBOOTS hosts the ring moves to it, so that
@@ -409,7 +410,7 @@ class Bench:
             canary = []
             while (left := began + self.args.window - time.monotonic()) > 0:
                 canary.append(canary_ms())
-                time.sleep(min(CANARY_EVERY, max(left, 0.0)))
+                time.sleep(min(CANARY_EVERY, left))
             seconds = time.monotonic() - began
             if all(self.fleet.replicas[n].process.poll() is None for n in pids):
                 used = {n: 100 * (cpu_seconds(p) - before[n]) / seconds for n, p in pids.items()}
@@ -733,11 +734,11 @@ def together(results: Results) -> list[str]:
     one, canary = sum(results.cpu[1].values()), results.canary.get(1, float("nan"))
     lines = []
     for count, cpu in sorted(results.cpu.items()):
-        mine = results.canary.get(count, float("nan"))
+        used, mine = sum(cpu.values()), results.canary.get(count, float("nan"))
         lines.append(
-            f"at {count} replica(s): the replicas' CPU together {sum(cpu.values()):.1f} % of a"
-            f" core ({sum(cpu.values()) / one:.2f}x one replica's); the canary, a fixed unit of"
-            f" work timed in the window, {mine:.2f} ms of CPU ({mine / canary:.2f}x)"
+            f"at {count} replica(s): the replicas' CPU together {used:.1f} % of a core"
+            f" ({used / one:.2f}x one replica's); the canary, a fixed unit of work timed in"
+            f" the window, {mine:.2f} ms of CPU ({mine / canary:.2f}x)"
         )
     return lines
 
