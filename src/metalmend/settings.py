@@ -242,6 +242,8 @@ RANGES: dict[tuple[str, str], Range] = {
     ("power", "poll_interval"): Range(0.1, POLL_EVERY_MAX),
     # at least 1 read a second: with fewer, a few hosts are read hours apart
     ("power", "poll_budget"): Range(1, 100_000, "BMC reads a second", zero="no limit"),
+    # idle polls read together (policy.hostpower.poll_grid); 0: each at its own moment
+    ("power", "poll_batch"): Range(1, 10_000, "BMC reads", zero="no batching"),
     ("power", "transition_poll"): Range(0.01, MINUTE),
     ("power", "first_poll"): Range(0, MINUTE),  # 0: read again right after a command
     ("power", "command_retry"): Range(0.1, HOUR),

@@ -20,7 +20,7 @@ from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL
 from metalmend.controllers import hostpower as hostpower_controller
 from metalmend.controllers import metrics as hostpower_metrics
 from metalmend.kube.manager import Manager
-from metalmend.policy.hostpower import PowerSettings, poll_phase
+from metalmend.policy.hostpower import PowerSettings, poll_grid, poll_phase, spread_poll
 from metalmend.settings import BmcSettings, RuntimeSettings, Settings
 from metalmend_lab.controlplane import free_port
 from tests.support import until
@@ -102,9 +102,15 @@ async def test_idle_polls_keep_the_interval_the_budget_allows_and_metrics_say_it
         now = dt.datetime.now(dt.UTC)
         wait = (slot - now).total_seconds()
         assert 0.25 * STRETCHED - 1 <= wait <= 1.25 * STRETCHED, wait
-        # On the host's own slot of a 30 s interval (not of the configured 20 s one).
-        offset = (slot.timestamp() - poll_phase(key) * STRETCHED) % STRETCHED
-        assert min(offset, STRETCHED - offset) < 0.01, offset
+        # On the host's own slot of a 30 s interval (not of the configured 20 s one), in
+        # this process's batch: rounded down to its grid (1 s for 3 hosts), shifted by its
+        # own draw.
+        grid = poll_grid(settings.power, HOSTS, STRETCHED)
+        assert grid == 1.0
+        early = (poll_phase(key) * STRETCHED - slot.timestamp()) % STRETCHED
+        assert early < grid + 0.01 or STRETCHED - early < 0.01, early
+        batch = spread_poll(slot, STRETCHED, poll_phase(key), grid, controller.grid_shift)
+        assert (batch - slot).total_seconds() == pytest.approx(STRETCHED, abs=0.01)
 
         samples = controller.cache_samples()
         name = hostpower_metrics.POLL_INTERVAL.name

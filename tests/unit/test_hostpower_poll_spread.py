@@ -17,6 +17,7 @@ from metalmend.api.power import PowerAction, PowerState
 from metalmend.policy.hostpower import (
     POLL_EVERY_MAX,
     POLL_EVERY_MIN,
+    POLL_GRID_MAX,
     POLL_SPREAD_MIN,
     Host,
     LastCommand,
@@ -24,6 +25,7 @@ from metalmend.policy.hostpower import (
     PowerStatus,
     decide,
     poll_every,
+    poll_grid,
     poll_phase,
     spread_poll,
 )
@@ -190,8 +192,10 @@ FAR_MOMENTS = [
 ]
 
 
-def assert_a_sane_slot(now: dt.datetime, interval: float, phase: float) -> None:
-    slot = spread_poll(now, interval, phase)
+def assert_a_sane_slot(
+    now: dt.datetime, interval: float, phase: float, grid: float = 0.0, shift: float = 0.0
+) -> None:
+    slot = spread_poll(now, interval, phase, grid, shift)
     ahead = (slot - now).total_seconds()
     if slot == dt.datetime.max.replace(tzinfo=dt.UTC):  # no later moment to give
         assert 0 <= ahead <= (1 + POLL_SPREAD_MIN) * POLL_EVERY_MAX
@@ -226,6 +230,35 @@ def test_spread_poll_is_total(now: dt.datetime, interval: float, phase: float) -
 
 
 @given(
+    now=st.datetimes(timezones=st.just(dt.UTC)),
+    interval=st.floats(allow_nan=True, allow_infinity=True),
+    phase=st.floats(allow_nan=True, allow_infinity=True),
+    grid=st.floats(allow_nan=True, allow_infinity=True),
+    shift=st.floats(allow_nan=True, allow_infinity=True),
+)
+def test_spread_poll_on_a_grid_is_total(
+    now: dt.datetime, interval: float, phase: float, grid: float, shift: float
+) -> None:
+    assert_a_sane_slot(now, interval, phase, grid, shift)
+
+
+@given(
+    interval=st.floats(allow_nan=True, allow_infinity=True),
+    batch=st.floats(allow_nan=True, allow_infinity=True),
+    hosts=st.integers(min_value=-5, max_value=10**12),
+)
+def test_poll_grid_is_total(interval: float, batch: float, hosts: int) -> None:
+    grid = poll_grid(PowerSettings(poll_batch=batch), hosts, interval)
+    assert 0.0 <= grid <= POLL_GRID_MAX
+    bounded = (
+        min(max(interval, POLL_EVERY_MIN), POLL_EVERY_MAX)
+        if interval == interval
+        else POLL_EVERY_MAX
+    )
+    assert grid == 0.0 or grid <= bounded / 16
+
+
+@given(
     interval=st.floats(allow_nan=True, allow_infinity=True),
     budget=st.floats(allow_nan=True, allow_infinity=True),
     hosts=st.integers(min_value=0, max_value=10**12),
@@ -243,3 +276,104 @@ def test_decide_with_a_budget_of_1e_300_requeues_within_the_hour() -> None:
     decision = decide(host, at(0.0), settings)
     assert decision.requeue_at is not None
     assert (decision.requeue_at - at(0.0)).total_seconds() <= (1 + POLL_SPREAD_MIN) * POLL_EVERY_MAX
+
+
+# ---- idle polls in batches (poll_grid): the same reads, fewer wake-ups ------------------
+
+
+@pytest.mark.parametrize(
+    ("batch", "hosts", "every", "grid"),
+    [
+        pytest.param(16.0, 5000, 20.0, 0.0625, id="5,000 hosts: 250 a second, 15.6 a batch"),
+        pytest.param(16.0, 1250, 20.0, 0.25, id="1,250 hosts (one of 4 replicas): 0.25 s"),
+        pytest.param(16.0, 1281, 20.0, 0.125, id="past 1,280: the next power of two down"),
+        pytest.param(16.0, 625, 20.0, 0.5, id="625 hosts: 0.5 s"),
+        pytest.param(16.0, 312, 20.0, POLL_GRID_MAX, id="fewer: never past a second"),
+        pytest.param(16.0, 1, 20.0, POLL_GRID_MAX, id="one host: a second"),
+        pytest.param(16.0, 0, 20.0, POLL_GRID_MAX, id="no host yet: as one"),
+        pytest.param(16.0, 5000, 34.0, 0.0625, id="a stretched interval: 147 a second"),
+        pytest.param(16.0, 20000, 20.0, 0.015625, id="20,000 hosts: 1/64 s"),
+        pytest.param(16.0, 10, 4.0, 0.25, id="a short interval: at most 1/16 of it"),
+        pytest.param(0.0, 5000, 20.0, 0.0, id="0: no batching"),
+        pytest.param(float("nan"), 5000, 20.0, 0.0, id="nan: no batching"),
+        pytest.param(float("inf"), 5000, 20.0, 0.0, id="infinite: no batching"),
+        pytest.param(-3.0, 5000, 20.0, 0.0, id="negative: no batching"),
+        pytest.param(1e-300, 5000, 20.0, 0.0, id="too small to be a grid: none"),
+    ],
+)
+def test_the_poll_grid_holds_about_a_batch_of_reads(
+    batch: float, hosts: int, every: float, grid: float
+) -> None:
+    assert poll_grid(PowerSettings(poll_batch=batch), hosts, every) == grid
+
+
+@pytest.mark.parametrize(
+    ("now", "phase", "wait"),
+    [
+        pytest.param(0.0, 0.5, 10.0, id="on the grid already: unchanged"),
+        pytest.param(0.0, 0.5124, 10.0, id="10.248 s rounded down to 10.0 s"),
+        pytest.param(0.0, 0.5125, 10.25, id="10.25 s is a step of its own"),
+        pytest.param(19.9, 0.0124, 20.1, id="its rounded slot too soon: the one after"),
+    ],
+)
+def test_on_a_grid_a_hosts_slot_is_rounded_down(now: float, phase: float, wait: float) -> None:
+    got = (spread_poll(at(now), INTERVAL, phase, 0.25) - at(now)).total_seconds()
+    assert got == pytest.approx(wait)
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.13, 0.5124, 0.99])
+def test_on_a_grid_a_host_still_polls_exactly_once_per_interval(phase: float) -> None:
+    polls = [spread_poll(at(3.7), INTERVAL, phase, 0.25)]
+    for _ in range(5):
+        polls.append(spread_poll(polls[-1], INTERVAL, phase, 0.25))
+    gaps = {round((b - a).total_seconds(), 6) for a, b in itertools.pairwise(polls[1:])}
+    assert gaps == {INTERVAL}
+
+
+def test_five_thousand_hosts_on_the_grid_come_in_batches_of_about_sixteen() -> None:
+    """The same 5,000 reads in the interval, each host at most one step of the grid before
+    its own moment, but at 320 moments instead of 5,000: about 15.6 reads a batch."""
+    keys = [f"metalmend-lab/worker-{i}" for i in range(5000)]
+    grid = poll_grid(PowerSettings(), len(keys), INTERVAL)
+    start = at(0.5)
+    slots = {k: spread_poll(start, INTERVAL, poll_phase(k), grid) for k in keys}
+    batches = Counter(slots.values())
+    assert len(batches) == INTERVAL / grid == 320
+    assert sum(batches.values()) == 5000
+    assert max(batches.values()) < 2 * 16
+    for key, slot in slots.items():
+        alone = spread_poll(start, INTERVAL, poll_phase(key))
+        early = (alone - slot).total_seconds() % INTERVAL
+        assert 0 <= early < grid + 1e-6
+
+
+@pytest.mark.parametrize(
+    ("phase", "shift", "wait"),
+    [
+        pytest.param(0.5124, 0.5, 10.125, id="steps from 0.125 s: 10.248 s to 10.125 s"),
+        pytest.param(0.5, 0.5, 9.875, id="10.0 s is in the step from 9.875 s"),
+        pytest.param(0.5, 1.5, 9.875, id="a shift modulo 1"),
+        pytest.param(0.5, float("nan"), 10.0, id="nan: no shift"),
+    ],
+)
+def test_a_shifted_grid_starts_its_steps_later(phase: float, shift: float, wait: float) -> None:
+    got = (spread_poll(at(0.0), INTERVAL, phase, 0.25, shift) - at(0.0)).total_seconds()
+    assert got == pytest.approx(wait)
+
+
+def test_two_processes_with_their_own_shifts_never_batch_at_the_same_moment() -> None:
+    keys = [f"metalmend-lab/worker-{i}" for i in range(1250)]
+    grid = poll_grid(PowerSettings(), len(keys), INTERVAL)
+    one = {spread_poll(at(0.5), INTERVAL, poll_phase(k), grid, 0.1) for k in keys[::2]}
+    two = {spread_poll(at(0.5), INTERVAL, poll_phase(k), grid, 0.6) for k in keys[1::2]}
+    assert not one & two
+
+
+def test_decide_puts_the_idle_poll_on_the_grid() -> None:
+    host = dataclasses.replace(IDLE, poll_phase=0.5124, poll_grid=0.25)
+    assert decide(host, at(0.0), SETTINGS).requeue_at == at(10.0)
+    assert decide(dataclasses.replace(host, poll_grid=0.0), at(0.0), SETTINGS).requeue_at == (
+        at(0.0) + dt.timedelta(seconds=0.5124 * INTERVAL)
+    )
+    shifted = dataclasses.replace(host, grid_shift=0.5)
+    assert decide(shifted, at(0.0), SETTINGS).requeue_at == at(10.125)

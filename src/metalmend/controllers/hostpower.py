@@ -120,6 +120,9 @@ class HostPowerController:
         self.settings = settings.power
         self.retry = settings.power_retry
         self.random = random.Random()
+        # Where this process's idle-poll batches fall in the grid (``spread_poll``):
+        # drawn once, so that replicas sharing a machine do not batch at the same moment.
+        self.grid_shift = self.random.random()
         # What this process keeps of each host between reconciles; only decisions change it.
         self.memory: dict[str, policy.Memory] = {}
         self._poll_every = self.settings.poll_interval  # as last said in the log
@@ -200,6 +203,7 @@ class HostPowerController:
             background=self._background(key),
             hosts=len(self.hosts.store),
             jitter=self.random.random(),
+            grid_shift=self.grid_shift,
         )
         if not policy.reads_bmc(observed):
             return Attempt(observed, host)

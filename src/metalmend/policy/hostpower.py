@@ -70,6 +70,14 @@ class PowerSettings:
     fit without stretching; the budget stays as the safety valve (docs/scale.md, fix 14
     and "The HTTP client of a routine read")."""
 
+    poll_batch: float = 16.0
+    """Idle polls are read in batches of about this many (0: each at its own moment):
+    each host's slot is rounded down to a grid of about poll_batch / (this process's
+    routine reads a second) seconds, at most POLL_GRID_MAX (``poll_grid``). The same reads
+    as without it, each host still once per interval, but the process wakes once for a
+    batch instead of once a read: a read done beside others costs a third less CPU than
+    one done alone after a sleep (docs/sharding.md, "Idle polls in batches")."""
+
     transition_poll: float = 1.0
     """... at most this often while a commanded change lands, so it is seen promptly."""
 
@@ -283,6 +291,10 @@ class Host:
     # The interval its idle polls keep (``poll_every``: poll_interval, or longer for the
     # poll budget); None: poll_interval.
     poll_every: float | None = None
+    # The grid its slot is rounded down to (``poll_grid``), seconds; 0: not rounded; and
+    # where this process's grid starts, as a fraction of a step (``Observed.grid_shift``).
+    poll_grid: float = 0.0
+    grid_shift: float = 0.0
 
 
 # ---- actions, executed in order by controllers.hostpower ----------------------------------
@@ -387,7 +399,8 @@ def _next_poll(host: Host, after: float, now: dt.datetime, settings: PowerSettin
     at the host's own slot (``spread_poll``)."""
     if host.poll_phase is None or after < settings.poll_interval:
         return now + dt.timedelta(seconds=after)
-    return spread_poll(now, host.poll_every or settings.poll_interval, host.poll_phase)
+    every = host.poll_every or settings.poll_interval
+    return spread_poll(now, every, host.poll_phase, host.poll_grid, host.grid_shift)
 
 
 POLL_EVERY_MAX = 3600.0
@@ -418,6 +431,26 @@ def poll_every(settings: PowerSettings, hosts: int) -> float:
 
 POLL_EVERY_MIN = 0.001  # the shortest interval spread_poll spreads over
 
+POLL_GRID_MAX = 1.0
+"""The coarsest grid idle polls are batched on (s): a host's poll comes at most this much
+before its own moment in the interval, however few hosts the process polls."""
+
+
+def poll_grid(settings: PowerSettings, hosts: int, every: float) -> float:
+    """The grid (s) that the idle polls' slots of ``hosts`` hosts read every ``every``
+    seconds are rounded down to, so that they come in batches of about
+    ``power.poll_batch`` (from half of it to all of it): poll_batch x every / hosts,
+    rounded down to a power of two (the grid, and so every host's slot, changes only when
+    the number of hosts doubles or halves), at most POLL_GRID_MAX and at most a
+    sixteenth of the interval. 0 (no batching) when poll_batch is 0 or not a number.
+    Total: never raises, always finite and at least 0."""
+    batch, hosts = settings.poll_batch, max(hosts, 1)
+    every = _poll_interval(every)
+    if not batch > 0 or not math.isfinite(batch):
+        return 0.0
+    raw = min(batch * every / hosts, POLL_GRID_MAX, every / 16)
+    return 2.0 ** math.floor(math.log2(raw)) if raw >= 2.0**-20 else 0.0
+
 
 def _poll_interval(interval: float) -> float:
     """``interval`` within [POLL_EVERY_MIN, POLL_EVERY_MAX]; nan: the longest."""
@@ -438,9 +471,16 @@ def poll_phase(key: str) -> float:
     return int.from_bytes(digest, "big") / 2.0**64
 
 
-def spread_poll(now: dt.datetime, interval: float, phase: float) -> dt.datetime:
+def spread_poll(
+    now: dt.datetime, interval: float, phase: float, grid: float = 0.0, shift: float = 0.0
+) -> dt.datetime:
     """The next idle poll of a host: the next moment (wall clock) whose offset in the
-    interval is the host's ``phase``, at least POLL_SPREAD_MIN intervals from now.
+    interval is the host's ``phase``, at least POLL_SPREAD_MIN intervals from now. With a
+    ``grid`` (``poll_grid``), the offset is rounded down to the grid, whose steps start
+    ``shift`` (a fraction of a step) after the interval's: the hosts whose phases fall in
+    the same step are read at the same moment, one batch (every host still exactly once
+    per interval; at most one step early). Each process draws its own shift, so that the
+    batches of replicas sharing a machine, or BMCs behind one switch, do not coincide.
 
     Without it every host polls ``interval`` after its last reconcile, so hosts created
     together, or all reconciled at once after a restart, read their BMCs in step forever:
@@ -448,17 +488,23 @@ def spread_poll(now: dt.datetime, interval: float, phase: float) -> dt.datetime:
     the interval whatever happened before, and each host still reads its BMC exactly once
     per interval once it is on its slot (at most 1 + POLL_SPREAD_MIN intervals apart).
 
-    Total: any interval and phase (an interval outside [POLL_EVERY_MIN, POLL_EVERY_MAX] is
-    taken as the nearest bound, a phase modulo 1, nan as 0) give a moment from
-    POLL_SPREAD_MIN to 1 + POLL_SPREAD_MIN intervals ahead, never past the latest moment a
-    datetime can hold; it never raises."""
+    Total: any interval, phase, grid and shift (an interval outside [POLL_EVERY_MIN,
+    POLL_EVERY_MAX] is taken as the nearest bound, a phase or shift modulo 1, nan as 0, a
+    grid that is not a positive number as none) give a moment from POLL_SPREAD_MIN to 1 +
+    POLL_SPREAD_MIN intervals ahead, never past the latest moment a datetime can hold; it
+    never raises."""
     interval = _poll_interval(interval)
     phase = phase % 1.0 if math.isfinite(phase) else 0.0
     try:
         clock = now.timestamp()
     except (OverflowError, ValueError, OSError):  # a naive moment the local zone cannot map
         clock = 0.0
-    wait = (phase * interval - clock) % interval
+    offset = phase * interval
+    if grid > 0 and math.isfinite(grid):
+        step = min(grid, interval)
+        start = (shift % 1.0 if math.isfinite(shift) else 0.0) * step
+        offset = math.floor((offset - start) / step) * step + start
+    wait = (offset - clock) % interval
     if wait < POLL_SPREAD_MIN * interval:
         wait += interval
     try:
@@ -957,6 +1003,7 @@ class Observed:
     background: bool = False  # a routine poll: a busy BMC is not reported for it
     hosts: int = 1  # hosts cached by this process (the poll budget)
     jitter: float = 0.0  # a random draw in [0, 1): retries and busy waits spread
+    grid_shift: float = 0.0  # this process's draw in [0, 1), once: where its poll grid starts
     bmc: Reading | None = None
     ended: Ended | None = None
 
@@ -1103,6 +1150,8 @@ def _read(
         command_confirmed=status.last_command == memory.sent,
         poll_phase=poll_phase(observed.key),
         poll_every=every,
+        poll_grid=poll_grid(settings, observed.hosts, every),
+        grid_shift=observed.grid_shift,
     )
     decision = decide(view, observed.now, settings)
     # The BMC answered: no longer waiting for other namespaces' calls (said at once).
