@@ -18,6 +18,7 @@ from benchmarks import (
     remediation_overhead,
     runtime,
     scale,
+    wake_cost,
 )
 
 controlplane_start.main()
@@ -26,6 +27,7 @@ runtime.main()
 reboot_latency.main()
 hostile_bmcs.main()
 bmc_poll_cpu.main()
+wake_cost.main()
 detection_latency.main()
 remediation_overhead.main()
 fencing_modes.main()

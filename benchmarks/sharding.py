@@ -68,6 +68,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import shutil
 import signal
 import statistics
@@ -825,6 +826,13 @@ def main(argv: list[str] | None = None) -> int:
     hosts = args.hosts or REAL_HOSTS
     print(f"sharding benchmark: {hosts} hosts, 1 -> 2 -> 3 -> 4 replicas, {args.trials}"
           f" kill trials, {args.leader_trials} of the leader, 8 replicas", flush=True)  # fmt: skip
+    # The replicas inherit this environment: METALMEND_POWER_POLL_BATCH=0 measures the
+    # idle polls one at a time (docs/sharding.md, "Idle polls in batches").
+    if settings_from_env := sorted(
+        k for k in os.environ if k.startswith(("METALMEND_POWER_", "METALMEND_BENCH_"))
+    ):
+        print("  from the environment (the replicas inherit it): " + ", ".join(
+            f"{k}={os.environ[k]}" for k in settings_from_env), flush=True)  # fmt: skip
     # SIGTERM as Ctrl-C: the way out stops every process this run started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     workdir = Path(tempfile.mkdtemp(prefix="metalmend-bench-sharding-"))

@@ -153,3 +153,18 @@ def test_the_replicas_cpu_together_and_the_canary_are_set_beside_one_replicas() 
 def test_the_canary_times_its_unit_in_cpu_of_this_thread() -> None:
     assert canary_ms(lambda: None) >= 0.0
     assert canary_ms() > 0.0
+
+
+def test_the_wake_cost_report_sets_each_gap_beside_back_to_back() -> None:
+    from benchmarks.wake_cost import report, unit_cpu_ms
+
+    lines = report({0.0: [1.8, 2.0], 32.0: [2.2, 2.2], 500.0: [2.3, 2.4]})
+    assert lines == [
+        "a fixed unit of work, CPU per unit (median) after a sleep of:",
+        "  back to back: 1.800, 2.000 ms (1.00x back to back)",
+        "         32 ms: 2.200, 2.200 ms (1.16x back to back)",
+        "        500 ms: 2.300, 2.400 ms (1.24x back to back)",
+    ]
+    ran: list[int] = []
+    assert unit_cpu_ms(0.0, 3, lambda: ran.append(1)) >= 0.0
+    assert ran == [1, 1, 1]
