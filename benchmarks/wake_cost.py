@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from benchmarks.sharding import canary_unit
+from benchmarks.sharding import canary_ms, canary_unit
 
 GAPS_MS = (0.0, 2.0, 8.0, 32.0, 128.0, 500.0)
 UNITS = 200  # units per gap and round (fewer for long gaps: UNITS_LONG)
@@ -40,9 +40,7 @@ def unit_cpu_ms(gap_ms: float, units: int, unit: Callable[[], None] = canary_uni
     for _ in range(units):
         if gap_ms:
             time.sleep(gap_ms / 1000)
-        began = time.thread_time()
-        unit()
-        times.append((time.thread_time() - began) * 1000)
+        times.append(canary_ms(unit))
     return statistics.median(times)
 
 

@@ -61,11 +61,12 @@ def test_next_idle_poll_is_the_hosts_own_slot(now: float, phase: float, wait: fl
     assert got == pytest.approx(wait)
 
 
-@pytest.mark.parametrize("phase", [0.0, 0.13, 0.5, 0.99])
-def test_once_on_its_slot_a_host_polls_exactly_once_per_interval(phase: float) -> None:
-    polls = [spread_poll(at(3.7), INTERVAL, phase)]
+@pytest.mark.parametrize("grid", [0.0, 0.25], ids=["alone", "on a grid of 0.25 s"])
+@pytest.mark.parametrize("phase", [0.0, 0.13, 0.5, 0.5124, 0.99])
+def test_once_on_its_slot_a_host_polls_exactly_once_per_interval(phase: float, grid: float) -> None:
+    polls = [spread_poll(at(3.7), INTERVAL, phase, grid)]
     for _ in range(5):
-        polls.append(spread_poll(polls[-1], INTERVAL, phase))
+        polls.append(spread_poll(polls[-1], INTERVAL, phase, grid))
     gaps = {round((b - a).total_seconds(), 6) for a, b in itertools.pairwise(polls[1:])}
     assert gaps == {INTERVAL}
 
@@ -319,15 +320,6 @@ def test_the_poll_grid_holds_about_a_batch_of_reads(
 def test_on_a_grid_a_hosts_slot_is_rounded_down(now: float, phase: float, wait: float) -> None:
     got = (spread_poll(at(now), INTERVAL, phase, 0.25) - at(now)).total_seconds()
     assert got == pytest.approx(wait)
-
-
-@pytest.mark.parametrize("phase", [0.0, 0.13, 0.5124, 0.99])
-def test_on_a_grid_a_host_still_polls_exactly_once_per_interval(phase: float) -> None:
-    polls = [spread_poll(at(3.7), INTERVAL, phase, 0.25)]
-    for _ in range(5):
-        polls.append(spread_poll(polls[-1], INTERVAL, phase, 0.25))
-    gaps = {round((b - a).total_seconds(), 6) for a, b in itertools.pairwise(polls[1:])}
-    assert gaps == {INTERVAL}
 
 
 def test_five_thousand_hosts_on_the_grid_come_in_batches_of_about_sixteen() -> None:
