@@ -87,7 +87,16 @@ from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.types import PatchType
 
 from benchmarks.at_rest import AUDIT_WRITES
-from benchmarks.scale import POLL, QUIET, ScaleLab, cpu_seconds, listing, scale_lab, wait_for
+from benchmarks.scale import (
+    POLL,
+    QUIET,
+    ScaleLab,
+    cpu_seconds,
+    listing,
+    memory_mib,
+    scale_lab,
+    wait_for,
+)
 from benchmarks.shared import journal, one_reboot
 from metalmend.api import names as api_names
 from metalmend.api.resources import BareMetalHost
@@ -400,9 +409,10 @@ class Bench:
             f" quiet {time.time() - owned:.0f}s later"
         )
 
-    def cpu_at_rest(self) -> tuple[dict[str, float], float]:
-        """Each live replica's CPU over the window, % of one core; and the canary's median
-        CPU time over the window (ms; ``canary_unit``, once every CANARY_EVERY s)."""
+    def cpu_at_rest(self) -> tuple[dict[str, float], float, dict[str, float]]:
+        """Each live replica's CPU over the window, % of one core; the canary's median
+        CPU time over the window (ms; ``canary_unit``, once every CANARY_EVERY s); and each
+        replica's resident memory at the window's end (MiB)."""
         for _ in range(3):
             self.fleet.alive()
             exits = len(self.fleet.exits)
@@ -415,7 +425,8 @@ class Bench:
             seconds = time.monotonic() - began
             if all(self.fleet.replicas[n].process.poll() is None for n in pids):
                 used = {n: 100 * (cpu_seconds(p) - before[n]) / seconds for n, p in pids.items()}
-                return used, statistics.median(canary)
+                resident = {n: memory_mib(p)[0] for n, p in pids.items()}
+                return used, statistics.median(canary), resident
             self.fleet.alive()  # started again: once settled, the window again
             self.settle("after a replica exited during the CPU window")
             if len(self.fleet.exits) == exits:
@@ -498,6 +509,7 @@ class Bench:
 class Results:
     cpu: dict[int, dict[str, float]] = field(default_factory=dict)  # replicas -> name -> %
     canary: dict[int, float] = field(default_factory=dict)  # replicas -> the canary's ms
+    memory: dict[int, dict[str, float]] = field(default_factory=dict)  # -> name -> RSS MiB
     leaders: dict[int, str | None] = field(default_factory=dict)
     reboots: dict[int, list[float]] = field(default_factory=dict)  # replicas -> ms
     slowest: dict[int, str] = field(default_factory=dict)  # replicas -> its slowest reboot
@@ -518,11 +530,12 @@ class Results:
 
 def at_rest(bench: Bench, results: Results, count: int) -> None:
     results.leaders[count] = bench.fleet.leader()
-    results.cpu[count], results.canary[count] = bench.cpu_at_rest()
+    results.cpu[count], results.canary[count], results.memory[count] = bench.cpu_at_rest()
     cpu = results.cpu[count]
     bench.say(f"  {count} replica(s): CPU at rest " + ", ".join(
         f"{n} {v:.1f}%" for n, v in sorted(cpu.items()))
-        + f"; the canary {results.canary[count]:.2f} ms")  # fmt: skip
+        + f"; the canary {results.canary[count]:.2f} ms; resident " + ", ".join(
+        f"{n} {v:.0f} MiB" for n, v in sorted(results.memory[count].items())))  # fmt: skip
     sampled = bench.reboot_sample()
     results.reboots[count] = ms = [total for _, _, _, total in sampled]
     host, off, seen, total = max(sampled, key=lambda one: one[3])
@@ -662,6 +675,7 @@ def report(hosts: int, results: Results, args: argparse.Namespace) -> list[str]:
             + f" ({within} of {count} within 25 %, the target)"
         )
     lines += together(results)
+    lines += memory(results)
     base = p99(results.reboots.get(1, []))
     for count, ms in sorted(results.reboots.items()):
         lines.append(
@@ -740,6 +754,29 @@ def together(results: Results) -> list[str]:
             f"at {count} replica(s): the replicas' CPU together {used:.1f} % of a core"
             f" ({used / one:.2f}x one replica's); the canary, a fixed unit of work timed in"
             f" the window, {mine:.2f} ms of CPU ({mine / canary:.2f}x)"
+        )
+    return lines
+
+
+def memory(results: Results) -> list[str]:
+    """Each replica's resident memory at rest beside 1/N of one replica's: what the caches
+    every replica keeps (whatever its share) cost in memory."""
+    if 1 not in results.memory:
+        return []
+    one = results.memory[1].get("r0", float("nan"))
+    lines = []
+    for count, resident in sorted(results.memory.items()):
+        if count == 1:
+            lines.append(f"memory at rest, 1 replica: {one:.0f} MiB resident")
+            continue
+        leader = results.leaders.get(count)
+        lines.append(
+            f"memory at rest, {count} replicas: "
+            + ", ".join(
+                f"{n}{'*' if n == leader else ''} {v:.0f} MiB ({v / (one / count):.2f}x)"
+                for n, v in sorted(resident.items())
+            )
+            + f" beside 1/{count} of one replica's, {one / count:.0f} MiB"
         )
     return lines
 

@@ -224,8 +224,11 @@ def beside_power_owner(owner: PowerOwner, controllers: Sequence[str]) -> str | N
 
 async def freeze_when_synced(manager: Manager) -> None:
     """Once every cache is filled, its objects are long-lived: out of the garbage
-    collector's sight (metalmend.heap)."""
+    collector's sight (metalmend.heap). With sharding, again once the caches filled on
+    leadership are (kube/manager.py)."""
     await manager.wait_synced()
+    heap.freeze_long_lived()
+    await manager.late_synced.wait()
     heap.freeze_long_lived()
 
 

@@ -387,6 +387,14 @@ def cleanup(kube: Client) -> Iterator[list[Target]]:
             kube.delete(Node, target.node)
 
 
+def lists_nodes(fleet: Fleet, name: str) -> bool:
+    """Whether the replica has listed the Nodes (a cache only the leader's controllers
+    read: filled when a replica leads, kube/manager.py)."""
+    replica = fleet.replicas[name]
+    text = httpx.get(f"http://127.0.0.1:{replica.port}/metrics", timeout=5).text
+    return 'metalmend_informer_lists_total{resource="nodes"}' in text
+
+
 def start(fleet: Fleet, kube: Client, namespace: str, bmcs: Bmcs, count: int) -> list[str]:
     """``count`` replicas running host-power and fence-remediation, every host owned."""
     fleet.controllers, fleet.environment = CONTROLLERS, dict(ENVIRONMENT)
@@ -404,6 +412,10 @@ def start(fleet: Fleet, kube: Client, namespace: str, bmcs: Bmcs, count: int) ->
         f"every host owned by the ring's choice among {sorted(live)}",
     )
     started(lambda: leader_of(fleet, live) is not None, "a leader among the replicas")
+    leader = leader_of(fleet, live)
+    assert [r for r in sorted(live) if lists_nodes(fleet, r)] == [leader], (
+        "only the leader keeps the Nodes"
+    )
     return hosts
 
 
@@ -459,6 +471,9 @@ def test_the_owner_killed_mid_power_off_and_the_leader_killed_mid_fence_each_hos
         f"{live} leading and owning {target.host} once {leader}'s Leases expired",
         within=TAKEOVER,
     )
+    successor = leader_of(fleet, live)
+    assert successor is not None
+    assert lists_nodes(fleet, successor), "the new leader lists the Nodes"
     assert bmc_power(bmcs, index) == "Off", "held off across both kills"
     release_and_finish(kube, bmcs, watch, [target])
     others = [h for h in hosts if h != target.host]

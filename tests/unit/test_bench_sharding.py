@@ -15,6 +15,7 @@ from benchmarks.sharding import (
     canary_ms,
     counts_shares,
     cpu_ratios,
+    memory,
     moved_hosts,
     p99,
     parse_journal,
@@ -148,6 +149,16 @@ def test_the_replicas_cpu_together_and_the_canary_are_set_beside_one_replicas() 
         " the canary, a fixed unit of work timed in the window, 12.50 ms of CPU (1.25x)",
     ]
     assert together(Results(cpu={2: {"r0": 1.0, "r1": 1.0}})) == []  # nothing to set beside
+
+
+def test_the_replicas_memory_is_set_beside_1_n_of_one_replicas() -> None:
+    results = Results(memory={1: {"r0": 400.0}, 4: {"r0": 200.0, "r1": 150.0}}, leaders={4: "r0"})
+    assert memory(results) == [
+        "memory at rest, 1 replica: 400 MiB resident",
+        "memory at rest, 4 replicas: r0* 200 MiB (2.00x), r1 150 MiB (1.50x) beside 1/4 of one"
+        " replica's, 100 MiB",
+    ]
+    assert memory(Results(memory={2: {"r0": 1.0}})) == []  # nothing to set beside
 
 
 def test_the_canary_times_its_unit_in_cpu_of_this_thread() -> None:

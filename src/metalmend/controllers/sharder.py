@@ -59,9 +59,17 @@ class Sharder:
         self.manager = manager
         self.client = manager.client
         self.clock = manager.clock
-        self.hosts = manager.informer(BareMetalHost, namespace=settings.runtime.namespace)
+        # Filled on every replica (``standby``), though only the leader's sharder reads
+        # them: a new leader assigns its dead predecessor's hosts without listing the fleet
+        # first, and counts each Lease's expiry from when it saw the Lease change.
+        self.hosts = manager.informer(
+            BareMetalHost, namespace=settings.runtime.namespace, standby=True
+        )
         self.leases = manager.informer(
-            Lease, namespace=sharding.namespace, labels={names.SHARD_RING_LABEL: sharding.ring}
+            Lease,
+            namespace=sharding.namespace,
+            labels={names.SHARD_RING_LABEL: sharding.ring},
+            standby=True,
         )
         self.members = Members(sharding.timing.lease_duration)
         # First among the Lease handlers: the ring key then runs on what it just saw.

@@ -1,8 +1,20 @@
 """The manager: shared informers, controllers, leader election and the health endpoints.
 
-Start-up order: informers list and watch (on every replica, so a standby's cache is warm);
-once every informer has synced and this replica leads (or leader election is off), the
-controllers start.
+Start-up order: informers list and watch; once they have synced and this replica leads (or
+leader election is off), the controllers start.
+
+Which caches a replica fills before it leads (``early_informers``):
+
+- without sharding, all of them: a standby has no other work, and its warm cache is what
+  lets it take over within a Lease's duration;
+- with sharding (docs/sharding.md), only what every replica works on: the caches its
+  sharded controllers watch (its own hosts, their BMC Secrets) and those asked for with
+  ``standby=True`` (the sharder's hosts and shard Leases, which a new leader needs at
+  once, and whose expiries a replica counts from when it saw them change). What only the
+  leader's controllers read (Nodes, Machines, health checks, remediation kinds) is listed
+  when this replica leads, before those controllers start. Otherwise every replica would
+  keep, and parse every change of, the whole fleet's Nodes and Machines: a floor of CPU
+  and memory that does not shrink as replicas are added.
 
 What the health endpoints mean (kube/health.py serves them):
 
@@ -45,6 +57,7 @@ from metalmend.kube.informer import Informer
 from metalmend.kube.leader import LeaderElector, LeaseTiming
 from metalmend.kube.shards import Sharding
 from metalmend.kube.store import IndexFunc
+from metalmend.kube.union import UnionInformer
 from metalmend.log import fields
 
 log = logging.getLogger(__name__)
@@ -97,6 +110,11 @@ class Manager:
         self.api_silence = ""
         self._on_stop: list[Callable[[], Awaitable[None]]] = []
         self._shared: dict[str, Any] = {}
+        self._standby: set[tuple[Any, ...]] = set()  # keys of informers asked standby=True
+        self._late: list[Informer] = []  # informers started when this replica led
+        # Set once the informers started on leadership have synced (never without sharding,
+        # where there are none): runner.freeze_when_synced freezes what they hold.
+        self.late_synced = asyncio.Event()
 
     def shared(self, name: str, make: Callable[[], Any]) -> Any:
         """One object per ``name`` for all the controllers of this manager, made by
@@ -113,9 +131,14 @@ class Manager:
         namespace: str | None = None,
         labels: dict[str, Any] | None = None,
         indexes: Mapping[str, IndexFunc] | None = None,
+        standby: bool = False,
     ) -> Informer:
-        """The shared informer for this kind and scope (created on first request)."""
+        """The shared informer for this kind and scope (created on first request).
+        ``standby``: with sharding, keep it filled on a replica that does not lead, even if
+        no sharded controller watches it (see the module docstring)."""
         key = (resource, namespace, tuple(sorted((labels or {}).items())))
+        if standby:
+            self._standby.add(key)
         informer = self.informers.get(key)
         if informer is None:
             informer = Informer(
@@ -129,7 +152,9 @@ class Manager:
 
     def add(self, controller: Controller, *, sharded: bool = False) -> Controller:
         """Run ``controller`` with the others; ``sharded`` (only with ``sharding``): on
-        every replica, over the objects assigned to it, while it holds its shard Lease."""
+        every replica, over the objects assigned to it, while it holds its shard Lease. A
+        sharded controller reads only caches it watches (or asked for with ``standby``):
+        the others are empty on a replica that does not lead."""
         if sharded and self.sharding is not None:
             self.sharded_controllers.append(controller)
         else:
@@ -139,6 +164,25 @@ class Manager:
     @property
     def all_controllers(self) -> list[Controller]:
         return [*self.controllers, *self.sharded_controllers]
+
+    def early_informers(self) -> list[Informer]:
+        """The informers this replica runs from the start, whether or not it leads (the
+        module docstring says which, and why)."""
+        if self.sharding is None:
+            return list(self.informers.values())
+        kept = {id(self.informers[key]) for key in self._standby}
+        for controller in self.sharded_controllers:
+            kept.update(id(i) for watched in controller.informers for i in _members(watched))
+        return [i for i in self.informers.values() if id(i) in kept]
+
+    @staticmethod
+    def watches_only(controller: Controller, informers: set[int]) -> bool:
+        """Whether every cache ``controller`` watches is among ``informers`` (by id)."""
+        return all(id(i) in informers for w in controller.informers for i in _members(w))
+
+    def running_informers(self) -> list[Informer]:
+        """The informers this replica runs now, or will before it does any work."""
+        return [*self.early_informers(), *self._late]
 
     # ---- state for /readyz and /healthz -------------------------------------------------
 
@@ -190,12 +234,12 @@ class Manager:
         return problems
 
     def synced(self) -> bool:
-        return all(i.synced.is_set() for i in self.informers.values())
+        return all(i.synced.is_set() for i in self.running_informers())
 
     def unsynced(self) -> list[str]:
         return [
             i.last_error or f"{i.name}: not synced yet"
-            for i in self.informers.values()
+            for i in self.running_informers()
             if not i.synced.is_set()
         ]
 
@@ -208,7 +252,7 @@ class Manager:
     async def run(self) -> None:
         """Run until cancelled (or, with leader election, until the lease is lost)."""
         informers = [
-            asyncio.create_task(i.run(), name=f"informer {i.name}") for i in self.informers.values()
+            asyncio.create_task(i.run(), name=f"informer {i.name}") for i in self.early_informers()
         ]
         main = asyncio.create_task(self._sync_then_lead(), name="manager")
         informers.append(asyncio.create_task(self._probe_api_forever(), name="api probe"))
@@ -258,7 +302,7 @@ class Manager:
 
     async def _sync_then_lead(self) -> None:
         await self.wait_synced()
-        log.info("caches synced", extra=fields(informers=len(self.informers)))
+        log.info("caches synced", extra=fields(informers=len(self.early_informers())))
         if self.sharding is not None:
             # Both Leases at once; losing either ends run (LeadershipLost): the process
             # restarts with nothing carried over.
@@ -318,15 +362,37 @@ class Manager:
         await self.elector.run(self._run_controllers)
 
     async def wait_synced(self) -> None:
-        await asyncio.gather(*(i.synced.wait() for i in self.informers.values()))
+        """Until the informers this replica runs from the start have synced."""
+        await asyncio.gather(*(i.synced.wait() for i in self.early_informers()))
 
     async def _run_controllers(self) -> None:
-        self.controllers_running = True
         try:
             async with asyncio.TaskGroup() as group:
-                for controller in self.controllers:
+                filled = {id(i) for i in self.running_informers()}
+                late = [i for i in self.informers.values() if id(i) not in filled]
+                # The caches only the leader's controllers read are listed now (an informer
+                # that fails here ends the term, as one would in ``run``). A controller that
+                # watches only caches already filled starts at once: the sharder, which
+                # hands a dead leader's hosts over, does not wait for the fleet's Nodes.
+                self._late.extend(late)
+                for informer in late:
+                    group.create_task(informer.run(), name=f"informer {informer.name}")
+                now = [c for c in self.controllers if self.watches_only(c, filled)]
+                later = [c for c in self.controllers if c not in now]
+                self.controllers_running = True
+                for controller in now:
+                    group.create_task(controller.run(), name=f"controller {controller.name}")
+                if late:
+                    await asyncio.gather(*(i.synced.wait() for i in late))
+                    log.info("leader's caches synced", extra=fields(informers=len(late)))
+                    self.late_synced.set()
+                for controller in later:
                     group.create_task(controller.run(), name=f"controller {controller.name}")
                 if not self.controllers:
                     await asyncio.Event().wait()  # nothing to run: hold the lease until stopped
         finally:
             self.controllers_running = False
+
+
+def _members(watched: Informer | UnionInformer) -> tuple[Informer, ...]:
+    return watched.informers if isinstance(watched, UnionInformer) else (watched,)
