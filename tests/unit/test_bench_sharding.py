@@ -17,6 +17,7 @@ from benchmarks.sharding import (
     cpu_ratios,
     memory,
     moved_hosts,
+    node_events,
     p99,
     parse_journal,
     report,
@@ -159,6 +160,22 @@ def test_the_replicas_memory_is_set_beside_1_n_of_one_replicas() -> None:
         " replica's, 100 MiB",
     ]
     assert memory(Results(memory={2: {"r0": 1.0}})) == []  # nothing to set beside
+
+
+def test_the_leaders_node_heartbeats_are_read_from_its_metrics() -> None:
+    text = (
+        "# TYPE metalmend_informer_events_total counter\n"
+        'metalmend_informer_events_total{resource="nodes",type="BOOKMARK"} 7.0\n'
+        'metalmend_informer_events_total{resource="nodes",type="MODIFIED"} 10000.0\n'
+    )
+    assert node_events(text) == 10000.0
+    assert node_events("") == 0.0  # a replica that does not watch the Nodes
+
+
+def test_the_report_says_how_many_heartbeats_each_window_held() -> None:
+    results = Results(cpu={1: {"r0": 10.0}}, reboots={1: [100.0]}, node_events={1: 5000.0})
+    lines = report(2, results, argparse.Namespace(window=320.0))
+    assert "Node heartbeats the leader received in each CPU window" in "\n".join(lines)
 
 
 def test_the_canary_times_its_unit_in_cpu_of_this_thread() -> None:
