@@ -310,15 +310,26 @@ def kwok_binary() -> tuple[Path, list[Path]]:
     return binary, sorted((binary.parent / "stages").glob("*.yaml"))
 
 
-def kubelet_cadence(stages: list[Path], workdir: Path) -> list[Path]:
+def kubelet_cadence(stages: list[Path], workdir: Path, spread: bool = False) -> list[Path]:
     """kwok's stages, its Node status heartbeat at a kubelet's cadence (HEARTBEAT): copies
-    in ``workdir``, the cached ones unchanged."""
+    in ``workdir``, the cached ones unchanged.
+
+    ``spread``: each gap drawn from HEARTBEAT/2 to 3 HEARTBEAT/2 instead of HEARTBEAT to
+    HEARTBEAT + HEARTBEAT_JITTER. The Nodes are initialised together, so with the narrow
+    jitter they heartbeat in waves (every Node within a minute or so, then none for
+    minutes); kubelets started at different times heartbeat at every moment. With the wide
+    one the mean stays HEARTBEAT and the first gaps already spread the heartbeats over the
+    whole cycle, as a fleet's are, while each Node's longest gap grows to 3 HEARTBEAT/2."""
     written = []
     for path in stages:
         stage = yaml.safe_load(path.read_text())
         if stage["metadata"]["name"] == "node-heartbeat-with-lease":
-            delay = {"durationMilliseconds": HEARTBEAT,
-                     "jitterDurationMilliseconds": HEARTBEAT + HEARTBEAT_JITTER}  # fmt: skip
+            shortest, longest = (
+                (HEARTBEAT // 2, HEARTBEAT * 3 // 2)
+                if spread
+                else (HEARTBEAT, HEARTBEAT + HEARTBEAT_JITTER)
+            )
+            delay = {"durationMilliseconds": shortest, "jitterDurationMilliseconds": longest}
             stage["spec"]["delay"] = delay
         copy = workdir / f"stage-{path.name}"
         copy.write_text(yaml.safe_dump(stage))
@@ -326,7 +337,7 @@ def kubelet_cadence(stages: list[Path], workdir: Path) -> list[Path]:
     return written
 
 
-def start_kwok(plane: ControlPlane, workdir: Path) -> Component:
+def start_kwok(plane: ControlPlane, workdir: Path, spread: bool = False) -> Component:
     """kwok, managing only the Nodes annotated for it, as its own identity (in
     system:masters: the Node authorizer lets one identity write one Node only)."""
     kubeconfig = plane.user_kubeconfig("kwok", ("system:masters",))
@@ -338,7 +349,7 @@ def start_kwok(plane: ControlPlane, workdir: Path) -> Component:
     kind = {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration"}
     config.write_text(yaml.safe_dump({**kind, "options": options}))
     binary, stages = kwok_binary()
-    stages = kubelet_cadence(stages, workdir)
+    stages = kubelet_cadence(stages, workdir, spread)
     argv = [
         str(binary), f"--kubeconfig={kubeconfig}",
         *(f"--config={path}" for path in (config, *stages)),
@@ -559,11 +570,17 @@ class ScaleLab:
 
 @contextlib.contextmanager
 def scale_lab(
-    hosts: int, workdir: Path, *, journal: list[str] | None = None, journal_peers: bool = False
+    hosts: int,
+    workdir: Path,
+    *,
+    journal: list[str] | None = None,
+    journal_peers: bool = False,
+    heartbeats_spread: bool = False,
 ) -> Iterator[ScaleLab]:
     """The control plane with its audit log, the BMCs (``journal``: the hosts whose resets
     they journal, the first by default; ``journal_peers``: naming the sender), every host
-    registered with its Node, the health check, kwok; stopped on leaving."""
+    registered with its Node, the health check, kwok (``heartbeats_spread``: the Nodes'
+    heartbeats spread over the cycle, ``kubelet_cadence``); stopped on leaving."""
     workdir.mkdir(parents=True, exist_ok=True)
     policy, audit = workdir / "audit-policy.yaml", workdir / "audit.log"
     policy.write_text(yaml.safe_dump(AUDIT_POLICY))
@@ -586,7 +603,7 @@ def scale_lab(
         register(plane.kubeconfig, specs)
         health_check(admin)
         print(f"  {hosts} hosts registered in {time.monotonic() - began:.0f}s", flush=True)
-        kwok = start_kwok(plane, workdir)
+        kwok = start_kwok(plane, workdir, heartbeats_spread)
         stack.callback(kwok.stop)
         wait_for(lambda: nodes_ready(plane) >= hosts, 600, 3.0, "Nodes Ready (kwok)", kwok.running)
         kubeconfig = plane.user_kubeconfig(USER, ("system:masters",))

@@ -122,13 +122,13 @@ LEADER_TRIALS = 5  # kill -9 of the leader itself (the sharder moves with it)
 TRIAL_REBOOTS = 3  # reboots asked of the killed replica's hosts in each trial
 JOIN_REBOOTS = 50
 REBOOTS = 50
-# The CPU window at rest holds a whole cycle of the Nodes' status heartbeats (each Node's
-# longest gap between two, as benchmarks.scale's window: 320 s at a kubelet's 5 minutes).
-# kwok's Nodes, registered together, heartbeat in waves (5,000 events within a minute or
-# so, then none for minutes); the leader, which alone watches the Nodes, pays a wave only
-# in a window that holds one. The 120 s window used before held a wave in some runs and
-# not in others, which moved the leader's CPU (and, before ea2a1e1, every replica's) by
-# about the target's margin from one run to the next.
+# The CPU window at rest holds a whole cycle of the Nodes' status heartbeats (320 s, as
+# benchmarks.scale's window; a kubelet's is 5 minutes), and the lab spreads the heartbeats
+# over the cycle (``scale_lab(heartbeats_spread=True)``). Before, kwok's Nodes, initialised
+# together, heartbeated in waves (5,000 events within a minute or so, then none for
+# minutes), and the 120 s window held a wave in some runs and not in others: the leader,
+# which alone watches the Nodes (and before ea2a1e1 every replica), paid it or not, and a
+# reboot asked during a wave waited for a machine busy with it.
 WINDOW = SCALE_WINDOW
 CANARY_EVERY = 1.0  # s between two units of the canary in a CPU window
 LEASE = LeaseTiming().lease_duration  # the shard Leases' duration (s)
@@ -662,7 +662,7 @@ def measure(hosts: int, workdir: Path, args: argparse.Namespace) -> Results:
     with contextlib.ExitStack() as stack:
         scale = stack.enter_context(
             scale_lab(hosts, workdir, journal=[f"worker-{i}" for i in range(hosts)],
-                      journal_peers=True)
+                      journal_peers=True, heartbeats_spread=True)
         )  # fmt: skip
         fleet = Fleet(scale, workdir)
         stack.callback(fleet.stop_all)

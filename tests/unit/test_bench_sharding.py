@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 import pytest
+import yaml
 from benchmarks.sharding import (
     Command,
     Results,
@@ -196,3 +198,23 @@ def test_the_wake_cost_report_sets_each_gap_beside_back_to_back() -> None:
     ran: list[int] = []
     assert unit_cpu_ms(0.0, 3, lambda: ran.append(1)) >= 0.0
     assert ran == [1, 1, 1]
+
+
+@pytest.mark.parametrize(("spread", "shortest", "longest"), [(False, 300, 310), (True, 150, 450)])
+def test_the_labs_node_heartbeats_are_spread_over_the_cycle_when_asked(
+    tmp_path: Path, spread: bool, shortest: int, longest: int
+) -> None:
+    """Spread: the same 5-minute mean, each gap from half to one and a half of it, so that
+    Nodes initialised together do not heartbeat together (benchmarks.scale.kubelet_cadence)."""
+    from benchmarks.scale import kubelet_cadence
+
+    stage = tmp_path / "node-heartbeat-with-lease.yaml"
+    stage.write_text(
+        yaml.safe_dump({"metadata": {"name": "node-heartbeat-with-lease"}, "spec": {}})
+    )
+    (copy,) = kubelet_cadence([stage], tmp_path, spread)
+    delay = yaml.safe_load(copy.read_text())["spec"]["delay"]
+    assert delay == {
+        "durationMilliseconds": shortest * 1000,
+        "jitterDurationMilliseconds": longest * 1000,
+    }
