@@ -330,25 +330,27 @@ class Fleet:
             f" log {self.workdir / replica.name}.log)", self.alive,
         )  # fmt: skip
 
+    def metrics(self, name: str) -> str | None:
+        """The replica's /metrics text (None when it does not answer)."""
+        url = f"http://{LOOPBACK}:{self.replicas[name].port}/metrics"
+        try:
+            return httpx.get(url, timeout=10).text
+        except httpx.HTTPError:
+            return None
+
     def leader(self) -> str | None:
         """The replica whose /metrics counts the shares (the leader runs the sharder)."""
         for name in self.live():
-            url = f"http://{LOOPBACK}:{self.replicas[name].port}/metrics"
-            with contextlib.suppress(httpx.HTTPError):
-                if counts_shares(httpx.get(url, timeout=10).text):
-                    return name
+            text = self.metrics(name)
+            if text is not None and counts_shares(text):
+                return name
         return None
 
     def node_events(self, name: str | None) -> float:
         """Node changes (watch events MODIFIED) the replica ``name`` has received so far:
         the leader's count, of Nodes' heartbeats at rest (nan without a leader)."""
-        if name is None:
-            return float("nan")
-        url = f"http://{LOOPBACK}:{self.replicas[name].port}/metrics"
-        try:
-            return node_events(httpx.get(url, timeout=10).text)
-        except httpx.HTTPError:
-            return float("nan")
+        text = None if name is None else self.metrics(name)
+        return float("nan") if text is None else node_events(text)
 
     def kill(self, name: str) -> float:
         """SIGKILL; the moment it is dead."""

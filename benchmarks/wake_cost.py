@@ -14,7 +14,7 @@ is what ``power.poll_batch`` (idle polls read in batches, ``policy.hostpower.pol
 saves. Run it on an idle machine: other work in the gaps makes the sleeps colder still.
 
 Run: ``python -m benchmarks.wake_cost`` (about a minute and a half; ``--rounds``). Prints
-numbers; asserts nothing. Not part of the test suite, nor of ``make bench``.
+numbers; asserts nothing. Not part of the test suite; ``make bench`` runs it.
 """
 
 from __future__ import annotations

@@ -344,15 +344,19 @@ def assert_fenced_once(watch: FenceWatch, bmcs: Bmcs, target: Target) -> None:
     assert not [v for v in watch.violations if target.node in v], watch.violations
 
 
+def metrics_of(fleet: Fleet, name: str) -> str:
+    """The replica's /metrics text ("" when it does not answer)."""
+    replica = fleet.replicas[name]
+    try:
+        return httpx.get(f"http://127.0.0.1:{replica.port}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return ""
+
+
 def leader_of(fleet: Fleet, among: set[str]) -> str | None:
     """The replica that counts the shares for /metrics: the leader (its sharder)."""
     for name in sorted(among):
-        replica = fleet.replicas[name]
-        try:
-            text = httpx.get(f"http://127.0.0.1:{replica.port}/metrics", timeout=5).text
-        except httpx.HTTPError:
-            continue
-        if 'metalmend_shard_hosts{replica="none"}' in text:
+        if 'metalmend_shard_hosts{replica="none"}' in metrics_of(fleet, name):
             return name
     return None
 
@@ -390,9 +394,7 @@ def cleanup(kube: Client) -> Iterator[list[Target]]:
 def lists_nodes(fleet: Fleet, name: str) -> bool:
     """Whether the replica has listed the Nodes (a cache only the leader's controllers
     read: filled when a replica leads, kube/manager.py)."""
-    replica = fleet.replicas[name]
-    text = httpx.get(f"http://127.0.0.1:{replica.port}/metrics", timeout=5).text
-    return 'metalmend_informer_lists_total{resource="nodes"}' in text
+    return 'metalmend_informer_lists_total{resource="nodes"}' in metrics_of(fleet, name)
 
 
 def start(fleet: Fleet, kube: Client, namespace: str, bmcs: Bmcs, count: int) -> list[str]:
