@@ -140,6 +140,13 @@ class RuntimeSettings:
     label) and host-power acts only on its own. Needs ``leader_elect``. Off: one replica
     (the leader) does everything, as before."""
 
+    shard_leader_weight: float = 0.75
+    """The leader's share of the hosts beside another replica's (0.1 to 1; 1: the same).
+    The leader alone runs the controllers that see the whole fleet (every Node's heartbeat,
+    every Machine and health check), so it takes fewer hosts (docs/sharding.md). Kept
+    fixed, whatever the number of replicas, so that a replica joining or leaving moves
+    hosts only to or from itself; a change of leader moves some between the two."""
+
     shard_id: str | None = None
     """This replica's name in the ring (a label value); None: the host name, which in a
     Pod is the Pod's name (the chart's StatefulSet keeps it across restarts, so a replica
@@ -237,6 +244,7 @@ RANGES: dict[tuple[str, str], Range] = {
     ("bmc", "max_response_bytes"): Range(4 * KIB, GIB, "bytes"),
     ("bmc", "max_message_chars"): Range(40, 100_000, "characters"),
     # ---- power (metalmend.policy.hostpower.PowerSettings) ------------------------------
+    ("runtime", "shard_leader_weight"): Range(0.1, 1, ""),
     ("power", "soft_timeout"): Range(0, DAY),  # 0: hard power-off at once
     # at most POLL_EVERY_MAX: the budget never stretches an idle poll beyond it either
     ("power", "poll_interval"): Range(0.1, POLL_EVERY_MAX),

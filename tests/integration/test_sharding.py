@@ -34,7 +34,7 @@ from metalmend.api import names
 from metalmend.api.resources import BareMetalHost
 from metalmend.bmc.credentials import HOSTS_ANNOTATION, SECRET_LABEL
 from metalmend.kube.shards import lease_name
-from metalmend.policy.sharding import Ring
+from metalmend.policy.sharding import Ring, placement
 from metalmend_lab.controlplane import LOOPBACK, ControlPlane, free_port
 from metalmend_lab.pki import CertificateAuthority
 from metalmend_lab.proxies import TcpProxy
@@ -205,16 +205,43 @@ def owners(kube: Client, namespace: str, hosts: list[str]) -> dict[str, str | No
     return found
 
 
+def metrics_of(fleet: Fleet, name: str) -> str:
+    """The replica's /metrics text ("" when it does not answer)."""
+    replica = fleet.replicas[name]
+    try:
+        return httpx.get(f"http://127.0.0.1:{replica.port}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return ""
+
+
+def leader_of(fleet: Fleet, among: set[str]) -> str | None:
+    """The replica that counts the shares for /metrics: the leader (its sharder)."""
+    for name in sorted(among):
+        if 'metalmend_shard_hosts{replica="none"}' in metrics_of(fleet, name):
+            return name
+    return None
+
+
+def ring_of(fleet: Fleet, live: set[str]) -> Ring | None:
+    """The ring the leader among ``live`` assigns by (itself lighter: policy.sharding's
+    placement); None while none of them leads."""
+    leader = leader_of(fleet, live)
+    return None if leader is None else placement(sorted(live), leader)
+
+
 def settled_on(
-    kube: Client, namespace: str, hosts: list[str], live: set[str]
+    fleet: Fleet, kube: Client, namespace: str, hosts: list[str], live: set[str]
 ) -> Callable[[], bool]:
-    """Every host owned as the ring over ``live`` assigns it (so each of ``live`` that the
-    ring gives hosts holds them: on a busy machine a replica can answer /readyz before the
-    leader has seen its Lease, and "owned by one of them" then held with every host still
-    on the first), none draining, and host-power has read each (status.poweredOn written)."""
-    ring = Ring.of(sorted(live))
+    """Every host owned as the leader among ``live`` assigns it, by the ring over ``live``
+    with itself lighter (so each of ``live`` that the ring gives hosts holds them: on a
+    busy machine a replica can answer /readyz before the leader has seen its Lease, and
+    "owned by one of them" then held with every host still on the first), none draining,
+    and host-power has read each (status.poweredOn written)."""
 
     def check() -> bool:
+        ring = ring_of(fleet, live)
+        if ring is None:
+            return False
         found = owners(kube, namespace, hosts)
         if any(found.get(h) != ring.owner(f"{namespace}/{h}") for h in hosts):
             return False
@@ -263,7 +290,7 @@ def test_three_replicas_share_the_hosts_and_each_reboot_is_served_once(
     for replica in replicas:
         fleet.wait_ready(replica)
     live = {r.name for r in replicas}
-    started(settled_on(kube, namespace, hosts, live), "every host owned by a live replica")
+    started(settled_on(fleet, kube, namespace, hosts, live), "every host owned by a live replica")
     shares = owners(kube, namespace, hosts)
     assert set(shares.values()) == live, f"every replica holds some of {HOSTS} hosts: {shares}"
     for name in live:  # one Lease per replica, labelled with its ring and name
@@ -288,7 +315,7 @@ def test_a_replica_added_takes_its_hosts_by_drain_and_no_reboot_is_served_twice(
     first = [fleet.start(f"r{i}") for i in range(2)]
     for replica in first:
         fleet.wait_ready(replica)
-    started(settled_on(kube, namespace, hosts, {"r0", "r1"}), "every host owned by r0 or r1")
+    started(settled_on(fleet, kube, namespace, hosts, {"r0", "r1"}), "every host owned by r0 or r1")
     before = owners(kube, namespace, hosts)
     for host in hosts:
         ask_reboot(kube, namespace, host)
@@ -296,15 +323,18 @@ def test_a_replica_added_takes_its_hosts_by_drain_and_no_reboot_is_served_twice(
     fleet.wait_ready(third)
     started(lambda: served(kube, namespace, bmcs, hosts, 1), "every host rebooted")
     started(
-        settled_on(kube, namespace, hosts, {"r0", "r1", "r2"}),
+        settled_on(fleet, kube, namespace, hosts, {"r0", "r1", "r2"}),
         "every host owned by a live replica once r2 joined",
     )
     after = owners(kube, namespace, hosts)
     moved = {h for h in hosts if before[h] != after[h]}
     assert moved, f"r2 took some hosts: {after}"
     assert {after[h] for h in moved} == {"r2"}, "hosts move only to the newcomer"
-    # Exactly those the ring moves (about a quarter: policy.sharding's bounds are unit-tested)
-    two, three = Ring.of(["r0", "r1"]), Ring.of(["r0", "r1", "r2"])
+    # Exactly those the ring moves (about a quarter: policy.sharding's bounds are unit-tested),
+    # with the same leader lighter on both rings.
+    leader = leader_of(fleet, {"r0", "r1"})
+    assert leader is not None
+    two, three = placement(["r0", "r1"], leader), placement(["r0", "r1", "r2"], leader)
     assert moved == {
         h for h in hosts if two.owner(f"{namespace}/{h}") != three.owner(f"{namespace}/{h}")
     }
@@ -329,7 +359,7 @@ def test_a_killed_replicas_hosts_are_taken_over_after_its_lease_and_their_reboot
     replicas = [fleet.start(f"r{i}") for i in range(3)]
     for replica in replicas:
         fleet.wait_ready(replica)
-    started(settled_on(kube, namespace, hosts, {"r0", "r1", "r2"}), "every host owned")
+    started(settled_on(fleet, kube, namespace, hosts, {"r0", "r1", "r2"}), "every host owned")
     victim = fleet.replicas["r1"]
     theirs = [h for h, owner in owners(kube, namespace, hosts).items() if owner == "r1"]
     assert theirs
@@ -338,7 +368,7 @@ def test_a_killed_replicas_hosts_are_taken_over_after_its_lease_and_their_reboot
     for host in theirs:  # asked while nobody serves them
         ask_reboot(kube, namespace, host)
     started(
-        settled_on(kube, namespace, hosts, {"r0", "r2"}),
+        settled_on(fleet, kube, namespace, hosts, {"r0", "r2"}),
         f"r1's hosts {theirs} taken over by r0 or r2 after r1's Lease expired",
         within=TAKEOVER,
     )
@@ -348,6 +378,43 @@ def test_a_killed_replicas_hosts_are_taken_over_after_its_lease_and_their_reboot
     lease = kube.get(Lease, lease_name("metalmend", "r1"), namespace=namespace)
     assert lease.spec is not None
     assert lease.spec.holderIdentity, "killed: never released"
+
+
+def test_the_leader_killed_during_reboots_a_new_leader_takes_a_lighter_share_and_none_is_served_twice(
+    fleet: Fleet, kube: Client, namespace: str, bmcs: Bmcs
+) -> None:
+    """The leader holds fewer hosts than the others (its weight on the ring). Killed with
+    SIGKILL while every host's reboot is being served: its hosts go to the others once its
+    Lease expired, and the new leader, now lighter, drains some of its own to the third
+    replica. Each reboot is served once through both kinds of move."""
+    hosts = register(kube, namespace, bmcs)
+    replicas = [fleet.start(f"r{i}") for i in range(3)]
+    for replica in replicas:
+        fleet.wait_ready(replica)
+    live = {r.name for r in replicas}
+    started(settled_on(fleet, kube, namespace, hosts, live), "every host owned")
+    leader = leader_of(fleet, live)
+    assert leader is not None
+    before = owners(kube, namespace, hosts)
+    for host in hosts:
+        ask_reboot(kube, namespace, host)
+    fleet.replicas[leader].process.send_signal(signal.SIGKILL)
+    fleet.replicas[leader].process.wait(10)
+    live -= {leader}
+    started(
+        settled_on(fleet, kube, namespace, hosts, live),
+        f"{leader}'s hosts taken over and the new leader among {sorted(live)} lighter",
+        within=TAKEOVER,
+    )
+    successor = leader_of(fleet, live)
+    assert successor is not None
+    after = owners(kube, namespace, hosts)
+    assert {after[h] for h in hosts if before[h] == leader} <= live
+    given_up = [h for h in hosts if before[h] == successor and after[h] != successor]
+    for host in given_up:  # drained by the new leader's own host-power, not taken
+        assert f"host handed over host={namespace}/{host}" in _text(fleet, successor)
+    started(lambda: served(kube, namespace, bmcs, hosts, 1), "every host rebooted")
+    assert_each_reboot_once(bmcs, hosts, 1)
 
 
 def test_a_replica_stopped_during_reboots_hands_its_hosts_over_at_once_and_none_is_served_twice(
@@ -360,7 +427,7 @@ def test_a_replica_stopped_during_reboots_hands_its_hosts_over_at_once_and_none_
     replicas = [fleet.start(f"r{i}") for i in range(3)]
     for replica in replicas:
         fleet.wait_ready(replica)
-    started(settled_on(kube, namespace, hosts, {"r0", "r1", "r2"}), "every host owned")
+    started(settled_on(fleet, kube, namespace, hosts, {"r0", "r1", "r2"}), "every host owned")
     theirs = [h for h, owner in owners(kube, namespace, hosts).items() if owner == "r2"]
     assert theirs
     for host in hosts:
@@ -371,7 +438,7 @@ def test_a_replica_stopped_during_reboots_hands_its_hosts_over_at_once_and_none_
     lease = kube.get(Lease, lease_name("metalmend", "r2"), namespace=namespace)
     assert lease.spec is not None
     assert not lease.spec.holderIdentity, "a graceful stop releases the shard Lease"
-    started(settled_on(kube, namespace, hosts, {"r0", "r1"}), "r2's hosts taken by r0 or r1")
+    started(settled_on(fleet, kube, namespace, hosts, {"r0", "r1"}), "r2's hosts taken by r0 or r1")
     started(lambda: served(kube, namespace, bmcs, hosts, 1), "every host rebooted")
     assert_each_reboot_once(bmcs, hosts, 1)
 
@@ -394,7 +461,7 @@ def test_a_replica_cut_off_from_the_api_server_stops_and_its_hosts_move(
         via = control_plane.kubeconfig_via(f"https://127.0.0.1:{port}", tmp_path / "via-proxy")
         cut = fleet.start("r1", kubeconfig=via)
         fleet.wait_ready(cut)
-        started(settled_on(kube, namespace, hosts, {"r0", "r1"}), "every host owned")
+        started(settled_on(fleet, kube, namespace, hosts, {"r0", "r1"}), "every host owned")
         theirs = [h for h, owner in owners(kube, namespace, hosts).items() if owner == "r1"]
         assert theirs, "r1 holds some hosts"
         # The link goes silent: connections stay open, nothing answers (a partition that
@@ -408,7 +475,7 @@ def test_a_replica_cut_off_from_the_api_server_stops_and_its_hosts_move(
         for host in theirs:
             ask_reboot(kube, namespace, host)
         started(
-            settled_on(kube, namespace, hosts, {"r0"}),
+            settled_on(fleet, kube, namespace, hosts, {"r0"}),
             "r1's hosts taken over by r0",
             within=TAKEOVER,
         )

@@ -42,7 +42,7 @@ from lightkube.types import PatchType
 
 from metalmend.api import names
 from metalmend.api.resources import BareMetalHost, FenceRemediation, Machine
-from metalmend.policy.sharding import Ring
+from metalmend.policy.sharding import placement
 from metalmend_lab.controlplane import LOOPBACK, ControlPlane
 from tests.integration.test_sharding import (
     TAKEOVER,
@@ -50,6 +50,8 @@ from tests.integration.test_sharding import (
     Fleet,
     bmcs,
     fleet,
+    leader_of,
+    metrics_of,
     owners,
     register,
     settled_on,
@@ -344,23 +346,6 @@ def assert_fenced_once(watch: FenceWatch, bmcs: Bmcs, target: Target) -> None:
     assert not [v for v in watch.violations if target.node in v], watch.violations
 
 
-def metrics_of(fleet: Fleet, name: str) -> str:
-    """The replica's /metrics text ("" when it does not answer)."""
-    replica = fleet.replicas[name]
-    try:
-        return httpx.get(f"http://127.0.0.1:{replica.port}/metrics", timeout=5).text
-    except httpx.HTTPError:
-        return ""
-
-
-def leader_of(fleet: Fleet, among: set[str]) -> str | None:
-    """The replica that counts the shares for /metrics: the leader (its sharder)."""
-    for name in sorted(among):
-        if 'metalmend_shard_hosts{replica="none"}' in metrics_of(fleet, name):
-            return name
-    return None
-
-
 @pytest.fixture
 def watcher(control_plane: ControlPlane) -> Iterator[Callable[[Bmcs, list[Target]], FenceWatch]]:
     """A FenceWatch on its own client (a thread beside the test's)."""
@@ -405,14 +390,7 @@ def start(fleet: Fleet, kube: Client, namespace: str, bmcs: Bmcs, count: int) ->
     for replica in replicas:
         fleet.wait_ready(replica)
     live = {r.name for r in replicas}
-    started(settled_on(kube, namespace, hosts, live), "every host owned by a live replica")
-    ring = Ring.of(sorted(live))  # and by the ring's choice (a first start may move some)
-    started(
-        lambda: (
-            owners(kube, namespace, hosts) == {h: ring.owner(f"{namespace}/{h}") for h in hosts}
-        ),
-        f"every host owned by the ring's choice among {sorted(live)}",
-    )
+    started(settled_on(fleet, kube, namespace, hosts, live), "every host owned by a live replica")
     started(lambda: leader_of(fleet, live) is not None, "a leader among the replicas")
     leader = leader_of(fleet, live)
     assert leader is not None
@@ -537,7 +515,9 @@ def test_a_replica_added_during_fences_takes_its_hosts_mid_remediation_and_each_
     the moving hosts are drained from their owners and taken mid-remediation. Every host is fenced once, off, and powered
     on once by whoever owns it then."""
     hosts = start(fleet, kube, namespace, bmcs, 2)
-    two, three = Ring.of(["r0", "r1"]), Ring.of(["r0", "r1", "r2"])
+    leader = leader_of(fleet, {"r0", "r1"})  # lighter on both rings
+    assert leader is not None
+    two, three = placement(["r0", "r1"], leader), placement(["r0", "r1", "r2"], leader)
     moving = [i for i, h in enumerate(hosts)
               if two.owner(f"{namespace}/{h}") != three.owner(f"{namespace}/{h}")]  # fmt: skip
     staying = [i for i, h in enumerate(hosts) if i not in moving]

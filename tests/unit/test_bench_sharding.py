@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from benchmarks.sharding import (
+    Balance,
     Command,
     Results,
     canary_ms,
@@ -25,6 +26,7 @@ from benchmarks.sharding import (
     report,
     served_twice_or_by_two,
     shares,
+    simulate,
     together,
 )
 
@@ -108,7 +110,7 @@ def test_the_report_says_the_failover_of_a_replica_and_of_the_leader_apart() -> 
     results = Results(cpu={1: {"r0": 10.0}}, reboots={1: [100.0]})
     results.failover, results.trials = [16.0, 17.5], [("r1", 17.5)]
     results.leader_failover, results.leader_trials = [19.0, 24.0], [("r0", 24.0)]
-    results.balance = {4: (1.1, {"r0": 1, "r1": 1})}
+    results.balance = {4: Balance.of({"r0": 1, "r1": 1}, "r0")}
     lines = report(2, results, argparse.Namespace(window=120.0))
     replica = next(line for line in lines if line.startswith("failover, kill -9"))
     leader = next(line for line in lines if line.startswith("failover of the leader"))
@@ -218,3 +220,23 @@ def test_the_labs_node_heartbeats_are_spread_over_the_cycle_when_asked(
         "durationMilliseconds": shortest * 1000,
         "jitterDurationMilliseconds": longest * 1000,
     }
+
+
+def test_balance_says_the_busiest_against_the_mean_and_against_its_fair_share() -> None:
+    """The leader holds LEADER_WEIGHT of a share: the others more than the mean by design,
+    each at its fair share when the ring hits its aim."""
+    held = Balance.of({"r0": 300, "r1": 400, "r2": 400}, "r0")
+    assert held.of_mean == pytest.approx(400 / (1100 / 3))
+    assert held.of_share == pytest.approx(1.0)
+    said = held.says(1100)
+    assert (
+        "the busiest holds 1.09x the mean (300..400 hosts, mean 367), 1.00x its fair share" in said
+    )
+    assert "the leader r0 at 0.75 of a share holds 300" in said
+    assert "leader" not in Balance.of({"r1": 5, "r2": 5}, None).says(10)
+
+
+def test_the_simulation_assigns_with_the_leader_lighter_and_reports_both_balances() -> None:
+    lines = simulate(hosts=2000, replicas=(4,))
+    assert any(line.startswith("balance at 4 replicas: the busiest holds") for line in lines)
+    assert any("fair share" in line for line in lines)

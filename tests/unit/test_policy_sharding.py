@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metalmend.policy.sharding import (
+    LEADER_WEIGHT,
     Assign,
     Drain,
     Keep,
@@ -18,8 +19,11 @@ from metalmend.policy.sharding import (
     balance,
     loads,
     moves,
+    placement,
     step,
+    weighted_balance,
 )
+from metalmend.settings import DEFAULTS
 
 # 20,000 hosts spread over a few namespaces, named as an operator would.
 KEYS = [f"rack-{i % 13:02d}/server-{i:05d}" for i in range(20_000)]
@@ -114,3 +118,77 @@ def test_the_sharders_step_for_one_host(
 def test_a_ring_needs_a_point_per_member() -> None:
     with pytest.raises(ValueError, match="vnodes"):
         Ring.of(["a"], vnodes=0)
+
+
+# ---- the leader, lighter on the ring ---------------------------------------------------
+
+
+def test_the_settings_default_is_the_policys_leader_weight() -> None:
+    assert DEFAULTS.runtime.shard_leader_weight == LEADER_WEIGHT
+
+
+@pytest.mark.parametrize("members", [2, 4, 8])
+def test_the_leader_holds_about_its_weight_of_another_replicas_share(members: int) -> None:
+    names = REPLICAS[:members]
+    counts = loads(placement(names, names[0]), KEYS)
+    others = [counts[n] for n in names[1:]]
+    share = counts[names[0]] / (sum(others) / len(others))
+    assert LEADER_WEIGHT - 0.1 <= share <= LEADER_WEIGHT + 0.1, counts
+    # and every replica holds at most 1.15x its fair share (its weight's part of all hosts)
+    assert weighted_balance(counts, {names[0]: LEADER_WEIGHT}) <= 1.15, counts
+
+
+@pytest.mark.parametrize("members", [4, 8])
+def test_with_a_lighter_leader_the_busiest_replica_still_holds_at_most_1_15_times_the_mean(
+    members: int,
+) -> None:
+    counts = loads(placement(REPLICAS[:members], REPLICAS[0]), KEYS)
+    assert balance(counts) <= 1.15, counts
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(names=distinct(4), leader=st.integers(min_value=0, max_value=2))
+def test_with_a_lighter_leader_a_joining_member_still_takes_keys_only_for_itself(
+    names: list[str], leader: int
+) -> None:
+    three, newcomer = names[:3], names[3]
+    moved = moves(placement(three, names[leader]), placement(names, names[leader]), KEYS)
+    assert len(moved) <= len(KEYS) / 3
+    assert {new for _, new in moved.values()} <= {newcomer}
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(names=distinct(4))
+def test_a_change_of_leader_moves_only_keys_to_or_from_the_two_leaders(names: list[str]) -> None:
+    old, new = names[0], names[1]
+    moved = moves(placement(names, old), placement(names, new), KEYS)
+    assert moved, "the two leaders' weights changed"
+    # The old leader takes back the points it gave up, the new one gives up as many: every
+    # key that moves comes from or goes to one of the two.
+    assert all({was, now} & {old, new} for was, now in moved.values()), moved
+    # about (1 - weight) of a share each way: well under a share in all
+    assert len(moved) <= len(KEYS) / len(names)
+
+
+def test_a_leader_alone_holds_everything_and_one_not_among_the_members_changes_nothing() -> None:
+    assert set(placement(["solo"], "solo").assign(KEYS[:100]).values()) == {"solo"}
+    names = REPLICAS[:3]
+    assert placement(names, "elsewhere").assign(KEYS[:500]) == Ring.of(names).assign(KEYS[:500])
+    assert placement(names, None).assign(KEYS[:500]) == Ring.of(names).assign(KEYS[:500])
+
+
+def test_a_weight_of_one_is_the_plain_ring() -> None:
+    names = REPLICAS[:4]
+    assert placement(names, names[0], 1.0).assign(KEYS[:500]) == Ring.of(names).assign(KEYS[:500])
+
+
+@pytest.mark.parametrize("weight", [0.0, -0.5, 1.5])
+def test_a_weight_outside_zero_to_one_is_refused(weight: float) -> None:
+    with pytest.raises(ValueError, match="weights"):
+        Ring.of(["a", "b"], weights={"a": weight})
+
+
+def test_weighted_balance_is_the_busiest_over_its_fair_share() -> None:
+    assert weighted_balance({"a": 300, "b": 400, "c": 400}, {"a": 0.75}) == pytest.approx(1.0)
+    assert weighted_balance({"a": 100, "b": 100}, {}) == balance({"a": 100, "b": 100}) == 1.0
+    assert weighted_balance({}, {}) == 1.0

@@ -18,7 +18,8 @@ the ring's choice at once, drain or not. What to write for one host is
 
 The membership comes from the ring's Leases (``kube.shards.Members``); a change of the
 live members runs every host again, and the sharder looks again when the next live Lease
-would expire unless renewed.
+would expire unless renewed. The leader's own replica weighs ``runtime.shard_leader_weight``
+on the ring (``policy.sharding.placement``): it also runs the fleet-wide controllers.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class Sharder:
             standby=True,
         )
         self.members = Members(sharding.timing.lease_duration)
+        # This sharder runs on the leader: its own replica is the leader, lighter on the ring.
+        self.leader = sharding.member
+        self.leader_weight = settings.runtime.shard_leader_weight
         # First among the Lease handlers: the ring key then runs on what it just saw.
         self.leases.add_handler(self.members.observe)
         self._ring = policy.Ring.of(())
@@ -80,7 +84,7 @@ class Sharder:
 
     def ring(self, live: frozenset[str]) -> policy.Ring:
         if frozenset(self._ring.members) != live:
-            self._ring = policy.Ring.of(live)
+            self._ring = policy.placement(live, self.leader, self.leader_weight)
         return self._ring
 
     async def reconcile(self, key: str) -> Result:

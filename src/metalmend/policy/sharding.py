@@ -12,7 +12,11 @@ at or after the key's own hash, going round. What that gives:
   in proportion; a member leaving gives only its own keys away (``moves``);
 - with enough points per member the busiest member holds little more than the mean
   (``VNODES``: at 4 and 8 members, 20,000 hosts, at most 1.15 times the mean,
-  ``tests/unit/test_policy_sharding.py``).
+  ``tests/unit/test_policy_sharding.py``);
+- a member may be given fewer points (a weight below 1), and then holds about that
+  fraction of another member's share. The sharder gives its own replica, the leader,
+  ``LEADER_WEIGHT``: the leader alone runs the fleet-wide controllers (every Node's
+  heartbeat, every Machine and health check) on top of its hosts (``placement``).
 
 Moving a key is not decided here: ``step`` says, for one host's labels and the ring, what
 the sharder writes next (assign, ask the owner to drain, or nothing), so that a host is
@@ -35,24 +39,45 @@ ring of at most a few tens of thousands of points: built once per membership cha
 milliseconds, and a lookup is one binary search."""
 
 
+LEADER_WEIGHT = 0.75
+"""The leader's points over another member's (``runtime.shard_leader_weight``). Measured at
+5,000 hosts and Nodes over 4 replicas (docs/sharding.md): the leader's fleet-wide work cost
+about a fifth of a replica's share of host-power on top of its hosts, so at the same
+weight it ran 1.17x-1.33x a quarter of one replica's CPU while the others ran at 0.85x-1.02x.
+Weights are fixed, not derived from the number of members, so that a member joining or
+leaving still moves keys only to or from itself."""
+
+
 def _point(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
 @dataclass(frozen=True)
 class Ring:
-    """The ring of ``members`` (replica names), each at ``vnodes`` points."""
+    """The ring of ``members`` (replica names), each at ``vnodes`` points times its weight
+    (1 unless ``weights`` names it; at least one point)."""
 
     members: tuple[str, ...]
     points: tuple[int, ...]
     owners: tuple[str, ...]
 
     @classmethod
-    def of(cls, members: Iterable[str], vnodes: int = VNODES) -> Ring:
+    def of(
+        cls,
+        members: Iterable[str],
+        vnodes: int = VNODES,
+        weights: Mapping[str, float] | None = None,
+    ) -> Ring:
         if vnodes < 1:
             raise ValueError("vnodes must be at least 1")
+        weights = weights or {}
+        if any(not 0 < w <= 1 for w in weights.values()):
+            raise ValueError(f"weights must be above 0 and at most 1, not {dict(weights)}")
         names = tuple(sorted(set(members)))
-        placed = sorted((_point(f"{name}#{i}"), name) for name in names for i in range(vnodes))
+        # A lighter member's points are the first of its full set: lowering its weight
+        # only takes points away, so only its own keys move, each to the next point.
+        counts = {n: max(1, round(vnodes * weights.get(n, 1.0))) for n in names}
+        placed = sorted((_point(f"{n}#{i}"), n) for n in names for i in range(counts[n]))
         return cls(names, tuple(p for p, _ in placed), tuple(n for _, n in placed))
 
     def owner(self, key: str) -> str | None:
@@ -64,6 +89,19 @@ class Ring:
 
     def assign(self, keys: Iterable[str]) -> dict[str, str | None]:
         return {key: self.owner(key) for key in keys}
+
+
+def placement(
+    live: Collection[str], leader: str | None, leader_weight: float = LEADER_WEIGHT
+) -> Ring:
+    """The ring the sharder assigns by: the live members, the ``leader`` (the sharder's own
+    replica, when it is a member) at ``leader_weight``. Every replica that leads computes
+    the same ring from the same members. A new leader's ring differs from its
+    predecessor's only by the two leaders' points: every host that moves comes from or
+    goes to one of the two, about (1 - weight) of a share each way, handed over by drains
+    as on any change of members."""
+    weights = {leader: leader_weight} if leader is not None and leader in live else None
+    return Ring.of(live, weights=weights)
 
 
 def loads(ring: Ring, keys: Iterable[str]) -> dict[str, int]:
@@ -78,6 +116,18 @@ def balance(counts: Mapping[str, int]) -> float:
         return 1.0
     mean = sum(counts.values()) / len(counts)
     return max(counts.values()) / mean
+
+
+def weighted_balance(counts: Mapping[str, int], weights: Mapping[str, float]) -> float:
+    """The busiest member's load over its fair share, its weight's part of all the keys
+    (1 unless ``weights`` names it): ``balance`` for a ring whose members weigh the
+    same, and for a lighter leader whether each member holds what its weight asks."""
+    total = sum(counts.values())
+    if not counts or not total:
+        return 1.0
+    weight = {m: weights.get(m, 1.0) for m in counts}
+    whole = sum(weight.values())
+    return max(counts[m] / (total * weight[m] / whole) for m in counts)
 
 
 def moves(
