@@ -53,10 +53,14 @@ In one run, in this order:
    replica to take the leader Lease (its expiry) and then reassign them; reported on a
    line of its own against the same target.
 5. **balance at 8** replicas (r4 to r7 added).
-6. **hosts served by two replicas**: every BMC journal of the run against the reboots
-   asked of that host: a host is counted when one of its reboots got its power commands
-   from two replicas, or when it got more commands than the reboots asked (a reboot
-   served twice). Printed for the join and for the whole run.
+6. **hosts served by two replicas at once, or twice**: every BMC journal of the run
+   against the reboots asked of that host: a host is counted when it got more or fewer
+   commands than the reboots asked (a reboot served twice, or not at all), or when one
+   of its reboots got its power-off from one replica and its power-on from another
+   without the first having logged ``host handed over`` for it in between (its log's
+   time, written once the label's removal was stored). A reboot handed over in between,
+   each command once and in that order, is the drain working: counted apart. Printed for
+   the join and for the whole run.
 
 Every wait is bounded and says what it waited for when it gives up; every server is on
 127.0.0.1 (the BMCs and the control plane bind port 0, a replica's health port is a free
@@ -75,6 +79,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -179,19 +184,61 @@ def is_off(word: str) -> bool:
     return word.endswith(" off")
 
 
-def served_twice_or_by_two(commands: list[Command], asked: int) -> str | None:
-    """Why a host's journal is not ``asked`` reboots each served once by one replica (one
-    power-off, then one power-on, from the same sender); None when it is. A sender the
-    BMC could not name (``?``) counts as no one."""
+def served_twice_or_by_two(
+    commands: list[Command], asked: int, handed: Mapping[str, list[float]] | None = None
+) -> str | None:
+    """Why a host's journal is not ``asked`` reboots each served once (one power-off, then
+    one power-on), each by one replica at a time; None when it is. A reboot whose power-off
+    came from one replica and power-on from another is a hand-over, not two at once, only
+    when the first replica let the host go in between: ``handed`` has, per replica, the
+    times it logged ``host handed over`` for this host, written after the label's removal
+    was stored, so a time before the power-on proves the order. A sender the BMC could not
+    name (``?``) counts as no one."""
     expected = ["off", "on"] * asked
     seen = ["off" if is_off(c.word) else c.word for c in commands]
     if seen != expected:
         return f"{asked} reboot(s) asked, the BMC got {' '.join(c.word for c in commands)!r}"
     for off, on in zip(commands[::2], commands[1::2], strict=True):
-        senders = {off.by, on.by} - {"?"}
-        if len(senders) > 1:
-            return f"one reboot served by {' and '.join(sorted(senders))}"
+        if handed_over_between(off, on, handed or {}) is False:
+            return (
+                f"one reboot served by {off.by} and {on.by}, with no hand-over by {off.by}"
+                " between its power-off and the power-on"
+            )
     return None
+
+
+def handed_over_between(
+    off: Command, on: Command, handed: Mapping[str, list[float]]
+) -> bool | None:
+    """None: one replica (or an unnamed one) sent both; True: two, and the first let the
+    host go between them; False: two, and nothing says the first had let go."""
+    if len({off.by, on.by} - {"?"}) < 2:
+        return None
+    return any(off.at <= at <= on.at for at in handed.get(off.by, ()))
+
+
+def handed_mid_reboot(commands: list[Command], handed: Mapping[str, list[float]]) -> bool:
+    """Whether one of the host's reboots was handed over between its power-off and on."""
+    pairs = zip(commands[::2], commands[1::2], strict=False)
+    return any(handed_over_between(off, on, handed) for off, on in pairs)
+
+
+HANDED_OVER = re.compile(
+    r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.(\d{3}) INFO \S+: host handed over host=(\S+)"
+)
+
+
+def handovers_in(log: str) -> dict[str, list[float]]:
+    """A replica's ``host handed over`` lines: ``namespace/name`` -> unix times (its log's
+    local time, milliseconds)."""
+    found: dict[str, list[float]] = {}
+    for line in log.splitlines():
+        match = HANDED_OVER.match(line)
+        if match is not None:
+            stamp, millis, key = match.groups()
+            at = time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S")) + int(millis) / 1000
+            found.setdefault(key, []).append(at)
+    return found
 
 
 def moved_hosts(before: Mapping[str, str | None], after: Mapping[str, str | None]) -> set[str]:
@@ -549,13 +596,28 @@ class Bench:
         text = path.read_text() if path.exists() else ""
         return parse_journal(text, self.fleet.by_pid)
 
-    def doubly_served(self, hosts: Iterable[str]) -> dict[str, str]:
-        found = {}
+    def handovers(self) -> dict[str, dict[str, list[float]]]:
+        """``host`` -> replica -> when it logged handing the host over, from every log."""
+        found: dict[str, dict[str, list[float]]] = {}
+        for log in self.workdir.glob("r*.log"):
+            for key, times in handovers_in(log.read_text(errors="replace")).items():
+                namespace, _, host = key.partition("/")
+                if namespace == NAMESPACE:
+                    found.setdefault(host, {})[log.stem] = times
+        return found
+
+    def doubly_served(self, hosts: Iterable[str]) -> tuple[dict[str, str], set[str]]:
+        """The hosts served twice or by two replicas at once (why), and those whose reboot
+        was handed over between its power-off and its power-on (each command once)."""
+        found, handed, every = {}, set(), self.handovers()
         for host in hosts:
-            why = served_twice_or_by_two(self.commands(host), self.asked[host])
+            commands = self.commands(host)
+            why = served_twice_or_by_two(commands, self.asked[host], every.get(host))
             if why is not None:
                 found[host] = why
-        return found
+            elif handed_mid_reboot(commands, every.get(host, {})):
+                handed.add(host)
+        return found, handed
 
     def senders(self, hosts: Iterable[str]) -> Counter[str]:
         """The journalled power commands of ``hosts`` by sender (``?``: not named)."""
@@ -612,16 +674,19 @@ class Results:
     leaders: dict[int, str | None] = field(default_factory=dict)
     reboots: dict[int, list[float]] = field(default_factory=dict)  # replicas -> ms
     slowest: dict[int, str] = field(default_factory=dict)  # replicas -> its slowest reboot
+    phases: dict[int, str] = field(default_factory=dict)  # replicas -> where the time went
     moved: set[str] = field(default_factory=set)
     moved_to: set[str | None] = field(default_factory=set)
     join_asked: list[str] = field(default_factory=list)
     join_double: dict[str, str] = field(default_factory=dict)
+    join_handed: set[str] = field(default_factory=set)  # handed over between off and on
     balance: dict[int, Balance] = field(default_factory=dict)
     failover: list[float] = field(default_factory=list)  # kill -> served, s
     trials: list[tuple[str, float]] = field(default_factory=list)  # victim, slowest
     leader_failover: list[float] = field(default_factory=list)  # the leader killed: s
     leader_trials: list[tuple[str, float]] = field(default_factory=list)
     run_double: dict[str, str] = field(default_factory=dict)
+    run_handed: set[str] = field(default_factory=set)
     run_asked: int = 0  # reboots asked over the run
     senders: Counter[str] = field(default_factory=Counter)  # journalled commands by sender
     exits: list[str] = field(default_factory=list)  # replicas that exited on their own
@@ -641,7 +706,9 @@ def at_rest(bench: Bench, results: Results, count: int) -> None:
     sampled = bench.reboot_sample()
     results.reboots[count] = ms = [total for _, _, _, total in sampled]
     host, off, seen, total = max(sampled, key=lambda one: one[3])
-    owner = owners(bench.scale).get(host) or "none"
+    held = owners(bench.scale)
+    owner = held.get(host) or "none"
+    results.phases[count] = phases(sampled, held, results.leaders[count])
     results.slowest[count] = (
         f"{host} (owner {owner}): request -> off at the BMC {off:.0f} ms,"
         f" BMC on -> status seen {seen:.0f} ms, in all {total:.0f} ms"
@@ -650,6 +717,33 @@ def at_rest(bench: Bench, results: Results, count: int) -> None:
         f"  {count} replica(s): {len(ms)} reboots, p50 {p50(ms):.0f} ms, p99 {p99(ms):.0f} ms;"
         f" the slowest {results.slowest[count]}"
     )
+    bench.say(f"  {count} replica(s): {results.phases[count]}")
+
+
+def phases(
+    sampled: list[tuple[str, float, float, float]],
+    held: Mapping[str, str | None],
+    leader: str | None,
+) -> str:
+    """Where a reboot's time went, p50/p99 of each part over the sample: request -> off at
+    the BMC (the watch event, the owner's reconcile, the command), off -> on (the owner's
+    reads until the BMC says off, then the power-on), on -> status seen (the read that sees
+    it on, the status write, the watch event); and the p99 of the whole apart for the
+    leader's hosts and the others'."""
+    parts = {
+        "request -> off": [off for _, off, _, _ in sampled],
+        "off -> on": [total - off - seen for _, off, seen, total in sampled],
+        "on -> status seen": [seen for _, _, seen, _ in sampled],
+    }
+    said = [f"{name} p50 {p50(ms):.0f} / p99 {p99(ms):.0f} ms" for name, ms in parts.items()]
+    if leader is not None:
+        led = [total for host, _, _, total in sampled if held.get(host) == leader]
+        rest = [total for host, _, _, total in sampled if held.get(host) != leader]
+        said.append(
+            f"p99 of the leader's hosts {p99(led):.0f} ms ({len(led)}),"
+            f" of the others' {p99(rest):.0f} ms ({len(rest)})"
+        )
+    return "; ".join(said)
 
 
 def join(bench: Bench, results: Results) -> None:
@@ -671,7 +765,7 @@ def join(bench: Bench, results: Results) -> None:
     results.moved = moved_hosts(before, after)
     results.moved_to = {after[h] for h in results.moved}
     results.join_asked = asked
-    results.join_double = bench.doubly_served(asked)
+    results.join_double, results.join_handed = bench.doubly_served(asked)
 
 
 def failover(bench: Bench, results: Results) -> None:
@@ -734,7 +828,7 @@ def measure(hosts: int, workdir: Path, args: argparse.Namespace) -> Results:
             fleet.wait_ready(fleet.start(f"r{i}"))
         bench.settle("8 replicas")
         results.balance[8] = Balance.of(shares(owners(scale), fleet.live()), fleet.leader())
-        results.run_double = bench.doubly_served(bench.asked)
+        results.run_double, results.run_handed = bench.doubly_served(bench.asked)
         results.run_asked = sum(bench.asked.values())
         results.senders = bench.senders(bench.asked)
         results.exits = fleet.exits
@@ -790,6 +884,8 @@ def report(hosts: int, results: Results, args: argparse.Namespace) -> list[str]:
             f" replica ({p99(ms) / base:.2f}x; {len(ms)} hosts, one reboot each); the slowest"
             f" {results.slowest.get(count, '?')}"
         )
+        if count in results.phases:
+            lines.append(f"  where the time went at {count}: {results.phases[count]}")
     if not results.trials:
         lines.append(
             "failover, kill -9 of one of 4 replicas (not the leader): not run (--trials 0)"
@@ -817,16 +913,20 @@ def report(hosts: int, results: Results, args: argparse.Namespace) -> list[str]:
         f" <= {1 / 3:.1%}: {met(moved <= hosts / 3)}; ideal {1 / 4:.1%}), to {to}"
     )
     lines.append(
-        f"hosts served by two replicas: {len(results.join_double)} (of {len(results.join_asked)}"
-        f" hosts rebooted as r3 took them over, from their BMC journals)"
+        f"hosts served by two replicas at once, or twice: {len(results.join_double)} (of"
+        f" {len(results.join_asked)} hosts rebooted as r3 took them over, from their BMC"
+        f" journals and the replicas' hand-overs); handed over between the power-off and the"
+        f" power-on, each command once, in order: {len(results.join_handed)}"
     )
     for host, why in sorted(results.join_double.items())[:10]:
         lines.append(f"    {host}: {why}")
     for count, held in sorted(results.balance.items()):
         lines.append(f"balance at {count} real replicas: {held.says(hosts)}")
     lines.append(
-        f"over the whole run: hosts served by two replicas or twice: {len(results.run_double)}"
-        f" (every BMC journal against the {results.run_asked} reboots asked)"
+        f"over the whole run: hosts served by two replicas at once, or twice:"
+        f" {len(results.run_double)} (every BMC journal against the {results.run_asked} reboots"
+        f" asked); handed over between the power-off and the power-on, in order:"
+        f" {len(results.run_handed)}"
     )
     for host, why in sorted(results.run_double.items())[:10]:
         lines.append(f"    {host}: {why}")

@@ -18,11 +18,14 @@ from benchmarks.sharding import (
     canary_ms,
     counts_shares,
     cpu_ratios,
+    handed_mid_reboot,
+    handovers_in,
     memory,
     moved_hosts,
     node_events,
     p99,
     parse_journal,
+    phases,
     report,
     served_twice_or_by_two,
     shares,
@@ -57,7 +60,12 @@ def commands(*entries: tuple[str, str]) -> list[Command]:
         (commands(("hard off", "r0"), ("on", "r0"), ("hard off", "r1"), ("on", "r1")), 2, None),
         (commands(("soft off", "r0"), ("on", "r0")), 1, None),
         (commands(("hard off", "?"), ("on", "r1")), 1, None),  # an unknown sender is no one
-        (commands(("hard off", "r0"), ("on", "r1")), 1, "one reboot served by r0 and r1"),
+        (
+            commands(("hard off", "r0"), ("on", "r1")),
+            1,
+            "one reboot served by r0 and r1, with no hand-over by r0 between its power-off and"
+            " the power-on",
+        ),
         (
             commands(("hard off", "r0"), ("on", "r0"), ("hard off", "r1"), ("on", "r1")),
             1,
@@ -240,3 +248,43 @@ def test_the_simulation_assigns_with_the_leader_lighter_and_reports_both_balance
     lines = simulate(hosts=2000, replicas=(4,))
     assert any(line.startswith("balance at 4 replicas: the busiest holds") for line in lines)
     assert any("fair share" in line for line in lines)
+
+
+def test_phases_split_each_reboot_and_the_leaders_hosts_from_the_others() -> None:
+    sampled = [("a", 100.0, 50.0, 400.0), ("b", 20.0, 30.0, 150.0)]
+    said = phases(sampled, {"a": "r0", "b": "r1"}, "r0")
+    assert "request -> off p50 60 / p99 99 ms" in said
+    assert "off -> on p50 175 / p99 248 ms" in said  # 250 and 100
+    assert "on -> status seen p50 40 / p99 50 ms" in said
+    assert "p99 of the leader's hosts 400 ms (1), of the others' 150 ms (1)" in said
+    assert "leader" not in phases(sampled, {}, None)
+
+
+def test_a_reboot_handed_over_between_its_power_off_and_on_is_one_replica_at_a_time() -> None:
+    """r0 sent the power-off, logged letting the host go, then r1 sent the power-on: a
+    hand-over. A hand-over logged after the power-on, or by the other replica, proves
+    nothing: counted as two at once."""
+    journal = [Command(10.0, "hard off", "r0"), Command(12.0, "on", "r1")]
+    assert served_twice_or_by_two(journal, 1, {"r0": [11.0]}) is None
+    assert handed_mid_reboot(journal, {"r0": [11.0]})
+    for handed in ({"r0": [12.5]}, {"r1": [11.0]}, {"r0": [9.0]}, {}):
+        assert served_twice_or_by_two(journal, 1, handed) is not None, handed
+        assert not handed_mid_reboot(journal, handed)
+    same = [Command(10.0, "hard off", "r0"), Command(12.0, "on", "r0")]
+    assert served_twice_or_by_two(same, 1, {"r0": [11.0]}) is None
+    assert not handed_mid_reboot(same, {"r0": [11.0]}), "one replica: no hand-over"
+
+
+def test_hand_overs_are_read_from_a_replicas_log_with_their_time() -> None:
+    import time
+
+    log = (
+        "2026-11-30T09:55:01.250 INFO metalmend.controllers.hostpower: host handed over"
+        " host=bench/worker-7 replica=r1\n"
+        "2026-11-30T09:55:02.000 INFO metalmend.controllers.hostpower: power off host=bench/worker-7\n"
+        "2026-11-30T09:55:03.500 INFO metalmend.controllers.hostpower: host handed over"
+        " host=bench/worker-7 replica=r1\n"
+    )
+    base = time.mktime(time.strptime("2026-11-30T09:55:01", "%Y-%m-%dT%H:%M:%S"))
+    assert handovers_in(log) == {"bench/worker-7": [base + 0.25, base + 2.5]}
+    assert handovers_in("") == {}
