@@ -137,7 +137,7 @@ TRIALS = 20
 LEADER_TRIALS = 5  # kill -9 of the leader itself (the sharder moves with it)
 TRIAL_REBOOTS = 3  # reboots asked of the killed replica's hosts in each trial
 JOIN_REBOOTS = 50
-REBOOTS = 50
+REBOOTS = 200  # a p99 of 50 samples is their slowest: one stall decided it in earlier runs
 # The CPU window at rest holds a whole cycle of the Nodes' status heartbeats (320 s, as
 # benchmarks.scale's window; a kubelet's is 5 minutes), and the lab spreads the heartbeats
 # over the cycle (``scale_lab(heartbeats_spread=True)``). Before, kwok's Nodes, initialised
@@ -523,6 +523,7 @@ class Bench:
             pids = {n: self.fleet.replicas[n].process.pid for n in self.fleet.live()}
             leader = self.fleet.leader()
             nodes = self.fleet.node_events(leader)
+            waited = Contention.now(pids)
             before, began = {n: cpu_seconds(p) for n, p in pids.items()}, time.monotonic()
             canary = []
             while (left := began + self.args.window - time.monotonic()) > 0:
@@ -533,7 +534,8 @@ class Bench:
                 used = {n: 100 * (cpu_seconds(p) - before[n]) / seconds for n, p in pids.items()}
                 resident = {n: memory_mib(p)[0] for n, p in pids.items()}
                 heartbeats = self.fleet.node_events(leader) - nodes
-                return AtRest(used, statistics.median(canary), resident, heartbeats)
+                contention = waited.until(Contention.now(pids))
+                return AtRest(used, statistics.median(canary), resident, heartbeats, contention)
             self.fleet.alive()  # started again: once settled, the window again
             self.settle("after a replica exited during the CPU window")
             if len(self.fleet.exits) == exits:
@@ -627,11 +629,68 @@ class Bench:
 # ---- the phases -----------------------------------------------------------------------------
 
 
+def cpu_pressure_us(text: str | None = None) -> float | None:
+    """The kernel's CPU pressure, ``some`` total (µs during which at least one runnable
+    task waited for a core; /proc/pressure/cpu, PSI); None where the kernel has none."""
+    if text is None:
+        try:
+            text = Path("/proc/pressure/cpu").read_text()
+        except OSError:
+            return None
+    for line in text.splitlines():
+        if line.startswith("some "):
+            fields_ = dict(kv.split("=", 1) for kv in line.split()[1:])
+            return float(fields_["total"])
+    return None
+
+
+def runqueue_wait_s(pid: int) -> float:
+    """Seconds the process's threads have spent runnable but waiting for a core
+    (/proc/<pid>/task/*/schedstat, its second field, ns)."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
+
+
+@dataclass(frozen=True)
+class Contention:
+    """What waiting for a core cost while something ran: the share of the time some task
+    on the machine waited (PSI), and each replica's own wait per second."""
+
+    at: float  # monotonic
+    pressure: float | None  # µs, cpu_pressure_us
+    waits: dict[str, float]  # replica -> s, runqueue_wait_s
+
+    @classmethod
+    def now(cls, pids: Mapping[str, int]) -> Contention:
+        waits = {n: runqueue_wait_s(p) for n, p in pids.items()}
+        return cls(time.monotonic(), cpu_pressure_us(), waits)
+
+    def until(self, later: Contention) -> str:
+        seconds = max(later.at - self.at, 1e-9)
+        if self.pressure is None or later.pressure is None:
+            pressure = "CPU pressure: the kernel has no PSI"
+        else:
+            share = (later.pressure - self.pressure) / 1e6 / seconds
+            pressure = f"some task waited for a core {share:.0%} of the time (PSI)"
+        waits = ", ".join(
+            f"{n} {1000 * (later.waits[n] - self.waits[n]) / seconds:.0f}"
+            for n in sorted(self.waits)
+            if n in later.waits
+        )
+        return f"{pressure}; each replica's wait for a core, ms a second: {waits}"
+
+
 class AtRest(NamedTuple):
     cpu: dict[str, float]  # name -> % of a core
     canary: float  # ms
     resident: dict[str, float]  # name -> MiB
     node_events: float  # Node heartbeats the leader received in the window
+    contention: str = ""  # waits for a core in the window (Contention.until)
 
 
 @dataclass(frozen=True)
@@ -675,6 +734,7 @@ class Results:
     reboots: dict[int, list[float]] = field(default_factory=dict)  # replicas -> ms
     slowest: dict[int, str] = field(default_factory=dict)  # replicas -> its slowest reboot
     phases: dict[int, str] = field(default_factory=dict)  # replicas -> where the time went
+    contention: dict[int, str] = field(default_factory=dict)  # replicas -> waits for a core
     moved: set[str] = field(default_factory=set)
     moved_to: set[str | None] = field(default_factory=set)
     join_asked: list[str] = field(default_factory=list)
@@ -703,7 +763,10 @@ def at_rest(bench: Bench, results: Results, count: int) -> None:
         + f"; the canary {results.canary[count]:.2f} ms; resident " + ", ".join(
         f"{n} {v:.0f} MiB" for n, v in sorted(results.memory[count].items()))
         + f"; Node heartbeats in the window {rest.node_events:.0f}")  # fmt: skip
+    pids = {n: bench.fleet.replicas[n].process.pid for n in bench.fleet.live()}
+    before = Contention.now(pids)
     sampled = bench.reboot_sample()
+    results.contention[count] = before.until(Contention.now(pids))
     results.reboots[count] = ms = [total for _, _, _, total in sampled]
     host, off, seen, total = max(sampled, key=lambda one: one[3])
     held = owners(bench.scale)
@@ -718,6 +781,8 @@ def at_rest(bench: Bench, results: Results, count: int) -> None:
         f" the slowest {results.slowest[count]}"
     )
     bench.say(f"  {count} replica(s): {results.phases[count]}")
+    bench.say(f"  {count} replica(s), in the CPU window: {rest.contention}")
+    bench.say(f"  {count} replica(s), while the reboots ran: {results.contention[count]}")
 
 
 def phases(
@@ -886,6 +951,8 @@ def report(hosts: int, results: Results, args: argparse.Namespace) -> list[str]:
         )
         if count in results.phases:
             lines.append(f"  where the time went at {count}: {results.phases[count]}")
+        if count in results.contention:
+            lines.append(f"  while they ran at {count}: {results.contention[count]}")
     if not results.trials:
         lines.append(
             "failover, kill -9 of one of 4 replicas (not the leader): not run (--trials 0)"

@@ -14,9 +14,11 @@ import yaml
 from benchmarks.sharding import (
     Balance,
     Command,
+    Contention,
     Results,
     canary_ms,
     counts_shares,
+    cpu_pressure_us,
     cpu_ratios,
     handed_mid_reboot,
     handovers_in,
@@ -288,3 +290,21 @@ def test_hand_overs_are_read_from_a_replicas_log_with_their_time() -> None:
     base = time.mktime(time.strptime("2026-11-30T09:55:01", "%Y-%m-%dT%H:%M:%S"))
     assert handovers_in(log) == {"bench/worker-7": [base + 0.25, base + 2.5]}
     assert handovers_in("") == {}
+
+
+def test_cpu_pressure_is_the_some_total_and_none_without_psi() -> None:
+    text = (
+        "some avg10=19.48 avg60=26.33 avg300=34.90 total=15681548993\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+    assert cpu_pressure_us(text) == 15681548993.0
+    assert cpu_pressure_us("") is None
+
+
+def test_contention_says_the_share_of_time_waited_and_each_replicas_wait_a_second() -> None:
+    before = Contention(100.0, 1_000_000.0, {"r0": 1.0, "r1": 2.0})
+    after = Contention(110.0, 4_000_000.0, {"r0": 1.5, "r1": 2.1})
+    said = before.until(after)
+    assert "some task waited for a core 30% of the time (PSI)" in said
+    assert "each replica's wait for a core, ms a second: r0 50, r1 10" in said
+    assert "no PSI" in Contention(0.0, None, {}).until(Contention(1.0, None, {}))
