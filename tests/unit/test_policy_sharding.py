@@ -19,6 +19,7 @@ from metalmend.policy.sharding import (
     balance,
     loads,
     moves,
+    pending,
     placement,
     step,
     weighted_balance,
@@ -192,3 +193,21 @@ def test_weighted_balance_is_the_busiest_over_its_fair_share() -> None:
     assert weighted_balance({"a": 300, "b": 400, "c": 400}, {"a": 0.75}) == pytest.approx(1.0)
     assert weighted_balance({"a": 100, "b": 100}, {}) == balance({"a": 100, "b": 100}) == 1.0
     assert weighted_balance({}, {}) == 1.0
+
+
+def test_a_change_of_members_gives_to_write_only_the_dead_owners_hosts_and_the_moves() -> None:
+    """After "c" died and "d" joined: "c"'s hosts and unowned ones are assigned, the
+    hosts the ring now gives "d" are drained from their live owners, every other host
+    (owned by the ring's choice, or already draining) needs no reconcile."""
+    before, live = Ring.of(["a", "b", "c"]), frozenset({"a", "b", "d"})
+    ring = Ring.of(live)
+    hosts = [(k, before.owner(k), False) for k in KEYS[:600]] + [("ns/new", None, False)]
+    assign, drain = pending(hosts, live, ring)
+    assert set(assign) == {k for k, owner, _ in hosts if owner in (None, "c")}
+    assert set(drain) == {
+        k for k, owner, _ in hosts if owner in ("a", "b") and ring.owner(k) != owner
+    }
+    assert all(step(o, d, live, ring, k) == Keep() for k, o, d in hosts
+               if k not in assign and k not in drain)  # fmt: skip
+    draining = [(k, owner, True) for k, owner, _ in hosts if k in drain]
+    assert pending(draining, live, ring) == ([], []), "a drain asked is not asked again"

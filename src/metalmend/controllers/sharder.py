@@ -37,6 +37,7 @@ from metalmend.kube import writes
 from metalmend.kube.controller import DONE, Controller, Result
 from metalmend.kube.manager import Manager
 from metalmend.kube.shards import Members, Sharding
+from metalmend.kube.store import object_key
 from metalmend.log import fields
 from metalmend.policy import sharding as policy
 from metalmend.settings import Settings
@@ -121,11 +122,31 @@ class Sharder:
             )
             self._live = live
             if self.runner is not None:
-                self.runner.enqueue_all(self.hosts)
+                self._enqueue_pending(live)
         after = self.members.next_change()
         if after is None:
             return DONE
         return Result.at(self.clock.now() + dt.timedelta(seconds=after) + EXPIRY_SLACK)
+
+    def _enqueue_pending(self, live: frozenset[str]) -> None:
+        """After a change of members, reconcile only the hosts it gives something to write:
+        first those no live replica owns (assigned ahead of every other key: nobody serves
+        them until then), then those to drain, in the background. The ring key itself is
+        never queued behind hosts (they are background keys), so the next change of
+        members (a Lease expiring) is seen on time however many hosts are still waiting:
+        a new leader first sees its dead predecessor still live for a moment, and must see
+        it expire without a pass over every host in between."""
+        assert self.runner is not None
+        hosts = []
+        for host in self.hosts.store.values():
+            labels = host.metadata.labels or {}
+            owner = labels.get(names.SHARD_REPLICA_LABEL) or None
+            hosts.append((object_key(host), owner, names.SHARD_DRAIN_LABEL in labels))
+        assign, drain = policy.pending(hosts, live, self.ring(live))
+        for key in assign:
+            self.runner.queue.add(key)
+        for key in drain:
+            self.runner.queue.add_after(key, 0.0, background=True)
 
     def cache_samples(self) -> list[metrics.Sample]:
         """``metalmend_shard_hosts{replica}`` and the live replicas, from the leader's cache
@@ -139,7 +160,9 @@ def setup(manager: Manager, settings: Settings, sharding: Sharding) -> Sharder:
     sharder = Sharder(manager, settings, sharding)
     runner = manager.add(Controller("sharder", sharder.reconcile, workers=4))
     sharder.runner = runner
-    runner.watch(sharder.hosts, predicate=labels_changed)
+    # A host's own change (a label written, most often by the sharder itself) waits behind
+    # the ring key, which a change of members puts first (``_enqueue_pending``).
+    runner.watch(sharder.hosts, predicate=labels_changed, background=True)
     runner.watch(sharder.leases, lambda old, new: [RING_KEY])
     metrics.from_cache("sharder", sharder.cache_samples)
     return sharder

@@ -200,17 +200,21 @@ class Controller:
         keys: KeyMapper = own_key,
         predicate: Predicate | None = None,
         delay: Delay | None = None,
+        background: bool = False,
     ) -> None:
         """Reconcile ``keys(old, new)`` whenever ``informer`` sees a change (for which
         ``predicate(old, new)`` holds, if given); ``delay(key, old, new)``: seconds the
-        key may wait (a key already due sooner keeps its time)."""
+        key may wait (a key already due sooner keeps its time); ``background``: after
+        every other waiting key (workqueue.py)."""
         self.informers.append(informer)
 
         def enqueue(old: Any | None, new: Any | None) -> None:
             if predicate is not None and not predicate(old, new):
                 return
             for key in keys(old, new):
-                if delay is None:
+                if background:
+                    self.queue.add_after(key, 0.0, background=True)
+                elif delay is None:
                     self.queue.add(key)
                 else:
                     self.queue.add_after(key, delay(key, old, new))

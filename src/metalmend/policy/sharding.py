@@ -183,3 +183,23 @@ def step(owner: str | None, draining: bool, live: Collection[str], ring: Ring, k
     if owner == wanted or wanted is None or draining:
         return Keep()
     return Drain()
+
+
+def pending(
+    hosts: Iterable[tuple[str, str | None, bool]], live: Collection[str], ring: Ring
+) -> tuple[list[str], list[str]]:
+    """What a change of the live members gives the sharder to write, from each host's
+    ``(key, owner, draining)``: the hosts to assign (unowned, or owned by a member no longer
+    live: no one serves them until they are) and the hosts to drain; every other host
+    keeps its owner and needs no reconcile."""
+    assign: list[str] = []
+    drain: list[str] = []
+    for key, owner, draining in hosts:
+        match step(owner, draining, live, ring, key):
+            case Assign():
+                assign.append(key)
+            case Drain():
+                drain.append(key)
+            case _:
+                pass
+    return assign, drain
