@@ -17,8 +17,8 @@ the ring's choice at once, drain or not. What to write for one host is
 ``policy.sharding.step``; every write carries the resourceVersion it was decided on.
 
 The membership comes from the ring's Leases (``kube.shards.Members``); a change of the
-live members runs every host again, and the sharder looks again when the next live Lease
-would expire unless renewed. The leader's own replica weighs ``runtime.shard_leader_weight``
+live members reconciles the hosts it gives something to write (a dead owner's first), and
+the sharder looks again when the next live Lease would expire unless renewed. The leader's own replica weighs ``runtime.shard_leader_weight``
 on the ring (``policy.sharding.placement``): it also runs the fleet-wide controllers.
 """
 
