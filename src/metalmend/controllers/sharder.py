@@ -18,8 +18,9 @@ the ring's choice at once, drain or not. What to write for one host is
 
 The membership comes from the ring's Leases (``kube.shards.Members``); a change of the
 live members reconciles the hosts it gives something to write (a dead owner's first), and
-the sharder looks again when the next live Lease would expire unless renewed. The leader's own replica weighs ``runtime.shard_leader_weight``
-on the ring (``policy.sharding.placement``): it also runs the fleet-wide controllers.
+the sharder looks again when the next live Lease would expire unless renewed. The leader's
+own replica weighs ``runtime.shard_leader_weight`` on the ring
+(``policy.sharding.placement``): it also runs the fleet-wide controllers.
 """
 
 from __future__ import annotations
